@@ -1,0 +1,87 @@
+//! Take + release of one stack buffer, stats included, beside a bare pointer bump with a LIFO check
+//! (the floor) and the same request served by the fallback allocator, all in one run.
+//!
+//! `cargo bench --bench alloc` prints a markdown table of medians and ratios at the end.
+
+mod support;
+
+use std::cell::Cell;
+use std::hint::black_box;
+
+use criterion::BatchSize;
+use gpu_pool::{BufferPool, Device, Fallback, Stream, set_buffer_pool_config};
+
+/// The least a stack can do: an aligned bump, and a LIFO check on release.
+struct BareBump {
+    top: Cell<usize>,
+    size: usize,
+}
+
+impl BareBump {
+    #[inline]
+    fn take(&self, bytes: usize) -> Option<(usize, usize)> {
+        let prev = self.top.get();
+        let start = (prev + 511) & !511;
+        let end = start.checked_add(bytes).filter(|&e| e <= self.size)?;
+        self.top.set(end);
+        Some((end, prev))
+    }
+    #[inline]
+    fn release(&self, (end, prev): (usize, usize)) -> bool {
+        let in_order = end == self.top.get();
+        if in_order {
+            self.top.set(prev);
+        }
+        in_order
+    }
+}
+
+const GROUP: &str = "take_release_1KiB";
+
+fn main() {
+    let mut c = support::criterion();
+    let device = Device::host_with_limit(None);
+    device.set_fallback(Fallback::Driver);
+    set_buffer_pool_config(&device, 64 << 20, 2).expect("valid config");
+    let stream = Stream::new(&device).expect("host stream");
+    let pool = BufferPool::new(&stream);
+    let fallback_device = Device::host_with_limit(None);
+    fallback_device.set_fallback(Fallback::Driver);
+    gpu_pool::set_buffer_pool_config(&fallback_device, 4096, 1).expect("valid config");
+    let full = Stream::new(&fallback_device).expect("host stream");
+    let full_pool = BufferPool::new(&full);
+    let _filler = full_pool.get_buffer_1d::<u8>(4096).expect("fills the stack");
+
+    let mut group = c.benchmark_group(GROUP);
+    let bump = BareBump { top: Cell::new(0), size: 64 << 20 };
+    group.bench_function("bare_bump_lifo", |b| {
+        b.iter(|| {
+            let block = bump.take(black_box(1024)).expect("fits");
+            black_box(bump.release(black_box(block)))
+        })
+    });
+    group.bench_function("stack_pool", |b| {
+        b.iter(|| drop(black_box(pool.get_buffer_1d::<u8>(black_box(1024)).expect("fits"))))
+    });
+    group.bench_function("stack_pool_2d", |b| {
+        b.iter(|| drop(black_box(pool.get_buffer::<f32>(black_box(16), black_box(16)).expect("fits"))))
+    });
+    group.bench_function("host_driver_fallback", |b| {
+        b.iter_batched(
+            || (),
+            |()| drop(black_box(full_pool.get_buffer_1d::<u8>(black_box(1024)).expect("host memory"))),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+    c.final_summary();
+
+    let calls = device.stats().driver_alloc_calls;
+    println!("\nstack device driver allocation calls over the whole run: {calls} (the stack memory itself)");
+    support::print_table(
+        "Take + release of a 1 KiB buffer, host backend",
+        GROUP,
+        "bare_bump_lifo",
+        &["bare_bump_lifo", "stack_pool", "stack_pool_2d", "host_driver_fallback"],
+    );
+}

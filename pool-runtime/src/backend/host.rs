@@ -1,0 +1,206 @@
+//! The host backend: real host memory, streams that run each operation at once.
+//!
+//! It exists so that every pool behaviour runs in CI and every example runs without a GPU. It keeps
+//! the CUDA rules that matter to a pool: 512-byte texture alignment, pitched allocations, a memory
+//! limit that produces out-of-memory, and frees of unknown addresses reported instead of obeyed.
+
+use std::alloc::{self, Layout};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::{Backend, DevPtr, RawStream, Region};
+use crate::error::{DeviceId, PoolError};
+
+/// The texture alignment of the H100, used on the host too so layouts match.
+pub(crate) const HOST_TEXTURE_ALIGNMENT: usize = 512;
+
+#[derive(Debug)]
+pub(crate) struct HostBackend {
+    id: DeviceId,
+    /// Bytes the backend may hand out in all; `usize::MAX` for no limit.
+    limit: usize,
+    live: Mutex<Live>,
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    bytes: usize,
+    blocks: HashMap<DevPtr, Layout>,
+}
+
+impl HostBackend {
+    pub(crate) fn new(id: DeviceId, limit: Option<usize>) -> HostBackend {
+        HostBackend {
+            id,
+            limit: limit.unwrap_or(usize::MAX),
+            live: Mutex::new(Live::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
+        // A panic while the lock was held cannot leave `Live` half-updated: each update is one
+        // insert or remove plus one addition, done after every fallible step.
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn oom(&self, requested: usize) -> PoolError {
+        PoolError::OutOfMemory {
+            device: self.id,
+            requested,
+        }
+    }
+}
+
+impl Backend for HostBackend {
+    fn texture_alignment(&self) -> usize {
+        HOST_TEXTURE_ALIGNMENT
+    }
+
+    fn supports_stream_ordered(&self) -> bool {
+        true
+    }
+
+    fn new_stream(&self) -> Result<RawStream, PoolError> {
+        Ok(RawStream::Host)
+    }
+
+    fn synchronize(&self, _stream: &RawStream) -> Result<(), PoolError> {
+        Ok(())
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+        let mut live = self.lock();
+        let total = live.bytes.checked_add(bytes).ok_or(self.oom(bytes))?;
+        if total > self.limit {
+            return Err(self.oom(bytes));
+        }
+        // Zero-size layouts are not allowed by the global allocator; one byte stands in.
+        let layout = Layout::from_size_align(bytes.max(1), HOST_TEXTURE_ALIGNMENT)
+            .map_err(|_| self.oom(bytes))?;
+        // SAFETY: `layout` has a non-zero size. Zeroed memory means a download of a buffer that was
+        // never written reads zeros, not uninitialised bytes.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(self.oom(bytes));
+        }
+        let addr = ptr as DevPtr;
+        live.bytes = total;
+        live.blocks.insert(addr, layout);
+        Ok(addr)
+    }
+
+    fn alloc_pitch(&self, width: usize, rows: usize) -> Result<(DevPtr, usize), PoolError> {
+        let overflow = || self.oom(usize::MAX);
+        let pitch =
+            crate::layout::align_up(width.max(1), HOST_TEXTURE_ALIGNMENT).ok_or_else(overflow)?;
+        let bytes = pitch.checked_mul(rows).ok_or_else(overflow)?;
+        Ok((self.alloc(bytes)?, pitch))
+    }
+
+    unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError> {
+        let mut live = self.lock();
+        let Some(layout) = live.blocks.remove(&ptr) else {
+            return Err(PoolError::Driver {
+                call: "free",
+                name: "CUDA_ERROR_INVALID_VALUE".into(),
+                description: format!("{ptr:#x} is not a live allocation of {}", self.id),
+            });
+        };
+        live.bytes -= layout.size().min(live.bytes);
+        // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly `layout` (we recorded it) and
+        // is removed from the map, so it is freed once.
+        unsafe { alloc::dealloc(ptr as *mut u8, layout) };
+        Ok(())
+    }
+
+    fn alloc_async(&self, bytes: usize, _stream: &RawStream) -> Result<DevPtr, PoolError> {
+        self.alloc(bytes)
+    }
+
+    unsafe fn free_async(&self, ptr: DevPtr, _stream: &RawStream) -> Result<(), PoolError> {
+        // SAFETY: forwarded contract; host streams have finished all earlier work already.
+        unsafe { self.free(ptr) }
+    }
+
+    unsafe fn fill(
+        &self,
+        dst: Region,
+        pattern: &[u8],
+        _stream: &RawStream,
+    ) -> Result<(), PoolError> {
+        for row in 0..dst.rows {
+            // SAFETY: the caller guarantees `dst` lies in live memory: row `row` starts at
+            // `ptr + row * pitch` and holds `width` bytes.
+            let bytes = unsafe { row_mut(dst, row) };
+            for chunk in bytes.chunks_mut(pattern.len().max(1)) {
+                chunk.copy_from_slice(&pattern[..chunk.len()]);
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn upload(
+        &self,
+        dst: Region,
+        src: &[u8],
+        src_pitch: usize,
+        _stream: &RawStream,
+    ) -> Result<(), PoolError> {
+        for row in 0..dst.rows {
+            let from = &src[row * src_pitch..][..dst.width];
+            // SAFETY: as in `fill`; `src` and device memory never overlap (device memory is ours).
+            unsafe { row_mut(dst, row) }.copy_from_slice(from);
+        }
+        Ok(())
+    }
+
+    unsafe fn download(
+        &self,
+        src: Region,
+        dst: &mut [u8],
+        dst_pitch: usize,
+        _stream: &RawStream,
+    ) -> Result<(), PoolError> {
+        for row in 0..src.rows {
+            // SAFETY: the caller guarantees `src` lies in live memory.
+            let from = unsafe { row_ref(src, row) };
+            dst[row * dst_pitch..][..src.width].copy_from_slice(from);
+        }
+        Ok(())
+    }
+
+    unsafe fn copy(&self, dst: Region, src: Region, _stream: &RawStream) -> Result<(), PoolError> {
+        for row in 0..dst.rows {
+            // SAFETY: the caller guarantees both regions are live and do not overlap.
+            unsafe { row_mut(dst, row) }.copy_from_slice(unsafe { row_ref(src, row) });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostBackend {
+    fn drop(&mut self) {
+        let live = self.live.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (&ptr, &layout) in &live.blocks {
+            // SAFETY: every entry is a live block allocated with its recorded layout; the backend
+            // is going away, so nothing can use it any more.
+            unsafe { alloc::dealloc(ptr as *mut u8, layout) };
+        }
+    }
+}
+
+/// # Safety
+/// Row `row` of `region` lies in live host-backend memory that nothing else borrows.
+unsafe fn row_mut<'a>(region: Region, row: usize) -> &'a mut [u8] {
+    let start = region.ptr as usize + row * region.pitch;
+    // SAFETY: forwarded to the caller.
+    unsafe { std::slice::from_raw_parts_mut(start as *mut u8, region.width) }
+}
+
+/// # Safety
+/// Row `row` of `region` lies in live host-backend memory.
+unsafe fn row_ref<'a>(region: Region, row: usize) -> &'a [u8] {
+    let start = region.ptr as usize + row * region.pitch;
+    // SAFETY: forwarded to the caller.
+    unsafe { std::slice::from_raw_parts(start as *const u8, region.width) }
+}

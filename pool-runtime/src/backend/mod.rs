@@ -1,0 +1,114 @@
+//! Backends know memory; pools know policy.
+//!
+//! A [`Backend`] allocates and frees device memory, makes streams and moves bytes on them. It knows
+//! nothing of stacks, fallbacks or statistics: those live in the pool modules, which call a backend
+//! only on their slow paths. Every address is a device address (`u64`, CUDA's `CUdeviceptr`), even on
+//! the host backend, so the pool code is the same for both.
+
+use std::fmt;
+
+use crate::error::PoolError;
+
+pub(crate) mod host;
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+
+/// A device address (`CUdeviceptr` on CUDA, a host address on the host backend). Zero is never a
+/// live allocation.
+pub(crate) type DevPtr = u64;
+
+/// A backend's stream handle.
+#[derive(Clone)]
+pub(crate) enum RawStream {
+    /// Host streams run every operation at once, in call order.
+    Host,
+    #[cfg(feature = "cuda")]
+    Cuda(std::sync::Arc<cudarc::driver::CudaStream>),
+}
+
+impl fmt::Debug for RawStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RawStream::Host => f.write_str("HostStream"),
+            #[cfg(feature = "cuda")]
+            RawStream::Cuda(s) => write!(f, "CudaStream({:p})", s.cu_stream()),
+        }
+    }
+}
+
+/// A 2D region of device memory: `rows` rows of `width` bytes, `pitch` bytes apart.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Region {
+    pub(crate) ptr: DevPtr,
+    pub(crate) pitch: usize,
+    pub(crate) width: usize,
+    pub(crate) rows: usize,
+}
+
+/// Memory and stream operations of one device.
+///
+/// Functions that touch memory through raw addresses are `unsafe`: the caller guarantees that the
+/// addresses name live allocations of this backend, large enough for the region given.
+pub(crate) trait Backend: Send + Sync + fmt::Debug {
+    /// The device's texture alignment: the pitch of 2D buffers is a multiple of it.
+    fn texture_alignment(&self) -> usize;
+    /// Whether `alloc_async`/`free_async` are real stream-ordered operations.
+    fn supports_stream_ordered(&self) -> bool;
+
+    fn new_stream(&self) -> Result<RawStream, PoolError>;
+    fn synchronize(&self, stream: &RawStream) -> Result<(), PoolError>;
+
+    /// `cuMemAlloc`.
+    fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError>;
+    /// `cuMemAllocPitch`: returns the address and the pitch.
+    fn alloc_pitch(&self, width: usize, rows: usize) -> Result<(DevPtr, usize), PoolError>;
+    /// `cuMemFree`.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc` or `alloc_pitch` of this backend, is freed once, and no queued work
+    /// still uses it (a driver free synchronizes on CUDA, so stream work is covered).
+    unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError>;
+    /// `cuMemAllocAsync` on `stream`.
+    fn alloc_async(&self, bytes: usize, stream: &RawStream) -> Result<DevPtr, PoolError>;
+    /// `cuMemFreeAsync` on `stream`.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc_async` of this backend and is freed once; work using it is ordered
+    /// before this call on `stream`.
+    unsafe fn free_async(&self, ptr: DevPtr, stream: &RawStream) -> Result<(), PoolError>;
+
+    /// Fills `dst` with a repeated `pattern` (whose length divides `dst.width`).
+    ///
+    /// # Safety
+    /// `dst` lies in live memory of this backend.
+    unsafe fn fill(&self, dst: Region, pattern: &[u8], stream: &RawStream)
+    -> Result<(), PoolError>;
+    /// Copies host rows (`src_pitch` bytes apart) into `dst`.
+    ///
+    /// # Safety
+    /// `dst` lies in live memory of this backend; `src` holds `dst.rows` rows of `dst.width` bytes.
+    unsafe fn upload(
+        &self,
+        dst: Region,
+        src: &[u8],
+        src_pitch: usize,
+        stream: &RawStream,
+    ) -> Result<(), PoolError>;
+    /// Copies `src` into host rows (`dst_pitch` bytes apart) and waits for the copy.
+    ///
+    /// # Safety
+    /// `src` lies in live memory of this backend; `dst` has room for its rows.
+    unsafe fn download(
+        &self,
+        src: Region,
+        dst: &mut [u8],
+        dst_pitch: usize,
+        stream: &RawStream,
+    ) -> Result<(), PoolError>;
+    /// Device-to-device copy of `src` into `dst` (same `width` and `rows`).
+    ///
+    /// # Safety
+    /// Both regions lie in live memory of this backend and do not overlap.
+    unsafe fn copy(&self, dst: Region, src: Region, stream: &RawStream) -> Result<(), PoolError>;
+}

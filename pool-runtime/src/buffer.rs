@@ -1,0 +1,448 @@
+//! Buffers: [`BufferPool`] hands them out, [`GpuMat`] owns one until it is dropped or released.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use bytemuck::Pod;
+
+use crate::backend::{DevPtr, Region};
+use crate::error::PoolError;
+use crate::fallback::GpuAllocator;
+use crate::layout::Layout;
+use crate::stream::{Origin, Source, Stream};
+
+/// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`).
+///
+/// ```
+/// use pool_runtime::{BufferPool, Device, Source, Stream};
+/// let stream = Stream::new(&Device::host())?;
+/// let pool = BufferPool::new(&stream);
+/// let image = pool.get_buffer::<[u8; 3]>(480, 640)?;    // 2D, pitched
+/// let sums = pool.get_buffer_1d::<f32>(480)?;           // contiguous
+/// assert_eq!(image.step(), 2048);                        // align_up(640 * 3, 512)
+/// assert_eq!(image.source(), Source::Stack);
+/// # Ok::<(), pool_runtime::PoolError>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct BufferPool<'s> {
+    stream: &'s Stream,
+}
+
+impl<'s> BufferPool<'s> {
+    /// The pool of `stream`'s stack.
+    pub fn new(stream: &'s Stream) -> BufferPool<'s> {
+        BufferPool { stream }
+    }
+
+    /// The stream buffers are taken for.
+    pub fn stream(&self) -> &'s Stream {
+        self.stream
+    }
+
+    /// A `rows x cols` buffer. With more than one row and column it is pitched: its
+    /// [`step`](GpuMat::step) is `cols * size_of::<T>()` rounded up to the texture alignment. A single
+    /// row or column is contiguous. No element is initialised by the pool.
+    ///
+    /// From the stack when it fits (no lock, no heap allocation, no driver call), else from the
+    /// stream's fallback allocator.
+    #[inline]
+    pub fn get_buffer<T: Pod>(&self, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
+        let layout = Layout::new(rows, cols, size_of::<T>(), self.stream.texture_alignment)?;
+        let (ptr, pitch, origin) = self.stream.take(&layout)?;
+        Ok(GpuMat {
+            ptr,
+            rows,
+            cols,
+            pitch,
+            origin,
+            stream: self.stream,
+            _elem: PhantomData,
+        })
+    }
+
+    /// A contiguous buffer of `len` elements (a `1 x len` [`GpuMat`]).
+    #[inline]
+    pub fn get_buffer_1d<T: Pod>(&self, len: usize) -> Result<GpuMat<'s, T>, PoolError> {
+        self.get_buffer(1, len)
+    }
+
+    /// The allocator that serves this stream's buffers when the stack does not (OpenCV's
+    /// `getAllocator`).
+    pub fn allocator(&self) -> std::sync::Arc<dyn GpuAllocator> {
+        self.stream.allocator()
+    }
+}
+
+/// A 2D array of `T` in device memory, borrowed from a stream (OpenCV's `GpuMat`).
+///
+/// It knows its shape, its step (bytes between rows) and where its memory came from; it uploads,
+/// downloads, fills and copies on its stream, and lends [`GpuView`]s for kernels. Dropping it gives
+/// the memory back; [`release`](GpuMat::release) does the same and reports errors.
+///
+/// A buffer borrows its stream, so it cannot outlive it or move to another thread:
+/// ```compile_fail
+/// use pool_runtime::{BufferPool, Device, Stream};
+/// let buf = {
+///     let stream = Stream::new(&Device::host()).unwrap();
+///     BufferPool::new(&stream).get_buffer_1d::<u8>(8).unwrap()
+/// };
+/// ```
+pub struct GpuMat<'s, T> {
+    ptr: DevPtr,
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+    origin: Origin,
+    stream: &'s Stream,
+    _elem: PhantomData<T>,
+}
+
+impl<'s, T: Pod> GpuMat<'s, T> {
+    /// A buffer with memory of its own (`cuMemAllocPitch`/`cuMemAlloc`), not from the stack: for
+    /// long-lived data such as inputs and outputs, which need not follow the stack's LIFO order.
+    /// Its pitch is the driver's choice.
+    pub fn new(stream: &'s Stream, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
+        let layout = Layout::new(
+            rows,
+            cols,
+            size_of::<T>(),
+            stream.device().texture_alignment(),
+        )?;
+        let (ptr, pitch, origin) = if layout.is_empty() {
+            (0, layout.pitch, Origin::Empty)
+        } else {
+            stream.take_from_driver(&layout)?
+        };
+        Ok(GpuMat {
+            ptr,
+            rows,
+            cols,
+            pitch,
+            origin,
+            stream,
+            _elem: PhantomData,
+        })
+    }
+
+    /// [`GpuMat::new`] filled from `data` (`rows * cols` elements, row-major).
+    pub fn from_host(
+        stream: &'s Stream,
+        rows: usize,
+        cols: usize,
+        data: &[T],
+    ) -> Result<GpuMat<'s, T>, PoolError> {
+        let mut mat = GpuMat::new(stream, rows, cols)?;
+        mat.upload(data)?;
+        Ok(mat)
+    }
+}
+
+impl<'s, T: Pod> GpuMat<'s, T> {
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Elements (`rows * cols`).
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes from the start of one row to the next.
+    pub fn step(&self) -> usize {
+        self.pitch
+    }
+
+    /// Whether the rows follow each other with no padding.
+    pub fn is_continuous(&self) -> bool {
+        self.rows <= 1 || self.pitch == self.cols * size_of::<T>()
+    }
+
+    /// Where the memory came from.
+    pub fn source(&self) -> Source {
+        self.origin.source()
+    }
+
+    /// The stream the buffer belongs to; its operations run there.
+    pub fn stream(&self) -> &'s Stream {
+        self.stream
+    }
+
+    /// The device address of row 0 (0 for an empty buffer).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    fn region(&self) -> Region {
+        Region {
+            ptr: self.ptr,
+            pitch: self.pitch,
+            width: self.cols * size_of::<T>(),
+            rows: self.rows,
+        }
+    }
+
+    fn check_len(&self, actual: usize) -> Result<(), PoolError> {
+        if actual == self.len() {
+            Ok(())
+        } else {
+            Err(PoolError::ShapeMismatch {
+                expected: self.len(),
+                actual,
+            })
+        }
+    }
+
+    /// Copies `data` (`rows * cols` elements, row-major) into the buffer, on its stream.
+    pub fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
+        self.check_len(data.len())?;
+        if self.is_empty() || size_of::<T>() == 0 {
+            return Ok(());
+        }
+        let region = self.region();
+        // SAFETY: `region` is this buffer's live memory (its shape is what was allocated), and
+        // `data` holds `rows` rows of `width` bytes back to back.
+        unsafe {
+            self.backend().upload(
+                region,
+                bytemuck::cast_slice(data),
+                region.width,
+                &self.stream.raw,
+            )
+        }
+    }
+
+    /// Copies the buffer into `out` (`rows * cols` elements, row-major) and waits for the copy.
+    pub fn download(&self, out: &mut [T]) -> Result<(), PoolError> {
+        self.check_len(out.len())?;
+        if self.is_empty() || size_of::<T>() == 0 {
+            return Ok(());
+        }
+        let region = self.region();
+        // SAFETY: as in `upload`; `out` has room for every row.
+        unsafe {
+            self.backend().download(
+                region,
+                bytemuck::cast_slice_mut(out),
+                region.width,
+                &self.stream.raw,
+            )
+        }
+    }
+
+    /// The buffer's elements, row-major, in a new `Vec`.
+    pub fn to_vec(&self) -> Result<Vec<T>, PoolError> {
+        let mut out = vec![T::zeroed(); self.len()];
+        self.download(&mut out)?;
+        Ok(out)
+    }
+
+    /// Sets every element to `value`, on the buffer's stream (OpenCV's `setTo`).
+    pub fn set_to(&mut self, value: T) -> Result<(), PoolError> {
+        if self.is_empty() || size_of::<T>() == 0 {
+            return Ok(());
+        }
+        let region = self.region();
+        // SAFETY: `region` is this buffer's live memory; the pattern is one element, which divides
+        // the row width.
+        unsafe {
+            self.backend()
+                .fill(region, bytemuck::bytes_of(&value), &self.stream.raw)
+        }
+    }
+
+    /// Copies `src` (same shape, same device) into this buffer, on this buffer's stream.
+    ///
+    /// `src` must not be in use by another stream's unfinished work.
+    pub fn copy_from(&mut self, src: &GpuMat<'_, T>) -> Result<(), PoolError> {
+        if src.stream.device() != self.stream.device() {
+            return Err(PoolError::DeviceMismatch {
+                expected: self.stream.device().id(),
+                actual: src.stream.device().id(),
+            });
+        }
+        if (src.rows, src.cols) != (self.rows, self.cols) {
+            return Err(PoolError::ShapeMismatch {
+                expected: self.len(),
+                actual: src.len(),
+            });
+        }
+        if self.is_empty() || size_of::<T>() == 0 {
+            return Ok(());
+        }
+        // SAFETY: both regions are live buffers of this device; `&mut self` and `&src` cannot be
+        // the same buffer, and live buffers never overlap.
+        unsafe {
+            self.backend()
+                .copy(self.region(), src.region(), &self.stream.raw)
+        }
+    }
+
+    /// A read-only view for kernels.
+    pub fn view(&self) -> GpuView<'_, T> {
+        GpuView {
+            ptr: self.ptr,
+            rows: self.rows,
+            cols: self.cols,
+            pitch: self.pitch,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A writable view for kernels.
+    pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        GpuViewMut {
+            ptr: self.ptr,
+            rows: self.rows,
+            cols: self.cols,
+            pitch: self.pitch,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The rows as host slices, on the host backend (where device memory is host memory): the way
+    /// CPU twins of kernels read buffers. `PoolError::Unsupported` on a GPU.
+    pub fn host_rows(&self) -> Result<impl Iterator<Item = &[T]> + '_, PoolError> {
+        self.check_host()?;
+        Ok((0..self.rows).map(move |r| {
+            // SAFETY: on the host backend the address is host memory owned by this live buffer;
+            // row `r` holds `cols` initialised (zeroed or written) `T`s, aligned since the base is
+            // 512-aligned and the pitch a multiple of `size_of::<T>()`; `&self` keeps writers out.
+            unsafe {
+                std::slice::from_raw_parts(
+                    (self.ptr as usize + r * self.pitch) as *const T,
+                    if self.ptr == 0 { 0 } else { self.cols },
+                )
+            }
+        }))
+    }
+
+    /// Calls `f` with each row as a mutable host slice, on the host backend.
+    pub fn for_each_host_row_mut(
+        &mut self,
+        mut f: impl FnMut(usize, &mut [T]),
+    ) -> Result<(), PoolError> {
+        self.check_host()?;
+        if self.ptr == 0 {
+            return Ok(());
+        }
+        for r in 0..self.rows {
+            // SAFETY: as in `host_rows`, and `&mut self` makes the row exclusively ours; rows do not
+            // overlap since the pitch is at least the row width.
+            let row = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (self.ptr as usize + r * self.pitch) as *mut T,
+                    self.cols,
+                )
+            };
+            f(r, row);
+        }
+        Ok(())
+    }
+
+    fn check_host(&self) -> Result<(), PoolError> {
+        if self.stream.device().is_host() {
+            Ok(())
+        } else {
+            Err(PoolError::Unsupported {
+                device: self.stream.device().id(),
+                what: "host access to device memory",
+            })
+        }
+    }
+
+    fn backend(&self) -> &dyn crate::backend::Backend {
+        &*self.stream.device().inner.backend
+    }
+}
+
+impl<T> GpuMat<'_, T> {
+    /// Gives the memory back now and reports what went wrong: a driver error from the fallback's
+    /// free, or, in strict mode, `PoolError::LifoViolation` (the memory is still reclaimed).
+    pub fn release(self) -> Result<(), PoolError> {
+        // `Drop` must not run after this: the memory is given back here, once.
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `origin` came from `take` on `stream` when this buffer was made; this buffer is
+        // never dropped, so it is given back once. Its work was queued on its own stream.
+        unsafe { this.stream.give_back(&this.origin) }
+    }
+}
+
+impl<T> Drop for GpuMat<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: as in `release`: drop runs once, and `release` forgets the buffer.
+        if let Err(e) = unsafe { self.stream.give_back(&self.origin) } {
+            tracing::error!(error = %e, "releasing a buffer failed");
+        }
+    }
+}
+
+impl<T> fmt::Debug for GpuMat<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuMat")
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("step", &self.pitch)
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("source", &self.origin.source())
+            .field("stream", &self.stream.id())
+            .finish()
+    }
+}
+
+/// A read-only view of a [`GpuMat`], for kernel arguments: the address, shape and step, valid while
+/// the buffer is borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuView<'a, T> {
+    ptr: DevPtr,
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+    _borrow: PhantomData<&'a T>,
+}
+
+/// A writable view of a [`GpuMat`], for kernel arguments.
+#[derive(Debug)]
+pub struct GpuViewMut<'a, T> {
+    ptr: DevPtr,
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+    _borrow: PhantomData<&'a mut T>,
+}
+
+macro_rules! view_accessors {
+    ($view:ident) => {
+        impl<T> $view<'_, T> {
+            /// The device address of row 0.
+            pub fn device_ptr(&self) -> u64 {
+                self.ptr
+            }
+            /// Rows.
+            pub fn rows(&self) -> usize {
+                self.rows
+            }
+            /// Columns.
+            pub fn cols(&self) -> usize {
+                self.cols
+            }
+            /// Bytes between rows.
+            pub fn step(&self) -> usize {
+                self.pitch
+            }
+        }
+    };
+}
+view_accessors!(GpuView);
+view_accessors!(GpuViewMut);

@@ -1,0 +1,317 @@
+//! Global and per-device configuration, with OpenCV's names.
+//!
+//! Precedence, highest first: explicit calls ([`set_buffer_pool_usage`],
+//! [`set_buffer_pool_config`], [`Device::set_fallback`](crate::Device::set_fallback), ...), then the
+//! `GPU_POOL_CONF` environment variable (read once, at first use), then the defaults.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::device::Device;
+use crate::error::PoolError;
+use crate::layout::align_up;
+
+/// The environment variable read at first use, e.g.
+/// `GPU_POOL_CONF="stack_size=64MiB,stack_count=2,fallback=stream_ordered"`.
+///
+/// Keys: `stack_size` (bytes, or with a `KiB`/`MiB`/`GiB` suffix), `stack_count`, `fallback`
+/// (`driver`, `stream_ordered`, `error`), `usage` (`on`/`off`), `strict_lifo` (`on`/`off`).
+pub const ENV_VAR: &str = "GPU_POOL_CONF";
+
+const MIB: usize = 1 << 20;
+
+/// The size and number of the stacks of one device (OpenCV's `setBufferPoolConfig` arguments).
+///
+/// ```
+/// use pool_runtime::PoolConfig;
+/// let config = PoolConfig::new(64 << 20, 2)?;
+/// assert_eq!(config.total_bytes(), 128 << 20);
+/// assert_eq!(PoolConfig::default(), PoolConfig::new(10 << 20, 5)?);
+/// # Ok::<(), pool_runtime::PoolError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    stack_size: usize,
+    stack_count: usize,
+}
+
+impl PoolConfig {
+    /// The alignment a stack size is rounded up to. Every stack, and so every stack buffer, starts on
+    /// this boundary; it is a multiple of the texture alignment of every CUDA device to date.
+    pub const STACK_ALIGN: usize = 4096;
+
+    /// Validates a config: both numbers must be non-zero, and `stack_size` is rounded **up** to a
+    /// multiple of [`PoolConfig::STACK_ALIGN`] (so a config never holds less than asked).
+    pub fn new(stack_size: usize, stack_count: usize) -> Result<PoolConfig, PoolError> {
+        let invalid = |reason: String| PoolError::InvalidConfig { reason };
+        if stack_size == 0 {
+            return Err(invalid(
+                "stack_size is 0; give each stack at least one byte (the default is 10 MiB)".into(),
+            ));
+        }
+        if stack_count == 0 {
+            return Err(invalid(
+                "stack_count is 0; use set_buffer_pool_usage(false) to turn pooling off".into(),
+            ));
+        }
+        let stack_size = align_up(stack_size, Self::STACK_ALIGN)
+            .filter(|size| size.checked_mul(stack_count).is_some())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{stack_count} stacks of {stack_size} bytes overflow the address space"
+                ))
+            })?;
+        Ok(PoolConfig {
+            stack_size,
+            stack_count,
+        })
+    }
+
+    /// Bytes of each stack.
+    pub fn stack_size(&self) -> usize {
+        self.stack_size
+    }
+
+    /// Number of stacks, so the number of streams that can pool at once.
+    pub fn stack_count(&self) -> usize {
+        self.stack_count
+    }
+
+    /// Bytes of the one allocation that holds every stack.
+    pub fn total_bytes(&self) -> usize {
+        // Cannot overflow: checked in `new`.
+        self.stack_size * self.stack_count
+    }
+}
+
+impl Default for PoolConfig {
+    /// OpenCV's default: 5 stacks of 10 MiB.
+    fn default() -> Self {
+        PoolConfig {
+            stack_size: 10 * MIB,
+            stack_count: 5,
+        }
+    }
+}
+
+/// Where a buffer comes from when the stack cannot serve it (OpenCV's "default allocator").
+///
+/// ```
+/// use pool_runtime::{Device, Fallback};
+/// let device = Device::host_with_limit(None);
+/// device.set_fallback(Fallback::Error);
+/// assert_eq!(device.fallback(), Fallback::Error);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fallback {
+    /// `cuMemAlloc`/`cuMemAllocPitch` and `cuMemFree`, as OpenCV's `DefaultAllocator`. The free
+    /// synchronizes the device.
+    Driver,
+    /// `cuMemAllocAsync`/`cuMemFreeAsync` on the buffer's stream. The default where the device
+    /// supports it.
+    StreamOrdered,
+    /// No fallback: a request the stack cannot serve is `PoolError::StackExhausted`.
+    Error,
+}
+
+impl Fallback {
+    fn parse(text: &str) -> Option<Fallback> {
+        match text {
+            "driver" => Some(Fallback::Driver),
+            "stream_ordered" => Some(Fallback::StreamOrdered),
+            "error" => Some(Fallback::Error),
+            _ => None,
+        }
+    }
+}
+
+/// What `GPU_POOL_CONF` says; unset keys are `None`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvConfig {
+    /// `stack_size=`.
+    pub stack_size: Option<usize>,
+    /// `stack_count=`.
+    pub stack_count: Option<usize>,
+    /// `fallback=`.
+    pub fallback: Option<Fallback>,
+    /// `usage=`.
+    pub usage: Option<bool>,
+    /// `strict_lifo=`.
+    pub strict_lifo: Option<bool>,
+}
+
+impl EnvConfig {
+    /// Parses a `GPU_POOL_CONF` value: comma-separated `key=value` pairs, spaces allowed around
+    /// them. Unknown keys, repeated keys and bad values are errors, never ignored.
+    ///
+    /// ```
+    /// use pool_runtime::{EnvConfig, Fallback};
+    /// let conf = EnvConfig::parse("stack_size=64MiB, stack_count=2, fallback=stream_ordered")?;
+    /// assert_eq!(conf.stack_size, Some(64 << 20));
+    /// assert_eq!(conf.fallback, Some(Fallback::StreamOrdered));
+    /// assert!(EnvConfig::parse("stack_size=lots").is_err());
+    /// # Ok::<(), pool_runtime::PoolError>(())
+    /// ```
+    pub fn parse(value: &str) -> Result<EnvConfig, PoolError> {
+        let fail = |reason: String| PoolError::InvalidEnvConfig {
+            value: value.to_owned(),
+            reason,
+        };
+        let mut conf = EnvConfig::default();
+        for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (key, val) = item
+                .split_once('=')
+                .map(|(k, v)| (k.trim(), v.trim()))
+                .ok_or_else(|| fail(format!("`{item}` is not key=value")))?;
+            let bad = |what: &str| fail(format!("`{key}={val}`: {what}"));
+            let duplicate = || fail(format!("`{key}` is given twice"));
+            match key {
+                "stack_size" => {
+                    let size = parse_size(val).ok_or_else(|| {
+                        bad("expected a size such as 67108864, 64MiB, 512KiB or 1GiB")
+                    })?;
+                    conf.stack_size
+                        .replace(size)
+                        .map_or(Ok(()), |_| Err(duplicate()))?;
+                }
+                "stack_count" => {
+                    let count = val.parse().map_err(|_| bad("expected a whole number"))?;
+                    conf.stack_count
+                        .replace(count)
+                        .map_or(Ok(()), |_| Err(duplicate()))?;
+                }
+                "fallback" => {
+                    let fallback = Fallback::parse(val)
+                        .ok_or_else(|| bad("expected driver, stream_ordered or error"))?;
+                    conf.fallback
+                        .replace(fallback)
+                        .map_or(Ok(()), |_| Err(duplicate()))?;
+                }
+                "usage" | "strict_lifo" => {
+                    let on = parse_switch(val).ok_or_else(|| bad("expected on or off"))?;
+                    let slot = if key == "usage" {
+                        &mut conf.usage
+                    } else {
+                        &mut conf.strict_lifo
+                    };
+                    slot.replace(on).map_or(Ok(()), |_| Err(duplicate()))?;
+                }
+                _ => {
+                    return Err(fail(format!(
+                        "unknown key `{key}`; expected one of stack_size, stack_count, fallback, \
+                         usage, strict_lifo"
+                    )));
+                }
+            }
+        }
+        if let (Some(size), Some(count)) = (conf.stack_size, conf.stack_count) {
+            PoolConfig::new(size, count).map_err(|e| fail(e.to_string()))?;
+        } else if conf.stack_size == Some(0) || conf.stack_count == Some(0) {
+            return Err(fail("stack_size and stack_count must not be 0".into()));
+        }
+        Ok(conf)
+    }
+
+    /// The pool config this environment asks for, over `base`.
+    pub(crate) fn pool_config(&self, base: PoolConfig) -> Result<PoolConfig, PoolError> {
+        PoolConfig::new(
+            self.stack_size.unwrap_or(base.stack_size),
+            self.stack_count.unwrap_or(base.stack_count),
+        )
+    }
+}
+
+fn parse_size(text: &str) -> Option<usize> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let number: usize = digits.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        _ => return None,
+    };
+    number.checked_mul(1 << shift)
+}
+
+fn parse_switch(text: &str) -> Option<bool> {
+    match text {
+        "on" | "true" | "1" => Some(true),
+        "off" | "false" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// `GPU_POOL_CONF`, read and parsed once for the whole process.
+pub fn env_config() -> Result<&'static EnvConfig, PoolError> {
+    static ENV: OnceLock<Result<EnvConfig, PoolError>> = OnceLock::new();
+    ENV.get_or_init(|| match std::env::var(ENV_VAR) {
+        Ok(value) => EnvConfig::parse(&value),
+        Err(std::env::VarError::NotPresent) => Ok(EnvConfig::default()),
+        Err(std::env::VarError::NotUnicode(raw)) => Err(PoolError::InvalidEnvConfig {
+            value: raw.to_string_lossy().into_owned(),
+            reason: "not valid UTF-8".into(),
+        }),
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+const UNSET: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
+static USAGE: AtomicU8 = AtomicU8::new(UNSET);
+
+/// Turns stack pooling on or off for streams made from now on (OpenCV's `setBufferPoolUsage`).
+///
+/// Unlike OpenCV, pooling is **on by default**: stack memory is allocated only when a stream first
+/// needs it, so being on costs nothing until used. A stream made while pooling was off takes a stack
+/// at its first request after pooling is turned on, so OpenCV's "NG" ordering (streams declared
+/// before the call) pools too.
+///
+/// ```
+/// pool_runtime::set_buffer_pool_usage(true);
+/// assert!(pool_runtime::buffer_pool_usage()?);
+/// # Ok::<(), pool_runtime::PoolError>(())
+/// ```
+pub fn set_buffer_pool_usage(on: bool) {
+    USAGE.store(if on { ON } else { OFF }, Ordering::Relaxed);
+}
+
+/// Whether stack pooling is on: the last [`set_buffer_pool_usage`], else `GPU_POOL_CONF`'s
+/// `usage`, else on. Fails only if `GPU_POOL_CONF` is malformed.
+pub fn buffer_pool_usage() -> Result<bool, PoolError> {
+    match USAGE.load(Ordering::Relaxed) {
+        ON => Ok(true),
+        OFF => Ok(false),
+        _ => Ok(env_config()?.usage.unwrap_or(true)),
+    }
+}
+
+/// Sets the stack size and count of `device` (OpenCV's `setBufferPoolConfig`).
+///
+/// `stack_size` is rounded up to a multiple of [`PoolConfig::STACK_ALIGN`]; zero sizes or counts are
+/// `PoolError::InvalidConfig`. If streams hold stacks of the device, nothing changes and the result
+/// is `PoolError::ConfigInUse`. Otherwise the old stack memory, if any, is freed, and the new one is
+/// allocated when a stream first needs it.
+///
+/// ```
+/// use pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
+/// let device = Device::host_with_limit(None);
+/// set_buffer_pool_config(&device, 64 << 20, 2)?;
+/// let stream = Stream::new(&device)?;
+/// let err = set_buffer_pool_config(&device, 1 << 20, 1).unwrap_err();
+/// assert!(matches!(err, PoolError::ConfigInUse { held: 1, .. }));
+/// # Ok::<(), PoolError>(())
+/// ```
+pub fn set_buffer_pool_config(
+    device: &Device,
+    stack_size: usize,
+    stack_count: usize,
+) -> Result<(), PoolError> {
+    device.set_pool_config(PoolConfig::new(stack_size, stack_count)?)
+}

@@ -1,0 +1,193 @@
+//! The one error type of the library.
+//!
+//! Every fallible operation returns [`PoolError`]. Each message says what went wrong and what to do
+//! about it; no error leaves a pool in a changed state unless the variant says so.
+
+use std::fmt;
+
+use crate::stats::FallbackReason;
+
+/// Which device an error or a statistic belongs to.
+///
+/// ```
+/// use pool_runtime::DeviceId;
+/// assert_eq!(DeviceId::Cuda(1).to_string(), "cuda:1");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceId {
+    /// A host-backend device; the number tells private host devices apart (`0` is [`crate::Device::host`]).
+    Host(u32),
+    /// A CUDA device, by ordinal.
+    Cuda(usize),
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceId::Host(0) => f.write_str("host"),
+            DeviceId::Host(n) => write!(f, "host#{n}"),
+            DeviceId::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Everything that can go wrong in gpu-pool.
+///
+/// ```
+/// use pool_runtime::{BufferPool, Device, PoolError, Stream};
+/// let device = Device::host();
+/// let stream = Stream::new(&device)?;
+/// let pool = BufferPool::new(&stream);
+/// let err = pool.get_buffer::<u64>(usize::MAX, 2).unwrap_err();
+/// assert!(matches!(err, PoolError::SizeOverflow { .. }));
+/// # Ok::<(), PoolError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// The device (or the allocator in use) could not provide the memory.
+    #[error(
+        "out of memory on {device}: {requested} bytes requested; release buffers, request less, \
+         or give the pool less memory with set_buffer_pool_config"
+    )]
+    OutOfMemory {
+        /// The device that ran out.
+        device: DeviceId,
+        /// Bytes asked for.
+        requested: usize,
+    },
+
+    /// A size computation (rows x cols x element size, pitch x rows, alignment) would wrap.
+    #[error(
+        "size overflow: {rows} rows x {cols} cols of {elem_size}-byte elements does not fit in \
+         usize; request a smaller buffer"
+    )]
+    SizeOverflow {
+        /// Rows asked for.
+        rows: usize,
+        /// Columns asked for.
+        cols: usize,
+        /// `size_of::<T>()`.
+        elem_size: usize,
+    },
+
+    /// A pool configuration that cannot work.
+    #[error("invalid buffer pool config: {reason}")]
+    InvalidConfig {
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// `GPU_POOL_CONF` could not be parsed.
+    #[error(
+        "invalid GPU_POOL_CONF {value:?}: {reason}; expected e.g. \
+         \"stack_size=64MiB,stack_count=2,fallback=stream_ordered\""
+    )]
+    InvalidEnvConfig {
+        /// The variable's value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The pool was reconfigured while streams hold stacks of it.
+    #[error(
+        "cannot reconfigure the buffer pool of {device}: {held} stack(s) are held by live streams; \
+         drop those streams first (OpenCV frees the memory under them, gpu-pool refuses)"
+    )]
+    ConfigInUse {
+        /// The device whose pool is in use.
+        device: DeviceId,
+        /// Stacks currently held.
+        held: usize,
+    },
+
+    /// The request could not be served by the stack and the fallback is `Fallback::Error`.
+    #[error(
+        "stack exhausted on {device}: {requested} bytes requested, {available} free ({reason}); \
+         raise stack_size or stack_count with set_buffer_pool_config, or choose another fallback"
+    )]
+    StackExhausted {
+        /// The device.
+        device: DeviceId,
+        /// Bytes the request needed on the stack.
+        requested: usize,
+        /// Bytes free on the stream's stack (0 without a stack).
+        available: usize,
+        /// Why the stack could not serve it.
+        reason: FallbackReason,
+    },
+
+    /// A stack buffer was released before a buffer taken after it (strict LIFO mode only).
+    ///
+    /// The memory is not lost: it is reclaimed when the buffers above it are released.
+    #[error(
+        "LIFO violation on {device}: a stack buffer at offset {offset} was released while buffers \
+         above it are live; release buffers in reverse order of taking them (the DSL does this for you)"
+    )]
+    LifoViolation {
+        /// The device.
+        device: DeviceId,
+        /// Offset of the released buffer in its stack.
+        offset: usize,
+    },
+
+    /// No CUDA driver could be loaded.
+    #[error("no CUDA driver: {detail}; install the NVIDIA driver, or use Device::host()")]
+    NoCudaDriver {
+        /// What was tried.
+        detail: String,
+    },
+
+    /// There is no such device.
+    #[error("no device {device}: {count} device(s) present")]
+    NoSuchDevice {
+        /// The device asked for.
+        device: DeviceId,
+        /// How many there are.
+        count: usize,
+    },
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error {name} in {call}: {description}")]
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// The `CUresult` name, e.g. `CUDA_ERROR_INVALID_VALUE`.
+        name: String,
+        /// The driver's description.
+        description: String,
+    },
+
+    /// Host data and a buffer disagree in size.
+    #[error(
+        "shape mismatch: the buffer holds {expected} elements, the host slice {actual}; \
+         pass a slice of rows x cols elements"
+    )]
+    ShapeMismatch {
+        /// Elements the buffer holds.
+        expected: usize,
+        /// Elements given.
+        actual: usize,
+    },
+
+    /// An operation mixed buffers of different devices.
+    #[error(
+        "device mismatch: expected {expected}, got {actual}; copy through the host or use one device"
+    )]
+    DeviceMismatch {
+        /// The device the operation runs on.
+        expected: DeviceId,
+        /// The other device.
+        actual: DeviceId,
+    },
+
+    /// The operation exists, but not on this device's backend.
+    #[error("{what} is not supported on {device}")]
+    Unsupported {
+        /// The device.
+        device: DeviceId,
+        /// The operation.
+        what: &'static str,
+    },
+}

@@ -1,0 +1,268 @@
+//! Allocators that serve what the stack does not (OpenCV's `GpuMat::Allocator`).
+//!
+//! The built-in fallbacks are [`DriverAllocator`], [`StreamOrderedAllocator`] and [`NoFallback`];
+//! a user can give a stream an allocator of their own with
+//! [`Stream::with_allocator`](crate::Stream::with_allocator).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::{DevPtr, RawStream};
+use crate::config::Fallback;
+use crate::device::DeviceInner;
+use crate::error::{DeviceId, PoolError};
+use crate::stats::{FallbackReason, StreamCounters};
+
+/// What a buffer request needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocRequest {
+    /// Rows of the buffer.
+    pub rows: usize,
+    /// Columns of the buffer.
+    pub cols: usize,
+    /// Bytes of one row's elements (`cols * size_of::<T>()`).
+    pub width_bytes: usize,
+    /// Bytes the stack would have reserved (OpenCV's layout); enough for any pitch of its own
+    /// choosing only if `pitch <= ` the stack pitch.
+    pub bytes: usize,
+    /// The pitch the stack would have used.
+    pub pitch: usize,
+    /// Why the stack did not serve it.
+    pub reason: FallbackReason,
+    /// Bytes left on the stream's stack (0 without one).
+    pub stack_free: usize,
+}
+
+/// Memory handed out by a [`GpuAllocator`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// Device address of row 0.
+    pub ptr: u64,
+    /// Bytes between rows; at least the request's `width_bytes`.
+    pub pitch: usize,
+}
+
+/// The counted driver operations an allocator may use, bound to one stream.
+pub struct AllocContext<'a> {
+    pub(crate) device: &'a DeviceInner,
+    pub(crate) stream: &'a RawStream,
+    pub(crate) counters: &'a StreamCounters,
+}
+
+impl AllocContext<'_> {
+    /// The device allocations are made on.
+    pub fn device_id(&self) -> DeviceId {
+        self.device.id
+    }
+
+    /// Whether [`alloc_async`](Self::alloc_async) is truly stream-ordered on this device.
+    pub fn supports_stream_ordered(&self) -> bool {
+        self.device.backend.supports_stream_ordered()
+    }
+
+    /// `cuMemAlloc`.
+    pub fn alloc(&self, bytes: usize) -> Result<u64, PoolError> {
+        self.device.driver_alloc(bytes, Some(self.counters))
+    }
+
+    /// `cuMemAllocPitch`: the address and the pitch.
+    pub fn alloc_pitch(&self, width: usize, rows: usize) -> Result<(u64, usize), PoolError> {
+        self.device
+            .driver_alloc_pitch(width, rows, Some(self.counters))
+    }
+
+    /// `cuMemFree`.
+    ///
+    /// # Safety
+    /// `ptr` came from [`alloc`](Self::alloc) or [`alloc_pitch`](Self::alloc_pitch) on this device,
+    /// is freed once, and is not used afterwards.
+    pub unsafe fn free(&self, ptr: u64) -> Result<(), PoolError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.device.driver_free(ptr, Some(self.counters)) }
+    }
+
+    /// `cuMemAllocAsync` on the context's stream.
+    pub fn alloc_async(&self, bytes: usize) -> Result<u64, PoolError> {
+        self.device
+            .driver_alloc_async(bytes, self.stream, Some(self.counters))
+    }
+
+    /// `cuMemFreeAsync` on the context's stream.
+    ///
+    /// # Safety
+    /// `ptr` came from [`alloc_async`](Self::alloc_async) on this device, is freed once, and every
+    /// use of it is ordered before this call on the context's stream.
+    pub unsafe fn free_async(&self, ptr: u64) -> Result<(), PoolError> {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            self.device
+                .driver_free_async(ptr, self.stream, Some(self.counters))
+        }
+    }
+}
+
+/// An allocator for buffers the stack does not serve.
+///
+/// # Safety
+/// An implementation promises that every `Ok` [`Allocation`] of [`allocate`](Self::allocate) is device
+/// memory of the context's device, exclusively owned by the buffer until `deallocate`, with room for
+/// `request.rows` rows of `request.width_bytes` bytes at the returned pitch. Safe code writes through
+/// it, so a wrong answer is undefined behaviour.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use pool_runtime::{AllocContext, AllocRequest, Allocation, BufferPool, Device, GpuAllocator, PoolError, Stream};
+///
+/// /// Plain driver allocations, counted.
+/// #[derive(Debug, Default)]
+/// struct Counting(AtomicUsize);
+///
+/// // SAFETY: memory comes from `ctx.alloc` with the size the request needs, freed once.
+/// unsafe impl GpuAllocator for Counting {
+///     fn allocate(&self, ctx: &AllocContext<'_>, req: &AllocRequest) -> Result<Allocation, PoolError> {
+///         self.0.fetch_add(1, Ordering::Relaxed);
+///         Ok(Allocation { ptr: ctx.alloc(req.bytes)?, pitch: req.pitch })
+///     }
+///     unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
+///         // SAFETY: `a` came from `allocate` above, which used `ctx.alloc`.
+///         unsafe { ctx.free(a.ptr) }
+///     }
+/// }
+///
+/// let counting = Arc::new(Counting::default());
+/// let stream = Stream::with_allocator(&Device::host(), counting.clone())?;
+/// let buf = BufferPool::new(&stream).get_buffer::<f32>(8, 8)?;
+/// assert_eq!(counting.0.load(Ordering::Relaxed), 1);
+/// # Ok::<(), PoolError>(())
+/// ```
+pub unsafe trait GpuAllocator: Send + Sync + fmt::Debug {
+    /// Allocates memory for `request`.
+    fn allocate(
+        &self,
+        ctx: &AllocContext<'_>,
+        request: &AllocRequest,
+    ) -> Result<Allocation, PoolError>;
+
+    /// Frees an allocation.
+    ///
+    /// # Safety
+    /// `allocation` came from `allocate` of this allocator on the same device and stream, and is
+    /// deallocated once; work on the stream that uses it has been enqueued before this call.
+    unsafe fn deallocate(
+        &self,
+        ctx: &AllocContext<'_>,
+        allocation: Allocation,
+    ) -> Result<(), PoolError>;
+}
+
+/// OpenCV's `DefaultAllocator`: `cuMemAllocPitch` for 2D requests, `cuMemAlloc` for a row or a
+/// column, and a synchronizing `cuMemFree`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DriverAllocator;
+
+// SAFETY: both allocation calls return fresh driver memory of at least the requested shape.
+unsafe impl GpuAllocator for DriverAllocator {
+    fn allocate(
+        &self,
+        ctx: &AllocContext<'_>,
+        req: &AllocRequest,
+    ) -> Result<Allocation, PoolError> {
+        if req.rows > 1 && req.cols > 1 {
+            let (ptr, pitch) = ctx.alloc_pitch(req.width_bytes, req.rows)?;
+            Ok(Allocation { ptr, pitch })
+        } else {
+            Ok(Allocation {
+                ptr: ctx.alloc(req.bytes)?,
+                pitch: req.pitch,
+            })
+        }
+    }
+
+    unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
+        // SAFETY: `a` came from `allocate`, so from `alloc` or `alloc_pitch`; freed once per contract.
+        unsafe { ctx.free(a.ptr) }
+    }
+}
+
+/// `cuMemAllocAsync` / `cuMemFreeAsync` on the buffer's stream: no device synchronization. Falls back
+/// to [`DriverAllocator`] on devices without stream-ordered allocation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StreamOrderedAllocator;
+
+// SAFETY: as `DriverAllocator`; async allocations hold the stack layout's `bytes` at its `pitch`.
+unsafe impl GpuAllocator for StreamOrderedAllocator {
+    fn allocate(
+        &self,
+        ctx: &AllocContext<'_>,
+        req: &AllocRequest,
+    ) -> Result<Allocation, PoolError> {
+        if !ctx.supports_stream_ordered() {
+            return DriverAllocator.allocate(ctx, req);
+        }
+        Ok(Allocation {
+            ptr: ctx.alloc_async(req.bytes)?,
+            pitch: req.pitch,
+        })
+    }
+
+    unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
+        if !ctx.supports_stream_ordered() {
+            // SAFETY: forwarded; `allocate` used the driver allocator too.
+            return unsafe { DriverAllocator.deallocate(ctx, a) };
+        }
+        // SAFETY: `a` came from `alloc_async` on this stream; the contract orders its uses before.
+        unsafe { ctx.free_async(a.ptr) }
+    }
+}
+
+/// The strict fallback: every request the stack cannot serve is `PoolError::StackExhausted`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoFallback;
+
+// SAFETY: never returns an allocation.
+unsafe impl GpuAllocator for NoFallback {
+    fn allocate(
+        &self,
+        ctx: &AllocContext<'_>,
+        req: &AllocRequest,
+    ) -> Result<Allocation, PoolError> {
+        Err(PoolError::StackExhausted {
+            device: ctx.device_id(),
+            requested: req.bytes,
+            available: req.stack_free,
+            reason: req.reason,
+        })
+    }
+
+    unsafe fn deallocate(&self, _: &AllocContext<'_>, _: Allocation) -> Result<(), PoolError> {
+        Ok(())
+    }
+}
+
+pub(crate) fn builtin(fallback: Fallback) -> Arc<dyn GpuAllocator> {
+    match fallback {
+        Fallback::Driver => Arc::new(DriverAllocator),
+        Fallback::StreamOrdered => Arc::new(StreamOrderedAllocator),
+        Fallback::Error => Arc::new(NoFallback),
+    }
+}
+
+/// Checks an allocator's answer against the request, so that a buggy allocator yields an error
+/// instead of a buffer whose rows overlap.
+pub(crate) fn validate(
+    a: &Allocation,
+    req: &AllocRequest,
+    device: DeviceId,
+) -> Result<DevPtr, PoolError> {
+    if a.ptr == 0 || a.pitch < req.width_bytes {
+        return Err(PoolError::InvalidConfig {
+            reason: format!(
+                "the stream's allocator on {device} returned {a:?} for a request of {} bytes per row; \
+                 an allocator must return a non-null address and a pitch of at least the row width",
+                req.width_bytes
+            ),
+        });
+    }
+    Ok(a.ptr)
+}

@@ -1,0 +1,47 @@
+//! The runtime of [gpu-pool](https://docs.rs/gpu-pool): per-stream stack pools, fallback
+//! allocators, global configuration and statistics, on a CUDA or a host backend.
+//!
+//! Most users depend on the `gpu-pool` facade instead, which adds the `#[pooled]` DSL.
+//!
+//! ```
+//! use pool_runtime::{BufferPool, Device, Source, Stream};
+//! let stream = Stream::new(&Device::host())?;
+//! let pool = BufferPool::new(&stream);
+//! let mut a = pool.get_buffer::<f32>(64, 64)?;
+//! a.set_to(1.5)?;
+//! assert_eq!(a.source(), Source::Stack);
+//! assert!(a.to_vec()?.iter().all(|&x| x == 1.5));
+//! # Ok::<(), pool_runtime::PoolError>(())
+//! ```
+//!
+//! # Guarantees
+//! - A request that fits the stream's stack takes no lock, allocates nothing on the heap and calls
+//!   no driver function.
+//! - Live buffers never overlap, whatever order safe code releases them in: a block released out of
+//!   LIFO order is reclaimed once the blocks above it are released, and counted as a violation.
+//! - Every bad input is a [`PoolError`]; no input panics.
+
+mod backend;
+mod buffer;
+mod config;
+mod device;
+mod error;
+mod fallback;
+mod layout;
+mod stack;
+mod stats;
+mod stream;
+
+pub use buffer::{BufferPool, GpuMat, GpuView, GpuViewMut};
+pub use config::{
+    ENV_VAR, EnvConfig, Fallback, PoolConfig, buffer_pool_usage, env_config,
+    set_buffer_pool_config, set_buffer_pool_usage,
+};
+pub use device::Device;
+pub use error::{DeviceId, PoolError};
+pub use fallback::{
+    AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
+    StreamOrderedAllocator,
+};
+pub use stats::{DeviceStats, FallbackCounts, FallbackReason, Report, StreamStats, report};
+pub use stream::{Source, Stream};

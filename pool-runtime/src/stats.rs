@@ -1,0 +1,369 @@
+//! Counters per stream and per device, and the sizing report.
+//!
+//! A stream's counters are written only by the thread that owns the stream, so they are relaxed
+//! atomics updated with a load and a store: plain moves on x86, no locked instruction on the hot
+//! path, yet readable from any thread (the device and [`report`] read them while the stream lives).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::config::PoolConfig;
+use crate::error::DeviceId;
+
+/// Why a request did not come from the stream's stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FallbackReason {
+    /// The stack has a buffer-sized hole only after releases; it is too full now.
+    StackFull,
+    /// The stream holds no stack: every stack of the device is taken by other streams.
+    NoStack,
+    /// The request is larger than a whole stack.
+    TooLarge,
+    /// Pooling is off ([`crate::set_buffer_pool_usage`]`(false)`), or the stream has a custom allocator.
+    Disabled,
+}
+
+impl FallbackReason {
+    pub(crate) const ALL: [FallbackReason; 4] = [
+        FallbackReason::StackFull,
+        FallbackReason::NoStack,
+        FallbackReason::TooLarge,
+        FallbackReason::Disabled,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FallbackReason::StackFull => "stack full",
+            FallbackReason::NoStack => "no stack left for this stream",
+            FallbackReason::TooLarge => "request larger than a stack",
+            FallbackReason::Disabled => "pooling off for this stream",
+        })
+    }
+}
+
+/// One counter with a single writer: a relaxed load and store, no read-modify-write.
+#[derive(Debug, Default)]
+pub(crate) struct Counter(AtomicU64);
+
+impl Counter {
+    #[inline]
+    pub(crate) fn add(&self, n: u64) {
+        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+    #[inline]
+    pub(crate) fn set(&self, n: u64) {
+        self.0.store(n, Relaxed);
+    }
+    #[inline]
+    pub(crate) fn raise_to(&self, n: u64) {
+        if n > self.0.load(Relaxed) {
+            self.0.store(n, Relaxed);
+        }
+    }
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// The live counters of one stream (shared with its device for reporting).
+#[derive(Debug, Default)]
+pub(crate) struct StreamCounters {
+    pub(crate) stack_in_use: Counter,
+    pub(crate) stack_high_water: Counter,
+    pub(crate) stack_allocations: Counter,
+    pub(crate) fallback: [Counter; 4],
+    /// Bytes the stack would have held with unlimited room: stack use plus live overflow buffers.
+    pub(crate) demand_peak: Counter,
+    pub(crate) driver_alloc_calls: Counter,
+    pub(crate) driver_free_calls: Counter,
+    pub(crate) lifo_violations: Counter,
+}
+
+impl StreamCounters {
+    pub(crate) fn snapshot(&self, id: u64, device: DeviceId, stack: Option<usize>) -> StreamStats {
+        StreamStats {
+            stream: id,
+            device,
+            stack_index: stack,
+            stack_in_use: self.stack_in_use.get() as usize,
+            stack_high_water: self.stack_high_water.get() as usize,
+            stack_allocations: self.stack_allocations.get(),
+            fallback_allocations: FallbackCounts(self.fallback.each_ref().map(Counter::get)),
+            peak_demand: self.demand_peak.get() as usize,
+            driver_alloc_calls: self.driver_alloc_calls.get(),
+            driver_free_calls: self.driver_free_calls.get(),
+            lifo_violations: self.lifo_violations.get(),
+        }
+    }
+}
+
+/// Fallback allocations, counted by reason.
+///
+/// ```
+/// use pool_runtime::{FallbackCounts, FallbackReason};
+/// let counts = FallbackCounts::default();
+/// assert_eq!(counts.get(FallbackReason::StackFull), 0);
+/// assert_eq!(counts.total(), 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FallbackCounts([u64; 4]);
+
+impl FallbackCounts {
+    /// Allocations that fell back for `reason`.
+    pub fn get(&self, reason: FallbackReason) -> u64 {
+        self.0[reason.index()]
+    }
+    /// All fallback allocations.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    fn add(&mut self, other: &FallbackCounts) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+    }
+}
+
+/// A snapshot of one stream's counters.
+///
+/// ```
+/// use pool_runtime::{BufferPool, Device, Stream};
+/// let device = Device::host_with_limit(None);
+/// let stream = Stream::new(&device)?;
+/// let pool = BufferPool::new(&stream);
+/// let buf = pool.get_buffer_1d::<f32>(1000)?;
+/// let stats = stream.stats();
+/// assert_eq!((stats.stack_allocations, stats.stack_in_use), (1, 4032));
+/// drop(buf);
+/// assert_eq!(stream.stats().stack_in_use, 0);
+/// # Ok::<(), pool_runtime::PoolError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamStats {
+    /// A number unique to the stream within the process.
+    pub stream: u64,
+    /// Its device.
+    pub device: DeviceId,
+    /// Which stack of the device it holds, if any.
+    pub stack_index: Option<usize>,
+    /// Stack bytes in use now, alignment padding included.
+    pub stack_in_use: usize,
+    /// The most stack bytes ever in use at once.
+    pub stack_high_water: usize,
+    /// Buffers served by the stack.
+    pub stack_allocations: u64,
+    /// Buffers served by the fallback allocator, by reason.
+    pub fallback_allocations: FallbackCounts,
+    /// The most bytes the stack would have held at once had it been large enough: the stack size
+    /// that avoids every `StackFull` and `TooLarge` fallback of this stream.
+    pub peak_demand: usize,
+    /// Driver allocation calls made for this stream's buffers.
+    pub driver_alloc_calls: u64,
+    /// Driver free calls made for this stream's buffers.
+    pub driver_free_calls: u64,
+    /// Stack buffers released out of LIFO order.
+    pub lifo_violations: u64,
+}
+
+/// A snapshot of one device's counters: its own driver calls plus every stream it has had.
+///
+/// ```
+/// use pool_runtime::{BufferPool, Device, Stream};
+/// let device = Device::host_with_limit(None);
+/// let stream = Stream::new(&device)?;
+/// BufferPool::new(&stream).get_buffer::<u8>(16, 16)?;
+/// let stats = device.stats();
+/// assert_eq!(stats.driver_alloc_calls, 1); // the one allocation that holds every stack
+/// assert_eq!(stats.streams.len(), 1);
+/// # Ok::<(), pool_runtime::PoolError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// The device.
+    pub device: DeviceId,
+    /// Its stack config (the one in force, or the one the next allocation will use).
+    pub config: PoolConfig,
+    /// Stacks held by streams now.
+    pub stacks_held: usize,
+    /// Whether the stack memory is allocated now.
+    pub stacks_allocated: bool,
+    /// The most streams that held or wanted a stack at once.
+    pub peak_streams_wanting_stack: usize,
+    /// Stack bytes in use over all live streams.
+    pub stack_in_use: usize,
+    /// Stack buffers over all streams, live and dropped.
+    pub stack_allocations: u64,
+    /// Fallback buffers over all streams, live and dropped, by reason.
+    pub fallback_allocations: FallbackCounts,
+    /// Every driver allocation call on this device: stack memory, fallbacks, custom allocators.
+    pub driver_alloc_calls: u64,
+    /// Every driver free call on this device.
+    pub driver_free_calls: u64,
+    /// LIFO violations over all streams.
+    pub lifo_violations: u64,
+    /// The largest `peak_demand` of any stream, live or dropped.
+    pub peak_stream_demand: usize,
+    /// Live streams, one snapshot each.
+    pub streams: Vec<StreamStats>,
+}
+
+impl DeviceStats {
+    /// The config that would have served every stack-eligible request of this device's streams from
+    /// a stack: the largest stream demand rounded up to a MiB, and as many stacks as streams wanted
+    /// at once. `None` if no stream ever asked for a buffer.
+    pub fn recommended_config(&self) -> Option<PoolConfig> {
+        if self.peak_stream_demand == 0 {
+            return None;
+        }
+        let size = self
+            .peak_stream_demand
+            .div_ceil(1 << 20)
+            .checked_mul(1 << 20)?;
+        PoolConfig::new(size, self.peak_streams_wanting_stack.max(1)).ok()
+    }
+}
+
+/// Totals of streams that were dropped, kept by their device.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Retired {
+    pub(crate) stack_allocations: u64,
+    pub(crate) fallback_allocations: FallbackCounts,
+    pub(crate) driver_alloc_calls: u64,
+    pub(crate) driver_free_calls: u64,
+    pub(crate) lifo_violations: u64,
+    pub(crate) peak_demand: usize,
+}
+
+impl Retired {
+    pub(crate) fn absorb(&mut self, s: &StreamStats) {
+        self.stack_allocations += s.stack_allocations;
+        self.fallback_allocations.add(&s.fallback_allocations);
+        self.driver_alloc_calls += s.driver_alloc_calls;
+        self.driver_free_calls += s.driver_free_calls;
+        self.lifo_violations += s.lifo_violations;
+        self.peak_demand = self.peak_demand.max(s.peak_demand);
+    }
+}
+
+pub(crate) fn sum_streams(
+    retired: &Retired,
+    live: &[StreamStats],
+) -> (u64, FallbackCounts, u64, usize, usize) {
+    let mut stack = retired.stack_allocations;
+    let mut fallback = retired.fallback_allocations;
+    let mut violations = retired.lifo_violations;
+    let mut in_use = 0;
+    let mut demand = retired.peak_demand;
+    for s in live {
+        stack += s.stack_allocations;
+        fallback.add(&s.fallback_allocations);
+        violations += s.lifo_violations;
+        in_use += s.stack_in_use;
+        demand = demand.max(s.peak_demand);
+    }
+    (stack, fallback, violations, in_use, demand)
+}
+
+/// Every device's stats, printable as the sizing report.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// One entry per device that has been used.
+    pub devices: Vec<DeviceStats>,
+}
+
+impl Report {
+    /// Collects the report without printing it.
+    pub fn collect() -> Report {
+        Report {
+            devices: crate::device::all_devices()
+                .iter()
+                .map(|d| d.stats())
+                .collect(),
+        }
+    }
+}
+
+/// Prints, per device and per live stream, stack use, fallbacks and driver calls, and the config that
+/// would have avoided every fallback; returns the same data.
+///
+/// ```
+/// let report = pool_runtime::report();
+/// assert!(report.to_string().contains("gpu-pool report"));
+/// ```
+pub fn report() -> Report {
+    let report = Report::collect();
+    println!("{report}");
+    report
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "gpu-pool report")?;
+        for d in &self.devices {
+            writeln!(
+                f,
+                "{}: config {} x {} stacks ({} held, memory {}), driver calls {} alloc / {} free",
+                d.device,
+                mib(d.config.stack_size()),
+                d.config.stack_count(),
+                d.stacks_held,
+                if d.stacks_allocated {
+                    "allocated"
+                } else {
+                    "not allocated"
+                },
+                d.driver_alloc_calls,
+                d.driver_free_calls,
+            )?;
+            writeln!(
+                f,
+                "  buffers: {} from stacks, {} from the fallback; {} LIFO violations",
+                d.stack_allocations,
+                d.fallback_allocations.total(),
+                d.lifo_violations
+            )?;
+            for reason in FallbackReason::ALL {
+                let n = d.fallback_allocations.get(reason);
+                if n > 0 {
+                    writeln!(f, "    {n} fell back: {reason}")?;
+                }
+            }
+            for s in &d.streams {
+                writeln!(
+                    f,
+                    "  stream {} (stack {}): peak stack use {}, peak demand {}, {} stack / {} fallback buffers",
+                    s.stream,
+                    s.stack_index.map_or("none".into(), |i| i.to_string()),
+                    mib(s.stack_high_water),
+                    mib(s.peak_demand),
+                    s.stack_allocations,
+                    s.fallback_allocations.total(),
+                )?;
+            }
+            match d.recommended_config() {
+                Some(rec) if d.fallback_allocations.total() > 0 => writeln!(
+                    f,
+                    "  to avoid every fallback: set_buffer_pool_config(&device, {} << 20, {}) \
+                     or GPU_POOL_CONF=stack_size={}MiB,stack_count={}",
+                    rec.stack_size() >> 20,
+                    rec.stack_count(),
+                    rec.stack_size() >> 20,
+                    rec.stack_count(),
+                )?,
+                Some(_) => writeln!(f, "  no fallbacks: the config is large enough")?,
+                None => writeln!(f, "  no buffers requested yet")?,
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,406 @@
+//! Streams: a backend stream, the stack it holds, and the allocator behind the stack.
+//!
+//! A stream and its stack are used by one thread at a time: [`Stream`] is `Send` but not `Sync`. The
+//! stack's top is a plain `Cell`, so taking a buffer needs no atomic and no lock; sharing a stream
+//! between threads would need both on every allocation. Move the stream to the thread that uses it,
+//! or give each thread its own.
+
+use std::cell::{Cell, OnceCell};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use crate::backend::{DevPtr, RawStream};
+use crate::config;
+use crate::device::{Device, StreamShared};
+use crate::error::PoolError;
+use crate::fallback::{self, AllocContext, AllocRequest, Allocation, GpuAllocator};
+use crate::layout::Layout;
+use crate::stack::{Block, Release, Stack};
+use crate::stats::{FallbackReason, StreamCounters, StreamStats};
+
+/// A stream of work on a device, with the stack that its temporary buffers come from.
+///
+/// ```
+/// use pool_runtime::{Device, Stream};
+/// let stream = Stream::new(&Device::host())?;
+/// assert_eq!(stream.device(), &Device::host());
+/// stream.synchronize()?;
+/// # Ok::<(), pool_runtime::PoolError>(())
+/// ```
+///
+/// `Stream` is `Send` but not `Sync`:
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<pool_runtime::Stream>();
+/// ```
+pub struct Stream {
+    device: Device,
+    pub(crate) raw: RawStream,
+    /// The device's texture alignment, kept here so the hot path makes no virtual call.
+    pub(crate) texture_alignment: usize,
+    shared: Arc<StreamShared>,
+    stack: OnceCell<Stack>,
+    allocator: Arc<dyn GpuAllocator>,
+    /// A user's allocator serves every buffer; the stack is not used.
+    custom_allocator: bool,
+    strict_lifo: bool,
+    wants_stack: Cell<bool>,
+    /// Bytes of live fallback buffers that a large enough stack would have held.
+    overflow_live: Cell<usize>,
+}
+
+/// Where a buffer's memory came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The stream's stack.
+    Stack,
+    /// The stream's fallback allocator, and why.
+    Fallback(FallbackReason),
+    /// A driver allocation of its own ([`GpuMat::new`](crate::GpuMat::new)): for long-lived data.
+    Driver,
+    /// Nothing: the buffer has no elements.
+    Empty,
+}
+
+/// What a buffer must give back, and to whom.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Origin {
+    Empty,
+    Stack(Block),
+    Fallback {
+        allocation: Allocation,
+        reason: FallbackReason,
+        bytes: usize,
+    },
+    Driver(DevPtr),
+}
+
+impl Origin {
+    pub(crate) fn source(&self) -> Source {
+        match self {
+            Origin::Empty => Source::Empty,
+            Origin::Stack(_) => Source::Stack,
+            Origin::Fallback { reason, .. } => Source::Fallback(*reason),
+            Origin::Driver(_) => Source::Driver,
+        }
+    }
+}
+
+impl Stream {
+    /// Makes a stream on `device`. With pooling on it takes a free stack of the device (allocating
+    /// the device's stack memory if it is the first); with none free, its buffers come from the
+    /// fallback until one is.
+    ///
+    /// Errors: `GPU_POOL_CONF` malformed, the stack memory could not be allocated, or the backend
+    /// could not make a stream.
+    pub fn new(device: &Device) -> Result<Stream, PoolError> {
+        let fallback = fallback::builtin(device.fallback());
+        let stream = Stream::build(device, fallback, false)?;
+        if config::buffer_pool_usage()? {
+            stream.claim_stack()?;
+        }
+        Ok(stream)
+    }
+
+    /// Makes a stream whose buffers all come from `allocator` (OpenCV's `Stream(allocator)`): it
+    /// takes no stack.
+    pub fn with_allocator(
+        device: &Device,
+        allocator: Arc<dyn GpuAllocator>,
+    ) -> Result<Stream, PoolError> {
+        Stream::build(device, allocator, true)
+    }
+
+    fn build(
+        device: &Device,
+        allocator: Arc<dyn GpuAllocator>,
+        custom_allocator: bool,
+    ) -> Result<Stream, PoolError> {
+        config::env_config()?;
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let raw = device.inner.backend.new_stream()?;
+        let shared = Arc::new(StreamShared {
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            counters: StreamCounters::default(),
+            stack_index: AtomicUsize::new(usize::MAX),
+        });
+        device.inner.register_stream(&shared);
+        Ok(Stream {
+            device: device.clone(),
+            raw,
+            texture_alignment: device.texture_alignment(),
+            shared,
+            stack: OnceCell::new(),
+            allocator,
+            custom_allocator,
+            strict_lifo: device.strict_lifo(),
+            wants_stack: Cell::new(false),
+            overflow_live: Cell::new(0),
+        })
+    }
+
+    /// The stream's device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A number unique to this stream within the process.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// The index of the stack this stream holds, if any.
+    pub fn stack_index(&self) -> Option<usize> {
+        self.stack.get().map(|s| s.index)
+    }
+
+    /// The device addresses of the stack this stream holds, if any.
+    pub fn stack_range(&self) -> Option<std::ops::Range<u64>> {
+        self.stack
+            .get()
+            .map(|s| s.base..s.base + s.size() as DevPtr)
+    }
+
+    /// Waits until all work queued on the stream is done.
+    pub fn synchronize(&self) -> Result<(), PoolError> {
+        self.device.inner.backend.synchronize(&self.raw)
+    }
+
+    /// A snapshot of this stream's counters.
+    pub fn stats(&self) -> StreamStats {
+        self.shared.snapshot(self.device.id())
+    }
+
+    /// The allocator behind the stack (or the only one, for a stream made with
+    /// [`Stream::with_allocator`]).
+    pub fn allocator(&self) -> Arc<dyn GpuAllocator> {
+        self.allocator.clone()
+    }
+
+    fn counters(&self) -> &StreamCounters {
+        &self.shared.counters
+    }
+
+    /// Takes a stack if pooling is on and one is free; returns it.
+    #[cold]
+    fn claim_stack(&self) -> Result<Option<&Stack>, PoolError> {
+        if self.custom_allocator || !config::buffer_pool_usage()? {
+            return Ok(None);
+        }
+        if !self.wants_stack.replace(true) {
+            self.device.inner.note_stream_wants_stack();
+        }
+        if !self.device.inner.has_free_stack() {
+            return Ok(None);
+        }
+        match self.device.inner.claim_stack(&self.shared)? {
+            Some(stack) => Ok(Some(self.stack.get_or_init(|| stack))),
+            None => Ok(None),
+        }
+    }
+
+    /// Memory for `layout`: from the stack when it fits, else from the allocator.
+    #[inline]
+    pub(crate) fn take(&self, layout: &Layout) -> Result<(DevPtr, usize, Origin), PoolError> {
+        if layout.is_empty() {
+            return Ok((0, layout.pitch, Origin::Empty));
+        }
+        let stack = match self.stack.get() {
+            Some(stack) => stack,
+            None => match self.claim_stack()? {
+                Some(stack) => stack,
+                None => {
+                    let reason = if self.wants_stack.get() {
+                        FallbackReason::NoStack
+                    } else {
+                        FallbackReason::Disabled
+                    };
+                    return self.take_fallback(layout, reason, 0);
+                }
+            },
+        };
+        let Some(block) = stack.take(layout.bytes) else {
+            let reason = if layout.bytes > stack.size() {
+                FallbackReason::TooLarge
+            } else {
+                FallbackReason::StackFull
+            };
+            return self.take_fallback(layout, reason, stack.free_bytes());
+        };
+        let c = self.counters();
+        c.stack_allocations.add(1);
+        c.stack_in_use.set(block.end as u64);
+        c.stack_high_water.raise_to(block.end as u64);
+        c.demand_peak
+            .raise_to((block.end + self.overflow_live.get()) as u64);
+        Ok((
+            stack.base + block.offset as DevPtr,
+            layout.pitch,
+            Origin::Stack(block),
+        ))
+    }
+
+    #[cold]
+    fn take_fallback(
+        &self,
+        layout: &Layout,
+        reason: FallbackReason,
+        stack_free: usize,
+    ) -> Result<(DevPtr, usize, Origin), PoolError> {
+        let request = AllocRequest {
+            rows: layout.rows,
+            cols: layout.cols,
+            width_bytes: layout.width_bytes,
+            bytes: layout.bytes,
+            pitch: layout.pitch,
+            reason,
+            stack_free,
+        };
+        let allocation = self.allocator.allocate(&self.alloc_context(), &request)?;
+        let ptr = fallback::validate(&allocation, &request, self.device.id());
+        let ptr = match ptr {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                // SAFETY: the allocation came from this allocator just now and is not used.
+                let _ = unsafe { self.allocator.deallocate(&self.alloc_context(), allocation) };
+                return Err(e);
+            }
+        };
+        let c = self.counters();
+        c.fallback[reason as usize].add(1);
+        if reason != FallbackReason::Disabled {
+            let overflow = self.overflow_live.get() + layout.bytes;
+            self.overflow_live.set(overflow);
+            let top = self.stack.get().map_or(0, Stack::top);
+            c.demand_peak.raise_to((top + overflow) as u64);
+        }
+        Ok((
+            ptr,
+            allocation.pitch,
+            Origin::Fallback {
+                allocation,
+                reason,
+                bytes: layout.bytes,
+            },
+        ))
+    }
+
+    /// Memory of its own for a long-lived buffer: `cuMemAllocPitch` or `cuMemAlloc`, counted.
+    pub(crate) fn take_from_driver(
+        &self,
+        layout: &Layout,
+    ) -> Result<(DevPtr, usize, Origin), PoolError> {
+        let inner = &self.device.inner;
+        let (ptr, pitch) = if layout.rows > 1 && layout.cols > 1 {
+            inner.driver_alloc_pitch(layout.width_bytes, layout.rows, Some(self.counters()))?
+        } else {
+            (
+                inner.driver_alloc(layout.bytes, Some(self.counters()))?,
+                layout.pitch,
+            )
+        };
+        Ok((ptr, pitch, Origin::Driver(ptr)))
+    }
+
+    fn alloc_context(&self) -> AllocContext<'_> {
+        AllocContext {
+            device: &self.device.inner,
+            stream: &self.raw,
+            counters: self.counters(),
+        }
+    }
+
+    /// Gives a buffer's memory back.
+    ///
+    /// # Safety
+    /// `origin` was returned by `take` on this stream and is given back once; work that uses the
+    /// memory is queued on this stream (stack memory is then reused in stream order).
+    #[inline]
+    pub(crate) unsafe fn give_back(&self, origin: &Origin) -> Result<(), PoolError> {
+        // Read in place: copying the origin out right after it was written stalls store forwarding.
+        if let Origin::Stack(block) = origin
+            && let Some(stack) = self.stack.get()
+        {
+            let release = stack.release(block);
+            self.counters().stack_in_use.set(stack.top() as u64);
+            return match release {
+                Release::InOrder => Ok(()),
+                Release::OutOfOrder => self.lifo_violation(*block),
+            };
+        }
+        // SAFETY: forwarded.
+        unsafe { self.give_back_slow(origin) }
+    }
+
+    /// # Safety
+    /// As [`Stream::give_back`].
+    #[cold]
+    unsafe fn give_back_slow(&self, origin: &Origin) -> Result<(), PoolError> {
+        match *origin {
+            // A stack origin exists only once the stack does, so this is never reached for one.
+            Origin::Empty | Origin::Stack(_) => Ok(()),
+            Origin::Fallback {
+                allocation,
+                reason,
+                bytes,
+            } => {
+                if reason != FallbackReason::Disabled {
+                    self.overflow_live
+                        .set(self.overflow_live.get().saturating_sub(bytes));
+                }
+                // SAFETY: forwarded: the allocation came from this stream's allocator, once.
+                unsafe { self.allocator.deallocate(&self.alloc_context(), allocation) }
+            }
+            Origin::Driver(ptr) => {
+                // SAFETY: forwarded: `ptr` came from `take_from_driver`, once; the driver's free
+                // synchronizes, so queued work using it is done.
+                unsafe { self.device.inner.driver_free(ptr, Some(self.counters())) }
+            }
+        }
+    }
+
+    #[cold]
+    fn lifo_violation(&self, block: Block) -> Result<(), PoolError> {
+        self.counters().lifo_violations.add(1);
+        let error = PoolError::LifoViolation {
+            device: self.device.id(),
+            offset: block.offset,
+        };
+        if !self.device.inner.lifo_warned.swap(true, Relaxed) {
+            tracing::warn!(
+                stream = self.id(),
+                "{error} (logged once per device; see lifo_violations in the stats)"
+            );
+        }
+        if self.strict_lifo { Err(error) } else { Ok(()) }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Some(stack) = self.stack.get() {
+            // Queued work may still use the stack; the next stream to take it must not race it.
+            if self.counters().stack_high_water.get() > 0
+                && let Err(e) = self.synchronize()
+            {
+                tracing::error!(stream = self.id(), error = %e, "synchronize before returning the stack failed");
+            }
+            self.device.inner.return_stack(stack.index);
+        }
+        self.device
+            .inner
+            .retire_stream(&self.shared, self.wants_stack.get());
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.shared.id)
+            .field("device", &self.device.id())
+            .field("stack", &self.stack_index())
+            .field("allocator", &self.allocator)
+            .finish()
+    }
+}

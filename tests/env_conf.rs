@@ -1,0 +1,100 @@
+//! `GPU_POOL_CONF` is read once per process, so each case runs this test binary again as a child
+//! process with the variable set, and the child runs `child_reports_what_it_sees`.
+
+use std::process::Command;
+
+use gpu_pool::{Device, EnvConfig, Fallback, PoolError, Stream};
+
+const CHILD: &str = "child_reports_what_it_sees";
+
+fn run_child(conf: &str) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            CHILD,
+            "--nocapture",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
+        .env("GPU_POOL_CONF", conf)
+        .output()
+        .expect("the test binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Prints what the process sees; only meaningful as a child of the tests below.
+#[test]
+#[ignore = "run as a child process by the tests of this file"]
+fn child_reports_what_it_sees() {
+    let device = Device::host_with_limit(None);
+    match Stream::new(&device) {
+        Ok(stream) => println!(
+            "RESULT config={:?} fallback={:?} usage={:?} stack={:?}",
+            device.pool_config(),
+            device.fallback(),
+            gpu_pool::buffer_pool_usage(),
+            stream.stack_index()
+        ),
+        Err(e) => println!("RESULT error={e}"),
+    }
+}
+
+#[test]
+fn a_valid_value_configures_every_device() {
+    let out = run_child("stack_size=64MiB,stack_count=2,fallback=driver");
+    assert!(
+        out.contains("stack_size: 67108864, stack_count: 2"),
+        "{out}"
+    );
+    assert!(out.contains("fallback=Driver"), "{out}");
+}
+
+#[test]
+fn usage_off_in_the_environment_means_no_stack() {
+    let out = run_child("usage=off");
+    assert!(out.contains("usage=Ok(false) stack=None"), "{out}");
+}
+
+#[test]
+fn a_malformed_value_is_an_error_at_first_use() {
+    let out = run_child("stack_size=64MiB,stack_cnt=2");
+    assert!(out.contains("RESULT error=invalid GPU_POOL_CONF"), "{out}");
+    assert!(out.contains("unknown key `stack_cnt`"), "{out}");
+}
+
+#[test]
+fn parse_accepts_units_and_spaces_and_refuses_the_rest() -> Result<(), PoolError> {
+    let conf =
+        EnvConfig::parse(" stack_size = 512KiB , stack_count=3, usage=on, strict_lifo=off ")?;
+    assert_eq!(conf.stack_size, Some(512 << 10));
+    assert_eq!(conf.stack_count, Some(3));
+    assert_eq!((conf.usage, conf.strict_lifo), (Some(true), Some(false)));
+    assert_eq!(EnvConfig::parse("")?, EnvConfig::default());
+    assert_eq!(EnvConfig::parse("stack_size=1g")?.stack_size, Some(1 << 30));
+    assert_eq!(
+        EnvConfig::parse("fallback=error")?.fallback,
+        Some(Fallback::Error)
+    );
+    for (bad, why) in [
+        ("stack_size", "not key=value"),
+        ("stack_size=12XB", "expected a size"),
+        ("stack_size=99999999999999999999", "expected a size"),
+        ("stack_size=99999999999GiB", "expected a size"),
+        ("stack_count=-1", "whole number"),
+        ("stack_count=0", "must not be 0"),
+        ("fallback=cuda", "expected driver, stream_ordered or error"),
+        ("usage=maybe", "on or off"),
+        ("stack_count=1,stack_count=2", "given twice"),
+        ("colour=blue", "unknown key"),
+    ] {
+        let err = EnvConfig::parse(bad).unwrap_err();
+        assert!(matches!(err, PoolError::InvalidEnvConfig { .. }));
+        assert!(err.to_string().contains(why), "{bad}: {err}");
+    }
+    Ok(())
+}
