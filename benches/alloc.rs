@@ -50,10 +50,15 @@ fn main() {
     gpu_pool::set_buffer_pool_config(&fallback_device, 4096, 1).expect("valid config");
     let full = Stream::new(&fallback_device).expect("host stream");
     let full_pool = BufferPool::new(&full);
-    let _filler = full_pool.get_buffer_1d::<u8>(4096).expect("fills the stack");
+    let _filler = full_pool
+        .get_buffer_1d::<u8>(4096)
+        .expect("fills the stack");
 
     let mut group = c.benchmark_group(GROUP);
-    let bump = BareBump { top: Cell::new(0), size: 64 << 20 };
+    let bump = BareBump {
+        top: Cell::new(0),
+        size: 64 << 20,
+    };
     group.bench_function("bare_bump_lifo", |b| {
         b.iter(|| {
             let block = bump.take(black_box(1024)).expect("fits");
@@ -61,15 +66,30 @@ fn main() {
         })
     });
     group.bench_function("stack_pool", |b| {
-        b.iter(|| drop(black_box(pool.get_buffer_1d::<u8>(black_box(1024)).expect("fits"))))
+        b.iter(|| {
+            drop(black_box(
+                pool.get_buffer_1d::<u8>(black_box(1024)).expect("fits"),
+            ))
+        })
     });
     group.bench_function("stack_pool_2d", |b| {
-        b.iter(|| drop(black_box(pool.get_buffer::<f32>(black_box(16), black_box(16)).expect("fits"))))
+        b.iter(|| {
+            drop(black_box(
+                pool.get_buffer::<f32>(black_box(16), black_box(16))
+                    .expect("fits"),
+            ))
+        })
     });
     group.bench_function("host_driver_fallback", |b| {
         b.iter_batched(
             || (),
-            |()| drop(black_box(full_pool.get_buffer_1d::<u8>(black_box(1024)).expect("host memory"))),
+            |()| {
+                drop(black_box(
+                    full_pool
+                        .get_buffer_1d::<u8>(black_box(1024))
+                        .expect("host memory"),
+                ))
+            },
             BatchSize::SmallInput,
         )
     });
@@ -77,11 +97,18 @@ fn main() {
     c.final_summary();
 
     let calls = device.stats().driver_alloc_calls;
-    println!("\nstack device driver allocation calls over the whole run: {calls} (the stack memory itself)");
+    println!(
+        "\nstack device driver allocation calls over the whole run: {calls} (the stack memory itself)"
+    );
     support::print_table(
         "Take + release of a 1 KiB buffer, host backend",
         GROUP,
         "bare_bump_lifo",
-        &["bare_bump_lifo", "stack_pool", "stack_pool_2d", "host_driver_fallback"],
+        &[
+            "bare_bump_lifo",
+            "stack_pool",
+            "stack_pool_2d",
+            "host_driver_fallback",
+        ],
     );
 }

@@ -4,43 +4,23 @@
 //!
 //! `cargo run --release --example pipeline [-- ITERATIONS]`
 
+mod support;
+
 use gpu_pool::prelude::*;
 use gpu_pool::set_buffer_pool_config;
+use support::Stages;
+use support::kernels::{gray_of, threshold_of};
 
 const ROWS: usize = 4096;
 const COLS: usize = 4096;
 
-/// BT.601 luma in fixed point, as OpenCV's `cvtColor(BGR2GRAY)`.
-fn gray_of([b, g, r]: [u8; 3]) -> u8 {
-    ((u32::from(b) * 1868 + u32::from(g) * 9617 + u32::from(r) * 4899 + (1 << 13)) >> 14) as u8
-}
-
-fn threshold(v: u8, t: u8) -> u8 {
-    if v > t { 255 } else { 0 }
-}
-
-/// CPU twin of the gray kernel: reads `src`, writes `dst`, row by row in pitched memory.
-fn bgr_to_gray(src: &GpuMat<'_, [u8; 3]>, dst: &mut GpuMat<'_, u8>) -> Result<(), PoolError> {
-    let rows: Vec<&[[u8; 3]]> = src.host_rows()?.collect();
-    dst.for_each_host_row_mut(|r, out| {
-        for (o, &px) in out.iter_mut().zip(rows[r]) {
-            *o = gray_of(px);
-        }
-    })
-}
-
-fn threshold_in_place(src: &GpuMat<'_, u8>, dst: &mut GpuMat<'_, u8>, t: u8) -> Result<(), PoolError> {
-    let rows: Vec<&[u8]> = src.host_rows()?.collect();
-    dst.for_each_host_row_mut(|r, out| {
-        for (o, &v) in out.iter_mut().zip(rows[r]) {
-            *o = threshold(v, t);
-        }
-    })
-}
-
 fn main() -> Result<(), PoolError> {
-    let iterations: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10);
-    let device = Device::host();
+    let iterations: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10);
+    let device = Device::cuda_or_host();
+    let stages = Stages::new(&device);
     // 64 MiB holds the gray image (16 MiB) and the thresholded one (16 MiB) twice over.
     set_buffer_pool_config(&device, 64 << 20, 1)?;
     let stream = Stream::new(&device)?;
@@ -57,8 +37,8 @@ fn main() -> Result<(), PoolError> {
     for i in 0..iterations {
         let mut gray = pool.get_buffer::<u8>(ROWS, COLS)?;
         let mut binary = pool.get_buffer::<u8>(ROWS, COLS)?;
-        bgr_to_gray(&src, &mut gray)?;
-        threshold_in_place(&gray, &mut binary, 128)?;
+        stages.bgr_to_gray(&src, &mut gray)?;
+        stages.threshold(&gray, &mut binary, 128)?;
         if i == iterations - 1 {
             binary.download(&mut out)?;
         }
@@ -72,10 +52,10 @@ fn main() -> Result<(), PoolError> {
     let wrong = image
         .iter()
         .zip(&out)
-        .filter(|&(&px, &o)| threshold(gray_of(px), 128) != o)
+        .filter(|&(&px, &o)| threshold_of(gray_of(px), 128) != o)
         .count();
     let stats = stream.stats();
-    println!("device: {} (host backend: CPU twins of the kernels)", device.id());
+    println!("device: {}", Stages::describe(&device));
     println!(
         "{iterations} iterations of {ROWS}x{COLS} BGR -> gray -> threshold in {:.1} ms",
         elapsed.as_secs_f64() * 1e3

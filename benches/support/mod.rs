@@ -7,7 +7,7 @@ use std::time::Duration;
 use criterion::Criterion;
 
 /// Where criterion writes its estimates: `$CRITERION_HOME`, else `target/criterion`.
-pub fn output_dir() -> PathBuf {
+pub(crate) fn output_dir() -> PathBuf {
     std::env::var_os("CRITERION_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("target/criterion"))
@@ -16,7 +16,7 @@ pub fn output_dir() -> PathBuf {
 static RUN_START: std::sync::LazyLock<std::time::SystemTime> =
     std::sync::LazyLock::new(std::time::SystemTime::now);
 
-pub fn criterion() -> Criterion {
+pub(crate) fn criterion() -> Criterion {
     std::sync::LazyLock::force(&RUN_START);
     Criterion::default()
         .output_directory(&output_dir())
@@ -27,17 +27,18 @@ pub fn criterion() -> Criterion {
 
 /// The median, in nanoseconds, that criterion estimated for `group/id` in this run (estimates left
 /// by earlier runs are ignored).
-pub fn median_ns(dir: &Path, group: &str, id: &str) -> Option<f64> {
+pub(crate) fn median_ns(dir: &Path, group: &str, id: &str) -> Option<f64> {
     let path = dir.join(group).join(id).join("new/estimates.json");
     if std::fs::metadata(&path).ok()?.modified().ok()? < *RUN_START {
         return None;
     }
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
     json["median"]["point_estimate"].as_f64()
 }
 
 /// Prints `| case | median | x baseline |` for the cases of `group` measured in this run.
-pub fn print_table(title: &str, group: &str, baseline: &str, ids: &[&str]) {
+pub(crate) fn print_table(title: &str, group: &str, baseline: &str, ids: &[&str]) {
     let dir = output_dir();
     let Some(base) = median_ns(&dir, group, baseline) else {
         println!("\n{title}: no estimates for {group}/{baseline} (filtered out?)");
@@ -51,7 +52,7 @@ pub fn print_table(title: &str, group: &str, baseline: &str, ids: &[&str]) {
     }
 }
 
-pub fn format_ns(ns: f64) -> String {
+pub(crate) fn format_ns(ns: f64) -> String {
     match ns {
         n if n < 1e3 => format!("{n:.2} ns"),
         n if n < 1e6 => format!("{:.2} µs", n / 1e3),

@@ -88,7 +88,7 @@ impl<'s> BufferPool<'s> {
 /// };
 /// ```
 pub struct GpuMat<'s, T> {
-    ptr: DevPtr,
+    pub(crate) ptr: DevPtr,
     rows: usize,
     cols: usize,
     pitch: usize,
@@ -288,6 +288,23 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         }
     }
 
+    /// Tells the pool that work queued on `user` (another stream of the same device) so far uses this
+    /// buffer: when the buffer is released, its stream waits for that work before the memory can be
+    /// handed out again (PyTorch's `record_stream`). Call it after queuing the last such work.
+    /// Without it, memory is reused in the owning stream's order only.
+    pub fn record_stream(&self, user: &Stream) -> Result<(), PoolError> {
+        if std::ptr::eq(user, self.stream) {
+            return Ok(());
+        }
+        if user.device() != self.stream.device() {
+            return Err(PoolError::DeviceMismatch {
+                expected: self.stream.device().id(),
+                actual: user.device().id(),
+            });
+        }
+        self.stream.defer_wait_for(user)
+    }
+
     /// A read-only view for kernels.
     pub fn view(&self) -> GpuView<'_, T> {
         GpuView {
@@ -405,7 +422,7 @@ impl<T> fmt::Debug for GpuMat<'_, T> {
 /// the buffer is borrowed.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuView<'a, T> {
-    ptr: DevPtr,
+    pub(crate) ptr: DevPtr,
     rows: usize,
     cols: usize,
     pitch: usize,
@@ -415,7 +432,7 @@ pub struct GpuView<'a, T> {
 /// A writable view of a [`GpuMat`], for kernel arguments.
 #[derive(Debug)]
 pub struct GpuViewMut<'a, T> {
-    ptr: DevPtr,
+    pub(crate) ptr: DevPtr,
     rows: usize,
     cols: usize,
     pitch: usize,

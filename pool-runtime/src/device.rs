@@ -145,6 +145,61 @@ impl Device {
         Device::from_backend(id, Box::new(HostBackend::new(id, limit)))
     }
 
+    /// The CUDA device `ordinal` (its primary context). Every call for one ordinal returns the same
+    /// device. `PoolError::NoCudaDriver` where no driver can be loaded (or the crate was built
+    /// without the `cuda` feature), `PoolError::NoSuchDevice` for an ordinal past the last.
+    ///
+    /// ```
+    /// use pool_runtime::{Device, PoolError};
+    /// match Device::cuda(0) {
+    ///     Ok(gpu) => assert!(gpu.texture_alignment() >= 256),
+    ///     Err(PoolError::NoCudaDriver { .. }) => println!("no GPU here"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn cuda(ordinal: usize) -> Result<Device, PoolError> {
+        #[cfg(feature = "cuda")]
+        {
+            static CUDA: Mutex<Vec<Device>> = Mutex::new(Vec::new());
+            let mut devices = lock(&CUDA);
+            if let Some(d) = devices.iter().find(|d| d.id() == DeviceId::Cuda(ordinal)) {
+                return Ok(d.clone());
+            }
+            let backend = crate::backend::cuda::CudaBackend::new(ordinal)?;
+            let device = Device::from_backend(DeviceId::Cuda(ordinal), Box::new(backend));
+            devices.push(device.clone());
+            Ok(device)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Err(PoolError::NoCudaDriver {
+            detail: format!(
+                "gpu-pool was built without the `cuda` feature (asked for cuda:{ordinal})"
+            ),
+        })
+    }
+
+    /// How many CUDA devices there are; `PoolError::NoCudaDriver` without a driver.
+    pub fn cuda_device_count() -> Result<usize, PoolError> {
+        #[cfg(feature = "cuda")]
+        return crate::backend::cuda::device_count();
+        #[cfg(not(feature = "cuda"))]
+        Err(PoolError::NoCudaDriver {
+            detail: "gpu-pool was built without the `cuda` feature".into(),
+        })
+    }
+
+    /// The first CUDA device if there is one, else the host device: what examples run on.
+    pub fn cuda_or_host() -> Device {
+        Device::cuda(0).unwrap_or_else(|_| Device::host())
+    }
+
+    /// The cudarc context of a CUDA device, for loading modules and launching kernels.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
+        self.inner.backend.as_cuda().map(|b| b.context())
+    }
+
     /// Which device this is.
     pub fn id(&self) -> DeviceId {
         self.inner.id

@@ -44,7 +44,10 @@ impl Layout {
             let total = width_bytes.checked_mul(rows).ok_or_else(overflow)?;
             // A column is stored one element per row, so its pitch is the element size.
             let pitch = if cols == 1 { elem_size } else { width_bytes };
-            (pitch, align_up(total, CONTIGUOUS_ALIGN).ok_or_else(overflow)?)
+            (
+                pitch,
+                align_up(total, CONTIGUOUS_ALIGN).ok_or_else(overflow)?,
+            )
         };
         Ok(Layout {
             rows,

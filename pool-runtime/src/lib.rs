@@ -27,6 +27,8 @@ mod config;
 mod device;
 mod error;
 mod fallback;
+#[cfg(feature = "cuda")]
+mod kernel_args;
 mod layout;
 mod stack;
 mod stats;
@@ -45,3 +47,7 @@ pub use fallback::{
 };
 pub use stats::{DeviceStats, FallbackCounts, FallbackReason, Report, StreamStats, report};
 pub use stream::{Source, Stream};
+
+/// The cudarc this crate was built with, for launching kernels on pool buffers.
+#[cfg(feature = "cuda")]
+pub use cudarc;

@@ -5,12 +5,12 @@
 //! between threads would need both on every allocation. Move the stream to the thread that uses it,
 //! or give each thread its own.
 
-use std::cell::{Cell, OnceCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use crate::backend::{DevPtr, RawStream};
+use crate::backend::{DevPtr, RawEvent, RawStream};
 use crate::config;
 use crate::device::{Device, StreamShared};
 use crate::error::PoolError;
@@ -46,6 +46,9 @@ pub struct Stream {
     custom_allocator: bool,
     strict_lifo: bool,
     wants_stack: Cell<bool>,
+    /// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
+    deferred_waits: RefCell<Vec<RawEvent>>,
+    has_deferred_waits: Cell<bool>,
     /// Bytes of live fallback buffers that a large enough stack would have held.
     overflow_live: Cell<usize>,
 }
@@ -112,14 +115,55 @@ impl Stream {
         Stream::build(device, allocator, true)
     }
 
+    /// Wraps a cudarc stream of `device`'s context, so pooled buffers and your own kernels share it.
+    /// Takes a stack as [`Stream::new`] does.
+    #[cfg(feature = "cuda")]
+    pub fn from_cuda(
+        device: &Device,
+        stream: Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Stream, PoolError> {
+        let ours = device.cuda_context().map(|c| c.cu_ctx());
+        if ours != Some(stream.context().cu_ctx()) {
+            return Err(PoolError::DeviceMismatch {
+                expected: device.id(),
+                actual: crate::error::DeviceId::Cuda(stream.context().ordinal()),
+            });
+        }
+        let fallback = fallback::builtin(device.fallback());
+        let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
+        if config::buffer_pool_usage()? {
+            made.claim_stack()?;
+        }
+        Ok(made)
+    }
+
+    /// The cudarc stream, on a CUDA device: launch kernels on it.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+        match &self.raw {
+            RawStream::Cuda(s) => Some(s),
+            RawStream::Host => None,
+        }
+    }
+
     fn build(
         device: &Device,
         allocator: Arc<dyn GpuAllocator>,
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let raw = device.inner.backend.new_stream()?;
+        Stream::build_on(device, raw, allocator, custom_allocator)
+    }
+
+    fn build_on(
+        device: &Device,
+        raw: RawStream,
+        allocator: Arc<dyn GpuAllocator>,
+        custom_allocator: bool,
+    ) -> Result<Stream, PoolError> {
+        config::env_config()?;
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let shared = Arc::new(StreamShared {
             id: NEXT_ID.fetch_add(1, Relaxed),
             counters: StreamCounters::default(),
@@ -136,6 +180,8 @@ impl Stream {
             custom_allocator,
             strict_lifo: device.strict_lifo(),
             wants_stack: Cell::new(false),
+            deferred_waits: RefCell::new(Vec::new()),
+            has_deferred_waits: Cell::new(false),
             overflow_live: Cell::new(0),
         })
     }
@@ -318,6 +364,9 @@ impl Stream {
     /// memory is queued on this stream (stack memory is then reused in stream order).
     #[inline]
     pub(crate) unsafe fn give_back(&self, origin: &Origin) -> Result<(), PoolError> {
+        if self.has_deferred_waits.get() {
+            self.issue_deferred_waits()?;
+        }
         // Read in place: copying the origin out right after it was written stalls store forwarding.
         if let Origin::Stack(block) = origin
             && let Some(stack) = self.stack.get()
@@ -358,6 +407,29 @@ impl Stream {
                 unsafe { self.device.inner.driver_free(ptr, Some(self.counters())) }
             }
         }
+    }
+
+    /// Records that work queued on `user` so far uses memory of this stream: before that memory is
+    /// handed out again, this stream waits for that work.
+    pub(crate) fn defer_wait_for(&self, user: &Stream) -> Result<(), PoolError> {
+        if let Some(event) = self.device.inner.backend.record_event(&user.raw)? {
+            self.deferred_waits.borrow_mut().push(event);
+            self.has_deferred_waits.set(true);
+        }
+        Ok(())
+    }
+
+    /// Makes this stream wait for every recorded use, so memory released now is reused (in this
+    /// stream's order) only after that work.
+    #[cold]
+    fn issue_deferred_waits(&self) -> Result<(), PoolError> {
+        let mut waits = self.deferred_waits.borrow_mut();
+        for event in waits.iter() {
+            self.device.inner.backend.wait_event(&self.raw, event)?;
+        }
+        waits.clear();
+        self.has_deferred_waits.set(false);
+        Ok(())
     }
 
     #[cold]

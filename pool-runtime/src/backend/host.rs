@@ -8,7 +8,7 @@ use std::alloc::{self, Layout};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::{Backend, DevPtr, RawStream, Region};
+use super::{Backend, DevPtr, RawEvent, RawStream, Region};
 use crate::error::{DeviceId, PoolError};
 
 /// The texture alignment of the H100, used on the host too so layouts match.
@@ -65,6 +65,16 @@ impl Backend for HostBackend {
     }
 
     fn synchronize(&self, _stream: &RawStream) -> Result<(), PoolError> {
+        Ok(())
+    }
+
+    fn record_event(&self, _stream: &RawStream) -> Result<Option<RawEvent>, PoolError> {
+        // Host streams finish every operation before returning: nothing to wait for.
+        Ok(None)
+    }
+
+    fn wait_event(&self, _stream: &RawStream, _event: &RawEvent) -> Result<(), PoolError> {
+        // Whatever the event marks has finished: host operations complete before they return.
         Ok(())
     }
 

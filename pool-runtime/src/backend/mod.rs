@@ -37,6 +37,12 @@ impl fmt::Debug for RawStream {
     }
 }
 
+/// A point in a stream's work, for another stream to wait on.
+pub(crate) enum RawEvent {
+    #[cfg(feature = "cuda")]
+    Cuda(cudarc::driver::CudaEvent),
+}
+
 /// A 2D region of device memory: `rows` rows of `width` bytes, `pitch` bytes apart.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Region {
@@ -58,6 +64,15 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
 
     fn new_stream(&self) -> Result<RawStream, PoolError>;
     fn synchronize(&self, stream: &RawStream) -> Result<(), PoolError>;
+    /// Marks the work queued on `stream` so far; `None` where streams run synchronously.
+    fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError>;
+    /// Makes later work on `stream` wait for `event`, without blocking the host.
+    fn wait_event(&self, stream: &RawStream, event: &RawEvent) -> Result<(), PoolError>;
+    /// The CUDA backend, for CUDA-only operations.
+    #[cfg(feature = "cuda")]
+    fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
+        None
+    }
 
     /// `cuMemAlloc`.
     fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError>;

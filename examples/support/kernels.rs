@@ -1,0 +1,89 @@
+//! CUDA C kernels compiled with nvrtc at run time, and the CPU twins that check them (and stand in
+//! for them on the host backend). Shared by the examples and the GPU tests.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each example or test uses a different part"
+)]
+
+use std::sync::Arc;
+
+use gpu_pool::Device;
+use gpu_pool::cudarc::driver::{CudaFunction, LaunchConfig};
+use gpu_pool::cudarc::nvrtc::compile_ptx;
+
+pub const SOURCE: &str = r#"
+extern "C" __global__ void fill_pattern(unsigned char* dst, size_t pitch, int rows, int cols, int seed) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x < cols && y < rows) dst[y * pitch + x] = (unsigned char)(x * 7 + y * 13 + seed);
+}
+extern "C" __global__ void invert(const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x < cols && y < rows) dst[y * dp + x] = 255 - src[y * sp + x];
+}
+extern "C" __global__ void bgr_to_gray(const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x < cols && y < rows) {
+        const unsigned char* p = src + y * sp + 3 * x;
+        dst[y * dp + x] = (unsigned char)((p[0] * 1868u + p[1] * 9617u + p[2] * 4899u + (1u << 13)) >> 14);
+    }
+}
+extern "C" __global__ void threshold(const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols, unsigned char t) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x < cols && y < rows) dst[y * dp + x] = src[y * sp + x] > t ? 255 : 0;
+}
+// Waits about `spin` clock cycles, then copies: a reader that is still running when the owner
+// stream moves on.
+extern "C" __global__ void slow_copy(const unsigned char* src, unsigned char* dst, int n, long long spin) {
+    long long start = clock64();
+    while (clock64() - start < spin) { }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+"#;
+
+pub struct Kernels {
+    pub fill_pattern: CudaFunction,
+    pub invert: CudaFunction,
+    pub bgr_to_gray: CudaFunction,
+    pub threshold: CudaFunction,
+    pub slow_copy: CudaFunction,
+}
+
+impl Kernels {
+    pub fn load(device: &Device) -> Kernels {
+        let ctx: &Arc<_> = device.cuda_context().expect("a CUDA device");
+        let ptx = compile_ptx(SOURCE).expect("nvrtc compiles the test kernels");
+        let module = ctx.load_module(ptx).expect("the module loads");
+        let f = |name: &str| module.load_function(name).expect("kernel present");
+        Kernels {
+            fill_pattern: f("fill_pattern"),
+            invert: f("invert"),
+            bgr_to_gray: f("bgr_to_gray"),
+            threshold: f("threshold"),
+            slow_copy: f("slow_copy"),
+        }
+    }
+}
+
+/// A 16x16-thread grid over `rows x cols`.
+pub fn grid(rows: usize, cols: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (cols.div_ceil(16) as u32, rows.div_ceil(16) as u32, 1),
+        block_dim: (16, 16, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+pub fn pattern(x: usize, y: usize, seed: i32) -> u8 {
+    (x as i32 * 7 + y as i32 * 13 + seed) as u8
+}
+
+/// CPU twin of `threshold`.
+pub fn threshold_of(v: u8, t: u8) -> u8 {
+    if v > t { 255 } else { 0 }
+}
+
+/// CPU twin of `bgr_to_gray`: BT.601 luma in fixed point, as OpenCV's `cvtColor(BGR2GRAY)`.
+pub fn gray_of([b, g, r]: [u8; 3]) -> u8 {
+    ((u32::from(b) * 1868 + u32::from(g) * 9617 + u32::from(r) * 4899 + (1 << 13)) >> 14) as u8
+}

@@ -1,0 +1,57 @@
+//! Shared by the integration tests: run a test on every device there is, and the CUDA kernels the
+//! GPU tests launch.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each test binary uses a different part; a test helper module is not API"
+)]
+
+use std::sync::{Mutex, MutexGuard};
+
+use gpu_pool::{Device, Fallback, PoolError};
+
+#[cfg(feature = "cuda")]
+#[path = "../../examples/support/kernels.rs"]
+pub mod kernels;
+
+/// The GPU is one device shared by every test of a binary: its settings and stacks are global, so
+/// tests that use it take this lock.
+static GPU: Mutex<()> = Mutex::new(());
+
+/// CUDA device 0 with its lock, reset to the settings the tests assume; `None` (and a line saying
+/// the GPU part was skipped) where there is no driver or no device.
+pub fn gpu(test: &str) -> Option<(Device, MutexGuard<'static, ()>)> {
+    let guard = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    match Device::cuda(0) {
+        Ok(device) => {
+            device.set_fallback(Fallback::Driver);
+            device.set_strict_lifo(false);
+            Some((device, guard))
+        }
+        Err(e) => {
+            skipped(&format!("{test}: GPU part skipped: {e}"));
+            None
+        }
+    }
+}
+
+/// Says so on stderr past libtest's capture, so every run's log shows what did not run.
+pub fn skipped(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Runs `body` on a fresh private host device, then on CUDA device 0 if there is one.
+pub fn each_device(
+    test: &str,
+    body: impl Fn(&Device) -> Result<(), PoolError>,
+) -> Result<(), PoolError> {
+    let host = Device::host_with_limit(None);
+    host.set_fallback(Fallback::Driver);
+    body(&host)?;
+    if let Some((gpu, _guard)) = gpu(test) {
+        body(&gpu).inspect_err(|e| println!("{test} on {}: {e}", gpu.id()))?;
+        println!("{test}: ran on {} too", gpu.id());
+    }
+    Ok(())
+}

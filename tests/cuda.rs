@@ -1,0 +1,399 @@
+//! What only a GPU shows: kernels on pooled memory, the steady-state pipeline, stream order across
+//! streams, the device guard, stream-ordered fallbacks and several devices. Each test says plainly
+//! when it skipped for want of a driver.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::error::Error;
+use std::sync::Arc;
+
+use common::gpu;
+use common::kernels::{Kernels, gray_of, grid, pattern};
+use gpu_pool::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
+use gpu_pool::{
+    BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
+    set_buffer_pool_config,
+};
+
+type TestResult = Result<(), Box<dyn Error>>;
+const MIB: usize = 1 << 20;
+
+#[test]
+fn without_a_driver_cuda_is_a_clear_error() {
+    match Device::cuda(0) {
+        Ok(gpu) => println!("driver present: {} found", gpu.id()),
+        Err(e) => {
+            assert!(matches!(e, PoolError::NoCudaDriver { .. }), "{e}");
+            assert!(e.to_string().contains("Device::host()"), "{e}");
+            assert!(matches!(
+                Device::cuda_device_count(),
+                Err(PoolError::NoCudaDriver { .. })
+            ));
+            println!("no driver, as expected here: {e}");
+        }
+    }
+}
+
+#[test]
+fn an_ordinal_past_the_last_is_no_such_device() {
+    let Some((_gpu, _lock)) = gpu("no_such_device") else {
+        return;
+    };
+    let count = Device::cuda_device_count().expect("driver present");
+    let err = Device::cuda(count + 7).unwrap_err();
+    assert!(
+        matches!(err, PoolError::NoSuchDevice { count: c, .. } if c == count),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_device_reports_its_texture_alignment_and_memory_pools() {
+    let Some((gpu, _lock)) = gpu("attributes") else {
+        return;
+    };
+    let align = gpu.texture_alignment();
+    println!(
+        "{}: texture alignment {align}, stream-ordered {}",
+        gpu.id(),
+        gpu.supports_stream_ordered()
+    );
+    assert!(align.is_power_of_two() && align >= 256);
+    assert_eq!(gpu.fallback(), Fallback::Driver, "the test lock resets it");
+}
+
+#[test]
+fn kernels_round_trip_through_pitched_pool_buffers() -> TestResult {
+    let Some((gpu, _lock)) = gpu("kernel_round_trip") else {
+        return Ok(());
+    };
+    let k = Kernels::load(&gpu);
+    let stream = Stream::new(&gpu)?;
+    let cu_stream = stream.cuda_stream().expect("a CUDA stream").clone();
+    let pool = BufferPool::new(&stream);
+    let (rows, cols) = (300usize, 700usize);
+    let mut a = pool.get_buffer::<u8>(rows, cols)?;
+    let mut b = pool.get_buffer::<u8>(rows, cols)?;
+    assert_eq!(a.source(), Source::Stack);
+    assert_eq!(a.step(), cols.next_multiple_of(gpu.texture_alignment()));
+    let (r, c, seed) = (rows as i32, cols as i32, 5i32);
+    let (sa, sb) = (a.step(), b.step());
+    // SAFETY: the kernels take (u8*, size_t, int, int, int) and (u8*, size_t, u8*, size_t, int,
+    // int) and stay inside rows x cols of pitched buffers that hold them.
+    unsafe {
+        cu_stream
+            .launch_builder(&k.fill_pattern)
+            .arg(&mut a)
+            .arg(&sa)
+            .arg(&r)
+            .arg(&c)
+            .arg(&seed)
+            .launch(grid(rows, cols))?;
+        cu_stream
+            .launch_builder(&k.invert)
+            .arg(&a)
+            .arg(&sa)
+            .arg(&mut b)
+            .arg(&sb)
+            .arg(&r)
+            .arg(&c)
+            .launch(grid(rows, cols))?;
+    }
+    let out = b.to_vec()?;
+    for y in 0..rows {
+        for x in 0..cols {
+            assert_eq!(out[y * cols + x], 255 - pattern(x, y, seed), "({x}, {y})");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_pipeline_makes_no_driver_call_after_its_first_iteration() -> TestResult {
+    let Some((gpu, _lock)) = gpu("pipeline_steady_state") else {
+        return Ok(());
+    };
+    let k = Kernels::load(&gpu);
+    set_buffer_pool_config(&gpu, 64 * MIB, 1)?;
+    let stream = Stream::new(&gpu)?;
+    let s = stream.cuda_stream().expect("CUDA").clone();
+    let pool = BufferPool::new(&stream);
+    let (rows, cols) = (4096usize, 4096usize);
+    let image: Vec<[u8; 3]> = (0..rows * cols)
+        .map(|i| [(i % 251) as u8, (i / cols % 241) as u8, (i * 7 % 239) as u8])
+        .collect();
+    let src = GpuMat::from_host(&stream, rows, cols, &image)?;
+    let (r, c, t) = (rows as i32, cols as i32, 128u8);
+    let mut calls_after_first = 0;
+    let mut out = vec![0u8; rows * cols];
+    for i in 0..20 {
+        let mut gray = pool.get_buffer::<u8>(rows, cols)?;
+        let mut binary = pool.get_buffer::<u8>(rows, cols)?;
+        assert_eq!(
+            (gray.source(), binary.source()),
+            (Source::Stack, Source::Stack)
+        );
+        let (ss, gs, bs) = (src.step(), gray.step(), binary.step());
+        // SAFETY: both kernels read and write rows x cols inside pitched buffers of that shape.
+        unsafe {
+            s.launch_builder(&k.bgr_to_gray)
+                .arg(&src)
+                .arg(&ss)
+                .arg(&mut gray)
+                .arg(&gs)
+                .arg(&r)
+                .arg(&c)
+                .launch(grid(rows, cols))?;
+            s.launch_builder(&k.threshold)
+                .arg(&gray)
+                .arg(&gs)
+                .arg(&mut binary)
+                .arg(&bs)
+                .arg(&r)
+                .arg(&c)
+                .arg(&t)
+                .launch(grid(rows, cols))?;
+        }
+        if i == 19 {
+            binary.download(&mut out)?;
+        }
+        if i == 0 {
+            calls_after_first = gpu.stats().driver_alloc_calls;
+        }
+    }
+    let extra = gpu.stats().driver_alloc_calls - calls_after_first;
+    println!(
+        "pipeline x20 on {}: driver allocation calls after iteration 1: {extra}",
+        gpu.id()
+    );
+    assert_eq!(extra, 0);
+    let wrong = image
+        .iter()
+        .zip(&out)
+        .filter(|&(&px, &o)| (if gray_of(px) > t { 255 } else { 0 }) != o)
+        .count();
+    assert_eq!(wrong, 0, "pixels differing from the CPU reference");
+    drop(src);
+    drop(stream);
+    set_buffer_pool_config(&gpu, 10 * MIB, 5)?;
+    Ok(())
+}
+
+/// One round of the cross-stream hazard: `owner` lends a stack buffer to a slow reader on `user`,
+/// releases it, and reuses the memory at once. Returns what the reader saw.
+fn reuse_while_another_stream_reads(
+    gpu: &Device,
+    k: &Kernels,
+    record: bool,
+) -> Result<Vec<u8>, Box<dyn Error>> {
+    let owner = Stream::new(gpu)?;
+    let user = Stream::new(gpu)?;
+    let n = 1 << 20;
+    let mut seen = GpuMat::<u8>::new(&user, 1, n)?;
+    let pool = BufferPool::new(&owner);
+    let mut lent = pool.get_buffer_1d::<u8>(n)?;
+    lent.set_to(1)?;
+    owner.synchronize()?;
+    let address = lent.device_ptr();
+    let (len, spin) = (n as i32, 200_000_000i64); // about 0.1 s at H100 clocks
+    // SAFETY: slow_copy(const u8*, u8*, int, long long) copies n bytes between buffers of n bytes.
+    unsafe {
+        user.cuda_stream()
+            .expect("CUDA")
+            .launch_builder(&k.slow_copy)
+            .arg(&lent)
+            .arg(&mut seen)
+            .arg(&len)
+            .arg(&spin)
+            .launch(gpu_pool::cudarc::driver::LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })?;
+    }
+    if record {
+        lent.record_stream(&user)?;
+    }
+    drop(lent);
+    let mut reused = pool.get_buffer_1d::<u8>(n)?;
+    assert_eq!(
+        reused.device_ptr(),
+        address,
+        "the stack hands the same memory out again"
+    );
+    reused.set_to(2)?;
+    Ok(seen.to_vec()?)
+}
+
+#[test]
+fn record_stream_keeps_memory_from_reuse_until_the_other_stream_is_done() -> TestResult {
+    let Some((gpu, _lock)) = gpu("record_stream") else {
+        return Ok(());
+    };
+    let k = Kernels::load(&gpu);
+    let unprotected = reuse_while_another_stream_reads(&gpu, &k, false)?;
+    let clobbered = unprotected.iter().filter(|&&v| v != 1).count();
+    println!(
+        "without record_stream: {clobbered} of {} bytes read after reuse (the hazard)",
+        unprotected.len()
+    );
+    let protected = reuse_while_another_stream_reads(&gpu, &k, true)?;
+    assert!(
+        protected.iter().all(|&v| v == 1),
+        "with record_stream the reader saw the original data"
+    );
+    println!(
+        "with record_stream: all {} bytes as written",
+        protected.len()
+    );
+    Ok(())
+}
+
+#[test]
+fn fallbacks_on_cuda_are_counted_and_work() -> TestResult {
+    let Some((gpu, _lock)) = gpu("cuda_fallbacks") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, MIB, 1)?;
+    for fallback in [Fallback::Driver, Fallback::StreamOrdered, Fallback::Error] {
+        gpu.set_fallback(fallback);
+        let stream = Stream::new(&gpu)?;
+        let pool = BufferPool::new(&stream);
+        let before = gpu.stats();
+        match pool.get_buffer::<f32>(1024, 1024) {
+            Ok(mut big) => {
+                assert_eq!(big.source(), Source::Fallback(FallbackReason::TooLarge));
+                big.set_to(3.0)?;
+                assert!(big.to_vec()?.iter().all(|&v| v == 3.0));
+                drop(big);
+                let after = gpu.stats();
+                assert_eq!(
+                    after.driver_alloc_calls - before.driver_alloc_calls,
+                    1,
+                    "{fallback:?}"
+                );
+                assert_eq!(
+                    after.driver_free_calls - before.driver_free_calls,
+                    1,
+                    "{fallback:?}"
+                );
+            }
+            Err(e) => {
+                assert_eq!(fallback, Fallback::Error);
+                assert!(
+                    matches!(
+                        e,
+                        PoolError::StackExhausted {
+                            reason: FallbackReason::TooLarge,
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+            }
+        }
+    }
+    gpu.set_fallback(Fallback::Driver);
+    set_buffer_pool_config(&gpu, 10 * MIB, 5)?;
+    Ok(())
+}
+
+#[test]
+fn stack_memory_larger_than_the_device_is_out_of_memory() -> TestResult {
+    let Some((gpu, _lock)) = gpu("cuda_oom") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 1 << 40, 4)?; // 4 TiB
+    let err = Stream::new(&gpu).unwrap_err();
+    assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
+    println!("4 TiB of stacks: {err}");
+    assert_eq!(gpu.stats().stacks_held, 0);
+    set_buffer_pool_config(&gpu, 10 * MIB, 5)?;
+    let stream = Stream::new(&gpu)?;
+    assert!(BufferPool::new(&stream).get_buffer_1d::<u8>(10)?.source() == Source::Stack);
+    Ok(())
+}
+
+#[test]
+fn the_device_guard_restores_the_callers_context() -> TestResult {
+    let Some((gpu, _lock)) = gpu("device_guard") else {
+        return Ok(());
+    };
+    let other = CudaContext::new_non_primary(0, 0)?; // a context that is not gpu-pool's
+    other.bind_to_thread()?;
+    let before = cu::ctx::get_current()?;
+    let stream = Stream::new(&gpu)?;
+    let mut buf = BufferPool::new(&stream).get_buffer::<u32>(64, 64)?;
+    buf.set_to(7)?;
+    assert!(buf.to_vec()?.iter().all(|&v| v == 7));
+    drop(buf);
+    drop(stream);
+    assert_eq!(
+        cu::ctx::get_current()?,
+        before,
+        "the caller's context is current again"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_stream_of_the_users_own_carries_pool_buffers_and_kernels() -> TestResult {
+    let Some((gpu, _lock)) = gpu("from_cuda") else {
+        return Ok(());
+    };
+    let ctx: Arc<CudaContext> = gpu.cuda_context().expect("CUDA").clone();
+    let theirs = ctx.new_stream()?;
+    let stream = Stream::from_cuda(&gpu, theirs.clone())?;
+    let k = Kernels::load(&gpu);
+    let mut a = BufferPool::new(&stream).get_buffer::<u8>(16, 600)?;
+    let (step, r, c, seed) = (a.step(), 16i32, 600i32, 1i32);
+    // SAFETY: fill_pattern writes rows x cols of a pitched buffer of that shape.
+    unsafe {
+        theirs
+            .launch_builder(&k.fill_pattern)
+            .arg(&mut a)
+            .arg(&step)
+            .arg(&r)
+            .arg(&c)
+            .arg(&seed)
+            .launch(grid(16, 600))?
+    };
+    let out = a.to_vec()?;
+    assert_eq!(out[600 + 3], pattern(3, 1, 1));
+    Ok(())
+}
+
+#[test]
+fn each_device_allocates_in_its_own_context() -> TestResult {
+    let Some((gpu0, _lock)) = gpu("several_devices") else {
+        return Ok(());
+    };
+    let count = Device::cuda_device_count()?;
+    if count < 2 {
+        common::skipped(&format!(
+            "several_devices: skipped: {count} CUDA device(s), 2 needed"
+        ));
+        return Ok(());
+    }
+    let gpu1 = Device::cuda(1)?;
+    gpu0.cuda_context().expect("CUDA").bind_to_thread()?;
+    let s0 = Stream::new(&gpu0)?;
+    let s1 = Stream::new(&gpu1)?;
+    let mut a = BufferPool::new(&s0).get_buffer_1d::<u32>(1000)?;
+    let mut b = BufferPool::new(&s1).get_buffer_1d::<u32>(1000)?;
+    a.set_to(10)?;
+    b.set_to(11)?;
+    assert_eq!(
+        cu::ctx::get_current()?,
+        Some(gpu0.cuda_context().expect("CUDA").cu_ctx())
+    );
+    assert!(a.to_vec()?.iter().all(|&v| v == 10));
+    assert!(b.to_vec()?.iter().all(|&v| v == 11));
+    assert!(matches!(
+        a.copy_from(&b),
+        Err(PoolError::DeviceMismatch { .. })
+    ));
+    println!("several_devices: buffers on cuda:0 and cuda:1, context of cuda:0 kept current");
+    Ok(())
+}
