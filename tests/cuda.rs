@@ -327,6 +327,7 @@ fn the_device_guard_restores_the_callers_context() -> TestResult {
     let mut buf = BufferPool::new(&stream).get_buffer::<u32>(64, 64)?;
     buf.set_to(7)?;
     assert!(buf.to_vec()?.iter().all(|&v| v == 7));
+    buf.record_stream(&Stream::new(&gpu)?)?; // events are made and destroyed too
     drop(buf);
     drop(stream);
     assert_eq!(

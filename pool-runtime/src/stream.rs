@@ -423,13 +423,14 @@ impl Stream {
     /// stream's order) only after that work.
     #[cold]
     fn issue_deferred_waits(&self) -> Result<(), PoolError> {
-        let mut waits = self.deferred_waits.borrow_mut();
-        for event in waits.iter() {
-            self.device.inner.backend.wait_event(&self.raw, event)?;
-        }
-        waits.clear();
+        let waits = std::mem::take(&mut *self.deferred_waits.borrow_mut());
         self.has_deferred_waits.set(false);
-        Ok(())
+        let mut result = Ok(());
+        for event in waits {
+            let waited = self.device.inner.backend.wait_event(&self.raw, event);
+            result = result.and(waited);
+        }
+        result
     }
 
     #[cold]
@@ -451,9 +452,13 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        let waited = self.has_deferred_waits.get();
+        if waited && let Err(e) = self.issue_deferred_waits() {
+            tracing::error!(stream = self.id(), error = %e, "waiting for recorded uses failed");
+        }
         if let Some(stack) = self.stack.get() {
             // Queued work may still use the stack; the next stream to take it must not race it.
-            if self.counters().stack_high_water.get() > 0
+            if (waited || self.counters().stack_high_water.get() > 0)
                 && let Err(e) = self.synchronize()
             {
                 tracing::error!(stream = self.id(), error = %e, "synchronize before returning the stack failed");
@@ -463,6 +468,8 @@ impl Drop for Stream {
         self.device
             .inner
             .retire_stream(&self.shared, self.wants_stack.get());
+        let raw = std::mem::replace(&mut self.raw, RawStream::Host);
+        self.device.inner.backend.drop_stream(raw);
     }
 }
 

@@ -96,6 +96,18 @@ impl ContextGuard {
         }
         Ok(ContextGuard { previous, changed })
     }
+
+    /// Restores whatever is current now when dropped, for calls into cudarc that bind a context
+    /// themselves.
+    pub(crate) fn keep_current() -> Result<ContextGuard, PoolError> {
+        let previous = result::ctx::get_current()
+            .map_err(|e| driver_error("cuCtxGetCurrent", e))?
+            .unwrap_or(std::ptr::null_mut());
+        Ok(ContextGuard {
+            previous,
+            changed: true,
+        })
+    }
 }
 
 impl Drop for ContextGuard {
@@ -117,6 +129,8 @@ impl CudaBackend {
         if ordinal >= count {
             return Err(PoolError::NoSuchDevice { device: id, count });
         }
+        // cudarc binds the new context to this thread; the caller's stays current.
+        let _restore = ContextGuard::keep_current()?;
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
         let attribute = |a: CUdevice_attribute| {
@@ -270,12 +284,22 @@ impl Backend for CudaBackend {
         Ok(Some(RawEvent::Cuda(event)))
     }
 
-    fn wait_event(&self, stream: &RawStream, event: &RawEvent) -> Result<(), PoolError> {
+    fn wait_event(&self, stream: &RawStream, event: RawEvent) -> Result<(), PoolError> {
         let _guard = self.guard()?;
-        let (RawStream::Cuda(s), RawEvent::Cuda(e)) = (stream, event) else {
-            return Err(cu_stream(stream).unwrap_err());
+        let RawEvent::Cuda(event) = event;
+        let s = match stream {
+            RawStream::Cuda(s) => s,
+            RawStream::Host => return Err(cu_stream(stream).unwrap_err()),
         };
-        s.wait(e).map_err(|e| driver_error("cuStreamWaitEvent", e))
+        // The event is destroyed here, under the guard: cudarc binds its context to destroy it.
+        s.wait(&event)
+            .map_err(|e| driver_error("cuStreamWaitEvent", e))
+    }
+
+    fn drop_stream(&self, stream: RawStream) {
+        let guard = self.guard();
+        drop(stream);
+        drop(guard);
     }
 
     fn as_cuda(&self) -> Option<&CudaBackend> {

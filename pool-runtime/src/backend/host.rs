@@ -73,7 +73,7 @@ impl Backend for HostBackend {
         Ok(None)
     }
 
-    fn wait_event(&self, _stream: &RawStream, _event: &RawEvent) -> Result<(), PoolError> {
+    fn wait_event(&self, _stream: &RawStream, _event: RawEvent) -> Result<(), PoolError> {
         // Whatever the event marks has finished: host operations complete before they return.
         Ok(())
     }

@@ -66,8 +66,13 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn synchronize(&self, stream: &RawStream) -> Result<(), PoolError>;
     /// Marks the work queued on `stream` so far; `None` where streams run synchronously.
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError>;
-    /// Makes later work on `stream` wait for `event`, without blocking the host.
-    fn wait_event(&self, stream: &RawStream, event: &RawEvent) -> Result<(), PoolError>;
+    /// Makes later work on `stream` wait for `event`, without blocking the host; consumes the event.
+    fn wait_event(&self, stream: &RawStream, event: RawEvent) -> Result<(), PoolError>;
+    /// Drops a stream handle in this device's context (cudarc binds the context to destroy it, and
+    /// the caller's context must stay current).
+    fn drop_stream(&self, stream: RawStream) {
+        drop(stream);
+    }
     /// The CUDA backend, for CUDA-only operations.
     #[cfg(feature = "cuda")]
     fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
