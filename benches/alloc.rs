@@ -9,7 +9,8 @@ use std::cell::Cell;
 use std::hint::black_box;
 
 use criterion::BatchSize;
-use gpu_pool::{BufferPool, Device, Fallback, Stream, set_buffer_pool_config};
+use gpu_pool::prelude::*;
+use gpu_pool::{Fallback, set_buffer_pool_config};
 
 /// The least a stack can do: an aligned bump, and a LIFO check on release.
 struct BareBump {
@@ -37,6 +38,25 @@ impl BareBump {
 }
 
 const GROUP: &str = "take_release_1KiB";
+const DSL: &str = "dsl_vs_hand_written";
+
+/// Two buffers, as a `#[pooled]` function.
+#[pooled(stream)]
+#[inline(never)]
+fn with_dsl(stream: &Stream, n: usize) -> Result<u64, PoolError> {
+    let a = buffer!(n, n; f32)?;
+    let b = buffer!(n; u8)?;
+    Ok(a.device_ptr() ^ b.device_ptr())
+}
+
+/// The same two buffers, written by hand against `BufferPool`.
+#[inline(never)]
+fn by_hand(stream: &Stream, n: usize) -> Result<u64, PoolError> {
+    let pool = BufferPool::new(stream);
+    let a = pool.get_buffer::<f32>(n, n)?;
+    let b = pool.get_buffer_1d::<u8>(n)?;
+    Ok(a.device_ptr() ^ b.device_ptr())
+}
 
 fn main() {
     let mut c = support::criterion();
@@ -94,6 +114,15 @@ fn main() {
         )
     });
     group.finish();
+
+    let mut group = c.benchmark_group(DSL);
+    group.bench_function("by_hand", |b| {
+        b.iter(|| black_box(by_hand(&stream, black_box(16)).expect("fits")))
+    });
+    group.bench_function("pooled_dsl", |b| {
+        b.iter(|| black_box(with_dsl(&stream, black_box(16)).expect("fits")))
+    });
+    group.finish();
     c.final_summary();
 
     let calls = device.stats().driver_alloc_calls;
@@ -110,5 +139,11 @@ fn main() {
             "stack_pool_2d",
             "host_driver_fallback",
         ],
+    );
+    support::print_table(
+        "Two buffers taken and released: `#[pooled]` against the same code on `BufferPool`",
+        DSL,
+        "by_hand",
+        &["by_hand", "pooled_dsl"],
     );
 }

@@ -1,23 +1,34 @@
 //! # gpu-pool
 //!
-//! Allocation-free GPU temporaries: every stream owns a pre-allocated stack, and temporary buffers
-//! are bump-allocated from it and released in reverse order (OpenCV's `cv::cuda::BufferPool`, made
-//! safe).
+//! Allocation-free GPU temporaries. Every stream owns a slice of one pre-allocated block of device
+//! memory (a stack); `buffer!` bump-allocates from it and the buffer goes back, in reverse order,
+//! when its name goes out of scope. The order is checked by the compiler, not by a debug assert.
 //!
 //! ```
 //! use gpu_pool::prelude::*;
 //!
-//! let stream = Stream::new(&Device::host())?;
-//! let pool = BufferPool::new(&stream);
-//! let gray = pool.get_buffer::<u8>(480, 640)?;
-//! let sums = pool.get_buffer_1d::<f32>(480)?;
-//! assert_eq!((gray.source(), sums.source()), (Source::Stack, Source::Stack));
+//! #[pooled(stream)]
+//! fn gray_sum(stream: &Stream, src: &GpuMat<'_, [u8; 3]>) -> Result<u64, PoolError> {
+//!     let mut gray = buffer!(src.rows(), src.cols(); u8)?;   // 2D, pitched, from the stack
+//!     gray.set_to(1)?;                                       // ... kernels would go here
+//!     Ok(gray.to_vec()?.iter().map(|&v| u64::from(v)).sum())
+//! }                                                          // gray goes back to the stack
+//!
+//! let stream = Stream::new(&Device::cuda_or_host())?;
+//! let src = GpuMat::new(&stream, 48, 64)?;
+//! assert_eq!(gray_sum(&stream, &src)?, 48 * 64);
+//! assert_eq!(stream.stats().stack_in_use, 0);
 //! # Ok::<(), PoolError>(())
 //! ```
+//!
+//! The runtime underneath ([`BufferPool`], [`GpuMat`], [`set_buffer_pool_config`], ...) follows
+//! OpenCV's `cv::cuda::BufferPool` and can be used directly.
 
+pub use pool_macros::{buffer, gpu_scope, pooled};
 pub use pool_runtime::*;
 
-/// The names most code needs.
+/// The names most code needs, macros included.
 pub mod prelude {
-    pub use pool_runtime::{BufferPool, Device, GpuMat, PoolError, Source, Stream};
+    pub use pool_macros::{buffer, gpu_scope, pooled};
+    pub use pool_runtime::{BufferPool, Device, GpuMat, PoolError, Pooled, Source, Stream};
 }

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use bytemuck::Pod;
 
 use crate::backend::{DevPtr, Region};
-use crate::error::PoolError;
+use crate::error::{DeviceId, PoolError};
 use crate::fallback::GpuAllocator;
 use crate::layout::Layout;
 use crate::stream::{Origin, Source, Stream};
@@ -312,6 +312,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
             rows: self.rows,
             cols: self.cols,
             pitch: self.pitch,
+            device: self.stream.device().id(),
             _borrow: PhantomData,
         }
     }
@@ -323,6 +324,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
             rows: self.rows,
             cols: self.cols,
             pitch: self.pitch,
+            device: self.stream.device().id(),
             _borrow: PhantomData,
         }
     }
@@ -330,52 +332,15 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     /// The rows as host slices, on the host backend (where device memory is host memory): the way
     /// CPU twins of kernels read buffers. `PoolError::Unsupported` on a GPU.
     pub fn host_rows(&self) -> Result<impl Iterator<Item = &[T]> + '_, PoolError> {
-        self.check_host()?;
-        Ok((0..self.rows).map(move |r| {
-            // SAFETY: on the host backend the address is host memory owned by this live buffer;
-            // row `r` holds `cols` initialised (zeroed or written) `T`s, aligned since the base is
-            // 512-aligned and the pitch a multiple of `size_of::<T>()`; `&self` keeps writers out.
-            unsafe {
-                std::slice::from_raw_parts(
-                    (self.ptr as usize + r * self.pitch) as *const T,
-                    if self.ptr == 0 { 0 } else { self.cols },
-                )
-            }
-        }))
+        self.view().host_rows()
     }
 
     /// Calls `f` with each row as a mutable host slice, on the host backend.
     pub fn for_each_host_row_mut(
         &mut self,
-        mut f: impl FnMut(usize, &mut [T]),
+        f: impl FnMut(usize, &mut [T]),
     ) -> Result<(), PoolError> {
-        self.check_host()?;
-        if self.ptr == 0 {
-            return Ok(());
-        }
-        for r in 0..self.rows {
-            // SAFETY: as in `host_rows`, and `&mut self` makes the row exclusively ours; rows do not
-            // overlap since the pitch is at least the row width.
-            let row = unsafe {
-                std::slice::from_raw_parts_mut(
-                    (self.ptr as usize + r * self.pitch) as *mut T,
-                    self.cols,
-                )
-            };
-            f(r, row);
-        }
-        Ok(())
-    }
-
-    fn check_host(&self) -> Result<(), PoolError> {
-        if self.stream.device().is_host() {
-            Ok(())
-        } else {
-            Err(PoolError::Unsupported {
-                device: self.stream.device().id(),
-                what: "host access to device memory",
-            })
-        }
+        self.view_mut().for_each_host_row_mut(f)
     }
 
     fn backend(&self) -> &dyn crate::backend::Backend {
@@ -419,24 +384,80 @@ impl<T> fmt::Debug for GpuMat<'_, T> {
 }
 
 /// A read-only view of a [`GpuMat`], for kernel arguments: the address, shape and step, valid while
-/// the buffer is borrowed.
+/// the buffer is borrowed. On the host backend it also reads rows as slices, for CPU twins of
+/// kernels.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuView<'a, T> {
     pub(crate) ptr: DevPtr,
     rows: usize,
     cols: usize,
     pitch: usize,
+    device: DeviceId,
     _borrow: PhantomData<&'a T>,
 }
 
-/// A writable view of a [`GpuMat`], for kernel arguments.
+/// A writable view of a [`GpuMat`], for kernel arguments and CPU twins.
 #[derive(Debug)]
 pub struct GpuViewMut<'a, T> {
     pub(crate) ptr: DevPtr,
     rows: usize,
     cols: usize,
     pitch: usize,
+    device: DeviceId,
     _borrow: PhantomData<&'a mut T>,
+}
+
+fn check_host(device: DeviceId) -> Result<(), PoolError> {
+    match device {
+        DeviceId::Host(_) => Ok(()),
+        DeviceId::Cuda(_) => Err(PoolError::Unsupported {
+            device,
+            what: "host access to device memory",
+        }),
+    }
+}
+
+impl<'a, T: Pod> GpuView<'a, T> {
+    /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU.
+    pub fn host_rows(self) -> Result<impl Iterator<Item = &'a [T]>, PoolError> {
+        check_host(self.device)?;
+        let len = if self.ptr == 0 { 0 } else { self.cols };
+        Ok((0..self.rows).map(move |r| {
+            // SAFETY: on the host backend the address is host memory of a buffer borrowed for 'a;
+            // row `r` holds `cols` initialised (zeroed or written) `T`s, aligned since stack and
+            // driver blocks are 512-aligned and the pitch is a multiple of `size_of::<T>()`; the
+            // shared borrow keeps writers out.
+            unsafe {
+                std::slice::from_raw_parts((self.ptr as usize + r * self.pitch) as *const T, len)
+            }
+        }))
+    }
+}
+
+impl<T: Pod> GpuViewMut<'_, T> {
+    /// Calls `f` with each row as a mutable host slice, on the host backend; `PoolError::Unsupported`
+    /// on a GPU.
+    pub fn for_each_host_row_mut(
+        &mut self,
+        mut f: impl FnMut(usize, &mut [T]),
+    ) -> Result<(), PoolError> {
+        check_host(self.device)?;
+        if self.ptr == 0 {
+            return Ok(());
+        }
+        for r in 0..self.rows {
+            // SAFETY: as in `GpuView::host_rows`, and the view's exclusive borrow of the buffer makes
+            // the row ours alone; rows do not overlap since the pitch is at least the row width.
+            let row = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (self.ptr as usize + r * self.pitch) as *mut T,
+                    self.cols,
+                )
+            };
+            f(r, row);
+        }
+        Ok(())
+    }
 }
 
 macro_rules! view_accessors {

@@ -25,6 +25,7 @@
 use cudarc::driver::{LaunchArgs, PushKernelArg};
 
 use crate::buffer::{GpuMat, GpuView, GpuViewMut};
+use crate::frame::Pooled;
 
 macro_rules! push_address {
     ($($ty:ty),* $(,)?) => {$(
@@ -46,3 +47,19 @@ push_address!(
     &'b GpuView<'s, T>,
     &'b mut GpuViewMut<'s, T>,
 );
+
+// SAFETY: as above; the address lives in the buffer the handle borrows for 'b.
+unsafe impl<'a, 'b: 'a, 'h, 's, T> PushKernelArg<&'b Pooled<'h, 's, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, buffer: &'b Pooled<'h, 's, T>) -> &mut Self {
+        <Self as PushKernelArg<&'b u64>>::arg(self, buffer.ptr_field())
+    }
+}
+
+// SAFETY: as above.
+unsafe impl<'a, 'b: 'a, 'h, 's, T> PushKernelArg<&'b mut Pooled<'h, 's, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, buffer: &'b mut Pooled<'h, 's, T>) -> &mut Self {
+        <Self as PushKernelArg<&'b u64>>::arg(self, buffer.ptr_field())
+    }
+}

@@ -27,6 +27,7 @@ mod config;
 mod device;
 mod error;
 mod fallback;
+mod frame;
 #[cfg(feature = "cuda")]
 mod kernel_args;
 mod layout;
@@ -45,8 +46,15 @@ pub use fallback::{
     AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
     StreamOrderedAllocator,
 };
+pub use frame::{AsStream, Element, Pooled};
 pub use stats::{DeviceStats, FallbackCounts, FallbackReason, Report, StreamStats, report};
 pub use stream::{Source, Stream};
+
+/// What the DSL's expansion calls; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::frame::{Frame, Owner, frame};
+}
 
 /// The cudarc this crate was built with, for launching kernels on pool buffers.
 #[cfg(feature = "cuda")]

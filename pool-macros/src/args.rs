@@ -1,0 +1,124 @@
+//! What the macros are given: the stream of `#[pooled(..)]` and `gpu_scope!`, and `buffer!`'s
+//! size and element type.
+
+use proc_macro2::TokenStream;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Expr, Ident, Member, Token, Type};
+
+/// `#[pooled(stream)]`, `#[pooled(self.stream)]`, `#[pooled(ctx.gpu.stream)]`: a parameter, or a
+/// field path that starts at one.
+pub(crate) struct StreamArg {
+    pub(crate) expr: Expr,
+    /// The parameter the path starts at (`self` for a receiver).
+    pub(crate) root: Ident,
+}
+
+impl StreamArg {
+    pub(crate) fn parse_attr(args: TokenStream) -> syn::Result<StreamArg> {
+        if args.is_empty() {
+            return Err(syn::Error::new(
+                proc_macro2::Span::call_site(),
+                "name the stream buffers come from: `#[pooled(stream)]`, where `stream` is a parameter \
+                 (or `#[pooled(self.stream)]` for a field)",
+            ));
+        }
+        let expr: Expr = syn::parse2(args)?;
+        let root = root_of(&expr).ok_or_else(|| {
+            syn::Error::new_spanned(
+                &expr,
+                "expected a parameter name or a field path such as `self.stream`",
+            )
+        })?;
+        Ok(StreamArg { expr, root })
+    }
+}
+
+/// The parameter a field path starts at.
+fn root_of(expr: &Expr) -> Option<Ident> {
+    match expr {
+        Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 && p.attrs.is_empty() => {
+            let segment = &p.path.segments[0];
+            segment.arguments.is_none().then(|| segment.ident.clone())
+        }
+        Expr::Field(f) if matches!(f.member, Member::Named(_) | Member::Unnamed(_)) => {
+            root_of(&f.base)
+        }
+        Expr::Paren(p) => root_of(&p.expr),
+        _ => None,
+    }
+}
+
+/// `gpu_scope!(STREAM, { .. })`.
+pub(crate) struct ScopeArgs {
+    pub(crate) stream: Expr,
+    pub(crate) body: syn::Block,
+}
+
+impl Parse for ScopeArgs {
+    fn parse(input: ParseStream<'_>) -> syn::Result<ScopeArgs> {
+        if input.is_empty() {
+            return Err(input.error("expected `gpu_scope!(stream, { .. })`"));
+        }
+        let stream: Expr = input.parse()?;
+        input.parse::<Token![,]>().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "expected `,` and a block after the stream: `gpu_scope!(stream, { .. })`",
+            )
+        })?;
+        if !input.peek(syn::token::Brace) {
+            return Err(input.error("expected a block: `gpu_scope!(stream, { .. })`"));
+        }
+        let body = input.parse()?;
+        input.parse::<Option<Token![,]>>()?;
+        if !input.is_empty() {
+            return Err(input.error("unexpected tokens after the block of `gpu_scope!`"));
+        }
+        Ok(ScopeArgs { stream, body })
+    }
+}
+
+/// `buffer!(rows, cols; T)` or `buffer!(len; T)`.
+pub(crate) struct BufferArgs {
+    pub(crate) sizes: Vec<Expr>,
+    pub(crate) elem: Type,
+}
+
+const BUFFER_FORMS: &str = "`buffer!(rows, cols; T)` or `buffer!(len; T)`";
+
+impl Parse for BufferArgs {
+    fn parse(input: ParseStream<'_>) -> syn::Result<BufferArgs> {
+        if input.is_empty() {
+            return Err(input.error(format!(
+                "expected a size and an element type: {BUFFER_FORMS}"
+            )));
+        }
+        let sizes: Punctuated<Expr, Token![,]> = Punctuated::parse_separated_nonempty(input)?;
+        if !input.peek(Token![;]) {
+            return Err(input.error(format!(
+                "expected `; T` after the size, naming the element type: {BUFFER_FORMS}"
+            )));
+        }
+        input.parse::<Token![;]>()?;
+        if input.is_empty() {
+            return Err(input.error(format!(
+                "expected the element type after `;`: {BUFFER_FORMS}"
+            )));
+        }
+        let elem: Type = input.parse()?;
+        if !input.is_empty() {
+            return Err(input.error(format!(
+                "unexpected tokens after the element type: {BUFFER_FORMS}"
+            )));
+        }
+        let sizes: Vec<Expr> = sizes.into_iter().collect();
+        if sizes.len() > 2 {
+            return Err(syn::Error::new_spanned(
+                &sizes[2],
+                format!("a buffer has one or two dimensions: {BUFFER_FORMS}"),
+            ));
+        }
+        Ok(BufferArgs { sizes, elem })
+    }
+}

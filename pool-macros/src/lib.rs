@@ -1,0 +1,124 @@
+//! The procedural macros of gpu-pool. Use them through the `gpu-pool` crate, which documents them
+//! with runnable examples.
+//!
+//! Each entry point is one line; parsing is in `args`, the body rewrite in `rewrite`, generation in
+//! `expand`, all on `proc_macro2` so they are unit-tested and snapshot-tested.
+
+mod args;
+mod error;
+mod expand;
+mod rewrite;
+
+#[cfg(test)]
+mod snapshots;
+
+use proc_macro::TokenStream;
+
+/// Rewrites a function so that each `let name = buffer!(..)?;` takes its buffer from a stream's
+/// stack and gives it back, in reverse order, when `name` goes out of scope.
+///
+/// `#[pooled(EXPR)]` names the stream: a parameter (`Stream`, `&Stream`, `&mut Stream`, or a `Box`,
+/// `Rc` or `Arc` of one) or a field path that starts at one, such as `self.stream`.
+///
+/// ```
+/// use gpu_pool::prelude::*;
+///
+/// #[pooled(stream)]
+/// fn blur_rows(stream: &Stream, src: &GpuMat<'_, u8>) -> Result<usize, PoolError> {
+///     let mut tmp = buffer!(src.rows(), src.cols(); u8)?;   // 2D, pitched, from the stack
+///     let sums = buffer!(src.rows(); f32)?;                 // 1D, contiguous
+///     tmp.copy_from(src)?;
+///     Ok(tmp.step() + sums.len())
+/// }   // sums, then tmp, go back to the stack
+///
+/// let stream = Stream::new(&Device::host())?;
+/// let src = GpuMat::<u8>::new(&stream, 4, 100)?;
+/// assert_eq!(blur_rows(&stream, &src)?, 512 + 4);
+/// assert_eq!(stream.stats().stack_in_use, 0);
+/// # Ok::<(), PoolError>(())
+/// ```
+///
+/// The body is rewritten to (the `__gpu_pool_` names are hygienic: user code cannot name them):
+///
+/// ```text
+/// fn blur_rows(stream: &Stream, src: &GpuMat<'_, u8>) -> Result<usize, PoolError> {
+///     let __gpu_pool_frame = ::gpu_pool::__private::frame(&stream);
+///     let mut __gpu_pool_owner_0 = __gpu_pool_frame.take::<u8>(src.rows(), src.cols())?;
+///     let mut tmp = __gpu_pool_owner_0.handle();
+///     let mut __gpu_pool_owner_1 = __gpu_pool_frame.take_1d::<f32>(src.rows())?;
+///     let sums = __gpu_pool_owner_1.handle();
+///     tmp.copy_from(src)?;
+///     Ok(tmp.step() + sums.len())
+/// }
+/// ```
+///
+/// Each owner is a local declared where the user's `let` stands, so Rust drops the owners in reverse
+/// order on every way out: the end of a block or loop iteration, `return`, `?`, `break`, and
+/// unwinding. The handle (`Pooled`) borrows its owner and offers no `&mut GpuMat`, so a buffer can
+/// neither escape its scope nor be swapped into another owner. `buffer!` works at any depth of the
+/// body (blocks, `if`, `match`, loops, closures) but not in `async` blocks, nested functions, or
+/// inside other macros' arguments. Refused at compile time: `async fn`, `const fn`, items that are no
+/// function, and a stream that names no parameter.
+#[proc_macro_attribute]
+pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::pooled(attr.into(), item.into()).into()
+}
+
+/// Opens a frame on a stream for one block: `gpu_scope!(stream, { .. })`, usable in any function
+/// (with or without `#[pooled]`) and in closures. The block's `buffer!`s come from that stream and
+/// are given back, in reverse order, when the block ends; the block's value is the macro's value.
+/// Buffers of an enclosing frame stay usable inside.
+///
+/// ```
+/// use gpu_pool::prelude::*;
+///
+/// fn two_streams(a: &Stream, b: &Stream) -> Result<u8, PoolError> {
+///     gpu_scope!(a, {
+///         let mut x = buffer!(16; u8)?;
+///         x.set_to(3)?;
+///         let doubled = gpu_scope!(b, {
+///             let mut y = buffer!(16; u8)?;   // from b's stack
+///             y.copy_from(&x)?;                // x, from a's stack, is still usable
+///             y.to_vec()?[0] * 2
+///         });                                  // y goes back to b
+///         Ok(doubled)
+///     })                                       // x goes back to a
+/// }
+/// let device = Device::host();
+/// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+/// assert_eq!(two_streams(&a, &b)?, 6);
+/// # Ok::<(), PoolError>(())
+/// ```
+///
+/// expands to
+///
+/// ```text
+/// {
+///     let __gpu_pool_frame = ::gpu_pool::__private::frame(&a);
+///     let mut __gpu_pool_owner_0 = __gpu_pool_frame.take_1d::<u8>(16)?;
+///     let mut x = __gpu_pool_owner_0.handle();
+///     ...
+/// }
+/// ```
+#[proc_macro]
+pub fn gpu_scope(input: TokenStream) -> TokenStream {
+    expand::gpu_scope(input.into()).into()
+}
+
+/// Takes a temporary buffer from the enclosing frame's stream: `let name = buffer!(rows, cols; T)?;`
+/// (2D, pitched as OpenCV's `BufferPool`) or `let name = buffer!(len; T)?;` (contiguous), in a
+/// `#[pooled]` function or a `gpu_scope!` block. `T` is plain data (`bytemuck::Pod`). The `?` (or
+/// `.unwrap()`, `.expect(..)`) handles the `PoolError` of a failed allocation; `name` binds a
+/// `Pooled` handle. Anywhere else `buffer!` is a compile error that says so:
+///
+/// ```compile_fail
+/// use gpu_pool::prelude::*;
+/// fn not_pooled() -> Result<(), PoolError> {
+///     let x = buffer!(8; u8)?; // error: `buffer!` only works as `let name = buffer!(..)?;` in ..
+///     Ok(())
+/// }
+/// ```
+#[proc_macro]
+pub fn buffer(_input: TokenStream) -> TokenStream {
+    expand::misplaced_buffer().into()
+}

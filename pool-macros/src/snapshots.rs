@@ -1,0 +1,109 @@
+//! Expansion snapshots: each `tests/expand/NAME.rs` at the workspace root is expanded (its
+//! `#[pooled]` functions and `gpu_scope!` calls) and compared with `NAME.expanded.rs`. Set
+//! `GPU_POOL_BLESS=1` to write the expected files after reviewing a change.
+
+use std::path::PathBuf;
+
+use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::visit_mut::{self, VisitMut};
+
+/// Expands the macros of one file, outermost first, as the compiler does.
+struct Expand;
+
+impl VisitMut for Expand {
+    fn visit_item_fn_mut(&mut self, f: &mut syn::ItemFn) {
+        if let Some(i) = f.attrs.iter().position(|a| a.path().is_ident("pooled")) {
+            let attr = f.attrs.remove(i);
+            let args = match attr.meta {
+                syn::Meta::List(list) => list.tokens,
+                _ => TokenStream::new(),
+            };
+            let out = crate::expand::pooled(args, f.to_token_stream());
+            *f = syn::parse2(out).expect("the expansion is a function");
+        }
+        visit_mut::visit_item_fn_mut(self, f);
+    }
+
+    fn visit_impl_item_fn_mut(&mut self, f: &mut syn::ImplItemFn) {
+        if let Some(i) = f.attrs.iter().position(|a| a.path().is_ident("pooled")) {
+            let attr = f.attrs.remove(i);
+            let args = match attr.meta {
+                syn::Meta::List(list) => list.tokens,
+                _ => TokenStream::new(),
+            };
+            let out = crate::expand::pooled(args, f.to_token_stream());
+            *f = syn::parse2(out).expect("the expansion is a method");
+        }
+        visit_mut::visit_impl_item_fn_mut(self, f);
+    }
+
+    fn visit_expr_mut(&mut self, e: &mut syn::Expr) {
+        if let syn::Expr::Macro(m) = e
+            && m.mac.path.is_ident("gpu_scope")
+        {
+            *e = syn::parse2(crate::expand::gpu_scope(m.mac.tokens.clone()))
+                .expect("the expansion is a block");
+        }
+        visit_mut::visit_expr_mut(self, e);
+    }
+
+    fn visit_stmt_mut(&mut self, s: &mut syn::Stmt) {
+        if let syn::Stmt::Macro(m) = s
+            && m.mac.path.is_ident("gpu_scope")
+        {
+            let block: syn::Expr = syn::parse2(crate::expand::gpu_scope(m.mac.tokens.clone()))
+                .expect("the expansion is a block");
+            *s = syn::Stmt::Expr(block, m.semi_token);
+        }
+        visit_mut::visit_stmt_mut(self, s);
+    }
+}
+
+#[test]
+fn expansions_match_their_snapshots() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/expand");
+    let bless = std::env::var_os("GPU_POOL_BLESS").is_some();
+    let mut checked = 0;
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/expand exists")
+        .flatten()
+        .collect();
+    entries.sort_by_key(|e| e.path());
+    for entry in entries {
+        let path = entry.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if !name.ends_with(".rs") || name.ends_with(".expanded.rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).expect("readable");
+        let mut file = syn::parse_file(&source).expect("the input parses");
+        Expand.visit_file_mut(&mut file);
+        let expanded = prettyplease::unparse(&file);
+        let expected_path = path.with_extension("expanded.rs");
+        if bless {
+            std::fs::write(&expected_path, &expanded).expect("writable");
+        } else {
+            let expected = std::fs::read_to_string(&expected_path).unwrap_or_else(|_| {
+                panic!(
+                    "{} is missing: run with GPU_POOL_BLESS=1",
+                    expected_path.display()
+                )
+            });
+            assert_eq!(
+                expanded, expected,
+                "{name} expands differently; review, then GPU_POOL_BLESS=1"
+            );
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 3,
+        "expected the snapshot inputs in {}",
+        dir.display()
+    );
+}

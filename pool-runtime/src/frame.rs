@@ -1,0 +1,182 @@
+//! What the DSL expands to: a frame that takes buffers from one stream, owners that hold them, and
+//! the handles user code sees.
+//!
+//! `#[pooled(stream)]` and `gpu_scope!` turn `let x = buffer!(rows, cols; T)?;` into
+//!
+//! ```text
+//! let mut __gpu_pool_owner_0 = __gpu_pool_frame.take::<T>(rows, cols)?;
+//! let x = __gpu_pool_owner_0.handle();
+//! ```
+//!
+//! The owner is a local the user cannot name (mixed-site hygiene), so Rust drops it, and so gives its
+//! memory back, in reverse order of declaration on every exit path. The handle borrows the owner, so
+//! it cannot outlive it; and it gives no `&mut GpuMat`, so the memory cannot be swapped into another
+//! owner (which would release it out of order, or while a handle still points at it).
+
+use std::ops::Deref;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use crate::buffer::{BufferPool, GpuMat, GpuView, GpuViewMut};
+use crate::error::PoolError;
+use crate::stream::Stream;
+
+/// Something that names a [`Stream`]: what `#[pooled(EXPR)]` and `gpu_scope!(EXPR, ..)` accept.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a gpu-pool stream",
+    label = "expected a `Stream`, a reference to one, or a `Box`/`Rc`/`Arc` of one",
+    note = "`#[pooled(EXPR)]` and `gpu_scope!(EXPR, {{ .. }})` take the stream that buffers come from"
+)]
+pub trait AsStream {
+    /// The stream.
+    fn as_stream(&self) -> &Stream;
+}
+
+impl AsStream for Stream {
+    fn as_stream(&self) -> &Stream {
+        self
+    }
+}
+
+macro_rules! forward_as_stream {
+    ($($ptr:ty),*) => {$(
+        impl<S: AsStream + ?Sized> AsStream for $ptr {
+            fn as_stream(&self) -> &Stream {
+                (**self).as_stream()
+            }
+        }
+    )*};
+}
+forward_as_stream!(&S, &mut S, Box<S>, Rc<S>, Arc<S>);
+
+/// An element type a buffer can hold: plain data, any bit pattern valid (`bytemuck::Pod`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an element of a GPU buffer",
+    label = "not plain data",
+    note = "buffer elements are copied as bytes to and from the device, so they must implement `bytemuck::Pod` (numbers, arrays of them, `#[repr(C)]` structs deriving `Pod`)"
+)]
+pub trait Element: Pod {}
+
+impl<T: Pod> Element for T {}
+
+/// The buffers of one `#[pooled]` function or `gpu_scope!` block come from this frame's stream.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Frame<'s> {
+    pool: BufferPool<'s>,
+}
+
+/// Opens a frame on `stream` (what the DSL's expansion calls).
+#[doc(hidden)]
+#[inline]
+pub fn frame<S: AsStream + ?Sized>(stream: &S) -> Frame<'_> {
+    Frame {
+        pool: BufferPool::new(stream.as_stream()),
+    }
+}
+
+impl<'s> Frame<'s> {
+    /// `buffer!(rows, cols; T)`.
+    #[inline]
+    pub fn take<T: Element>(&self, rows: usize, cols: usize) -> Result<Owner<'s, T>, PoolError> {
+        self.pool.get_buffer(rows, cols).map(|mat| Owner { mat })
+    }
+
+    /// `buffer!(len; T)`.
+    #[inline]
+    pub fn take_1d<T: Element>(&self, len: usize) -> Result<Owner<'s, T>, PoolError> {
+        self.pool.get_buffer_1d(len).map(|mat| Owner { mat })
+    }
+}
+
+/// Holds one DSL buffer for the length of its scope; dropping it gives the memory back.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Owner<'s, T> {
+    mat: GpuMat<'s, T>,
+}
+
+impl<'s, T> Owner<'s, T> {
+    /// The handle the user's name binds.
+    #[inline]
+    pub fn handle(&mut self) -> Pooled<'_, 's, T> {
+        Pooled { mat: &mut self.mat }
+    }
+}
+
+/// A buffer taken with `buffer!`: reads through `Deref` to [`GpuMat`], writes through its own
+/// methods. It borrows the hidden owner that gives the memory back at the end of the scope, so it
+/// cannot escape the scope; it offers no `&mut GpuMat`, so the memory cannot be swapped out of its
+/// owner.
+///
+/// `let mut x = buffer!(4, 4; f32)?;` in a `#[pooled(stream)]` function expands to the two lines
+/// below (with a hidden owner name no user code can write):
+///
+/// ```
+/// # use pool_runtime::{Device, PoolError, Stream, __private::frame};
+/// # let stream = Stream::new(&Device::host())?;
+/// # let frame = frame(&stream);
+/// let mut owner = frame.take::<f32>(4, 4)?;
+/// let mut x = owner.handle();
+/// x.set_to(0.5)?;
+/// assert_eq!(x.to_vec()?, vec![0.5; 16]);
+/// # Ok::<(), PoolError>(())
+/// ```
+#[derive(Debug)]
+pub struct Pooled<'a, 's, T> {
+    mat: &'a mut GpuMat<'s, T>,
+}
+
+impl<'s, T> Deref for Pooled<'_, 's, T> {
+    type Target = GpuMat<'s, T>;
+
+    #[inline]
+    fn deref(&self) -> &GpuMat<'s, T> {
+        self.mat
+    }
+}
+
+impl<'s, T: Pod> Pooled<'_, 's, T> {
+    /// [`GpuMat::upload`].
+    pub fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
+        self.mat.upload(data)
+    }
+
+    /// [`GpuMat::set_to`].
+    pub fn set_to(&mut self, value: T) -> Result<(), PoolError> {
+        self.mat.set_to(value)
+    }
+
+    /// [`GpuMat::copy_from`].
+    pub fn copy_from(&mut self, src: &GpuMat<'_, T>) -> Result<(), PoolError> {
+        self.mat.copy_from(src)
+    }
+
+    /// [`GpuMat::view_mut`]: a writable view for kernels.
+    pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        self.mat.view_mut()
+    }
+
+    /// [`GpuMat::view`].
+    pub fn view(&self) -> GpuView<'_, T> {
+        self.mat.view()
+    }
+
+    /// [`GpuMat::for_each_host_row_mut`].
+    pub fn for_each_host_row_mut(
+        &mut self,
+        f: impl FnMut(usize, &mut [T]),
+    ) -> Result<(), PoolError> {
+        self.mat.for_each_host_row_mut(f)
+    }
+}
+
+impl<T> Pooled<'_, '_, T> {
+    /// The address field kernel arguments point at.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn ptr_field(&self) -> &u64 {
+        &self.mat.ptr
+    }
+}

@@ -1,0 +1,337 @@
+//! The DSL at run time: every way out of a scope gives the buffers back in LIFO order. Each test runs
+//! on a private host device and again on the GPU where there is one; after each, every stack is
+//! empty and no LIFO violation was counted.
+
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use common::each_device;
+use gpu_pool::prelude::*;
+use gpu_pool::{Fallback, FallbackReason, set_buffer_pool_config};
+
+/// Stack use is back to zero and nothing was released out of order.
+fn clean(stream: &Stream) {
+    let stats = stream.stats();
+    assert_eq!(stats.stack_in_use, 0, "stack use back to zero");
+    assert_eq!(stats.lifo_violations, 0, "no LIFO violation");
+}
+
+#[pooled(stream)]
+fn nested_blocks(stream: &Stream) -> Result<Vec<u64>, PoolError> {
+    let a = buffer!(64, 64; u8)?;
+    let mut tops = vec![stream.stats().stack_in_use as u64];
+    {
+        let b = buffer!(1000; f32)?;
+        tops.push(stream.stats().stack_in_use as u64);
+        if b.len() == 1000 {
+            let c = buffer!(3, 3; u16)?;
+            tops.push(stream.stats().stack_in_use as u64);
+            assert!(c.device_ptr() > b.device_ptr() && b.device_ptr() > a.device_ptr());
+        }
+        tops.push(stream.stats().stack_in_use as u64);
+    }
+    tops.push(stream.stats().stack_in_use as u64);
+    Ok(tops)
+}
+
+#[test]
+fn nested_blocks_release_at_their_ends() -> Result<(), PoolError> {
+    each_device("dsl_nested", |device| {
+        let stream = Stream::new(device)?;
+        let tops = nested_blocks(&stream)?;
+        assert!(tops[0] < tops[1] && tops[1] < tops[2], "{tops:?}");
+        assert_eq!(tops[3], tops[1], "c released at the end of the if");
+        assert_eq!(tops[4], tops[0], "b released at the end of its block");
+        clean(&stream);
+        Ok(())
+    })
+}
+
+#[pooled(stream)]
+fn in_a_loop(stream: &Stream, n: usize) -> Result<usize, PoolError> {
+    let mut same_address = 0;
+    let mut first = None;
+    for i in 0..n {
+        let mut t = buffer!(256, 256; u8)?;
+        t.set_to(i as u8)?;
+        if *first.get_or_insert(t.device_ptr()) == t.device_ptr() {
+            same_address += 1;
+        }
+        if i % 3 == 0 {
+            continue;
+        }
+        let _u = buffer!(i + 1; f64)?;
+    }
+    Ok(same_address)
+}
+
+#[test]
+fn a_loop_body_releases_every_iteration() -> Result<(), PoolError> {
+    each_device("dsl_loop", |device| {
+        let stream = Stream::new(device)?;
+        assert_eq!(
+            in_a_loop(&stream, 20)?,
+            20,
+            "each iteration reuses the same memory"
+        );
+        assert_eq!(stream.stats().stack_allocations, 20 + 13);
+        clean(&stream);
+        Ok(())
+    })
+}
+
+#[derive(Debug, PartialEq)]
+enum Exit {
+    Early,
+    Labeled,
+    Normal,
+}
+
+#[pooled(stream)]
+#[expect(
+    clippy::never_loop,
+    reason = "the loop exists to be left by `break` and `return`"
+)]
+fn early_exits(stream: &Stream, how: u8) -> Result<Exit, PoolError> {
+    let _outer = buffer!(128; u32)?;
+    'scan: for _ in 0..3 {
+        let _inner = buffer!(16, 16; f32)?;
+        loop {
+            let _deeper = buffer!(8; u8)?;
+            match how {
+                0 => return Ok(Exit::Early),
+                1 => break 'scan,
+                _ => break,
+            }
+        }
+    }
+    if how == 1 {
+        return Ok(Exit::Labeled);
+    }
+    Ok(Exit::Normal)
+}
+
+#[pooled(stream)]
+fn fails_midway(stream: &Stream, big: usize) -> Result<(), PoolError> {
+    let _a = buffer!(1024; u8)?;
+    let _b = buffer!(big, big; u64)?; // overflows: the `?` returns with `_a` live
+    unreachable!("the request above cannot succeed");
+}
+
+#[test]
+fn return_break_and_question_mark_release_everything() -> Result<(), PoolError> {
+    each_device("dsl_exits", |device| {
+        let stream = Stream::new(device)?;
+        assert_eq!(early_exits(&stream, 0)?, Exit::Early);
+        clean(&stream);
+        assert_eq!(early_exits(&stream, 1)?, Exit::Labeled);
+        clean(&stream);
+        assert_eq!(early_exits(&stream, 2)?, Exit::Normal);
+        clean(&stream);
+        let err = fails_midway(&stream, usize::MAX / 2).unwrap_err();
+        assert!(matches!(err, PoolError::SizeOverflow { .. }), "{err}");
+        clean(&stream);
+        Ok(())
+    })
+}
+
+#[pooled(stream)]
+fn panics_with_buffers(stream: &Stream) -> Result<(), PoolError> {
+    let mut a = buffer!(32, 32; u8)?;
+    a.set_to(1)?;
+    gpu_scope!(stream, {
+        let _b = buffer!(100; u16)?;
+        panic!("a kernel launch went wrong");
+    })
+}
+
+#[test]
+fn panics_unwind_through_scopes_and_release_in_order() -> Result<(), PoolError> {
+    each_device("dsl_panic", |device| {
+        let stream = Stream::new(device)?;
+        let caught = catch_unwind(AssertUnwindSafe(|| panics_with_buffers(&stream)));
+        assert!(caught.is_err(), "the panic reached us");
+        clean(&stream);
+        // The pool is consistent: the next buffers start at the bottom again.
+        let first = BufferPool::new(&stream)
+            .get_buffer_1d::<u8>(1)?
+            .device_ptr();
+        assert_eq!(Some(first), stream.stack_range().map(|r| r.start));
+        Ok(())
+    })
+}
+
+#[pooled(a)]
+fn interleaved(a: &Stream, b: &Stream) -> Result<(u64, u64), PoolError> {
+    let mut x = buffer!(8, 8; u32)?;
+    x.set_to(7)?;
+    let sums = gpu_scope!(b, {
+        let mut y = buffer!(8, 8; u32)?;
+        y.copy_from(&x)?;
+        let z = gpu_scope!(a, {
+            let mut z = buffer!(64; u32)?; // a's stack again, above x
+            z.set_to(1)?;
+            z.to_vec()?.iter().map(|&v| u64::from(v)).sum::<u64>()
+        });
+        (y.to_vec()?.iter().map(|&v| u64::from(v)).sum::<u64>(), z)
+    });
+    let _after = buffer!(4; u8)?;
+    Ok(sums)
+}
+
+#[test]
+fn two_streams_interleave_and_each_stays_lifo() -> Result<(), PoolError> {
+    each_device("dsl_two_streams", |device| {
+        let (a, b) = (Stream::new(device)?, Stream::new(device)?);
+        assert_eq!(interleaved(&a, &b)?, (7 * 64, 64));
+        clean(&a);
+        clean(&b);
+        assert_eq!(a.stats().stack_allocations, 3);
+        assert_eq!(b.stats().stack_allocations, 1);
+        Ok(())
+    })
+}
+
+#[test]
+fn gpu_scope_works_in_plain_functions_and_closures() -> Result<(), PoolError> {
+    each_device("dsl_closures", |device| {
+        let stream = Stream::new(device)?;
+        let square_sum = |n: usize| -> Result<f32, PoolError> {
+            gpu_scope!(&stream, {
+                let mut v = buffer!(n; f32)?;
+                v.upload(&(0..n).map(|i| i as f32).collect::<Vec<_>>())?;
+                Ok(v.to_vec()?.iter().map(|x| x * x).sum())
+            })
+        };
+        assert_eq!(square_sum(4)?, 14.0);
+        assert_eq!(square_sum(3)?, 5.0);
+        clean(&stream);
+        Ok(())
+    })
+}
+
+#[pooled(stream)]
+fn closure_inside_pooled(stream: &Stream) -> Result<usize, PoolError> {
+    let _base = buffer!(10; u8)?;
+    let temp = |len: usize| -> Result<usize, PoolError> {
+        let t = buffer!(len; u8)?; // from the function's frame, released when the closure returns
+        Ok(t.len())
+    };
+    Ok(temp(5)? + temp(6)?)
+}
+
+#[test]
+fn buffers_in_closures_of_a_pooled_function() -> Result<(), PoolError> {
+    each_device("dsl_closure_in_fn", |device| {
+        let stream = Stream::new(device)?;
+        assert_eq!(closure_inside_pooled(&stream)?, 11);
+        clean(&stream);
+        Ok(())
+    })
+}
+
+/// Generics, a where clause, doc comments, other attributes and a `self` field path are kept.
+struct Pipeline<S> {
+    stream: S,
+    calls: usize,
+}
+
+impl<S: gpu_pool::AsStream> Pipeline<S> {
+    /// Doubles every element.
+    #[pooled(self.stream)]
+    #[inline(never)]
+    fn double<T>(&mut self, input: &[T]) -> Result<Vec<T>, PoolError>
+    where
+        T: bytemuck::Pod + std::ops::Add<Output = T>,
+    {
+        self.calls += 1;
+        let mut x = buffer!(input.len(); T)?;
+        x.upload(input)?;
+        Ok(x.to_vec()?.into_iter().map(|v| v + v).collect())
+    }
+}
+
+#[test]
+#[expect(
+    clippy::arc_with_non_send_sync,
+    reason = "an `Arc<Stream>` parameter is part of what the attribute accepts"
+)]
+fn methods_generics_and_smart_pointer_streams() -> Result<(), PoolError> {
+    each_device("dsl_methods", |device| {
+        let mut by_value = Pipeline {
+            stream: Stream::new(device)?,
+            calls: 0,
+        };
+        assert_eq!(by_value.double(&[1u32, 2, 3])?, [2, 4, 6]);
+        let mut arc = Pipeline {
+            stream: Arc::new(Stream::new(device)?),
+            calls: 0,
+        };
+        assert_eq!(arc.double(&[1.5f64])?, [3.0]);
+        let mut rc = Pipeline {
+            stream: Rc::new(Stream::new(device)?),
+            calls: 0,
+        };
+        assert_eq!(rc.double(&[7i8])?, [14]);
+        assert_eq!(by_value.calls + arc.calls + rc.calls, 3);
+        clean(&by_value.stream);
+        clean(&arc.stream);
+        clean(&rc.stream);
+        Ok(())
+    })
+}
+
+#[pooled(stream)]
+fn swap_handles(stream: &mut Stream) -> Result<(u64, u64), PoolError> {
+    let mut a = buffer!(100; u8)?;
+    let mut b = buffer!(100; u8)?;
+    let (pa, pb) = (a.device_ptr(), b.device_ptr());
+    // Handles can be swapped (they are references); the memory stays with its owner.
+    std::mem::swap(&mut a, &mut b);
+    a.set_to(1)?;
+    b.set_to(2)?;
+    #[expect(
+        clippy::drop_non_drop,
+        reason = "shows that dropping a handle releases nothing"
+    )]
+    drop(a); // the owner releases, at the end of the scope
+    Ok((pa, pb))
+}
+
+#[test]
+fn swapping_or_dropping_handles_keeps_release_order_lifo() -> Result<(), PoolError> {
+    each_device("dsl_swap_handles", |device| {
+        let mut stream = Stream::new(device)?;
+        let (pa, pb) = swap_handles(&mut stream)?;
+        assert!(pb > pa);
+        clean(&stream);
+        Ok(())
+    })
+}
+
+#[pooled(stream)]
+fn falls_back_inside_the_dsl(stream: &Stream) -> Result<gpu_pool::Source, PoolError> {
+    let _fits = buffer!(512, 1024; u8)?;
+    let over = buffer!(1024, 1024; u8)?; // 1 MiB stack: this one falls back
+    Ok(over.source())
+}
+
+#[test]
+fn the_dsl_falls_back_like_the_runtime() -> Result<(), PoolError> {
+    each_device("dsl_fallback", |device| {
+        device.set_fallback(Fallback::Driver);
+        set_buffer_pool_config(device, 1 << 20, 2)?;
+        let stream = Stream::new(device)?;
+        assert_eq!(
+            falls_back_inside_the_dsl(&stream)?,
+            gpu_pool::Source::Fallback(FallbackReason::StackFull)
+        );
+        clean(&stream);
+        drop(stream);
+        set_buffer_pool_config(device, 10 << 20, 5)?;
+        Ok(())
+    })
+}

@@ -1,0 +1,16 @@
+fn steps(stream: Stream, n: usize) -> Result<usize, PoolError> {
+    let __gpu_pool_stream = &(stream);
+    let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
+    let mut total = 0;
+    for i in 0..n {
+        let mut t = __gpu_pool_frame.take_1d::<f32>(i + 1).expect("fits");
+        let t = t.handle();
+        if i % 2 == 0 {
+            let mut __gpu_pool_owner_1 = __gpu_pool_frame.take::<u8>(8, 8)?;
+            let _ = __gpu_pool_owner_1.handle();
+            continue;
+        }
+        total += t.len();
+    }
+    Ok(total)
+}

@@ -1,0 +1,16 @@
+//! Compile-time guarantees of the DSL, pinned with trybuild (toolchain pinned in
+//! rust-toolchain.toml so the messages stay stable). `TRYBUILD=overwrite` rewrites the `.stderr`
+//! files; review them before committing.
+//!
+//! - `ui/escape`: no safe code lets a buffer outlive its scope or leave its owner (guarantees 1, 2);
+//! - `ui/pooled`, `ui/gpu_scope`: misuse is an error on the user's tokens saying how to fix it;
+//! - `ui/pass`: what must keep compiling.
+
+#[test]
+fn ui() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/escape/*.rs");
+    t.compile_fail("tests/ui/pooled/*.rs");
+    t.compile_fail("tests/ui/gpu_scope/*.rs");
+    t.pass("tests/ui/pass/*.rs");
+}

@@ -1,0 +1,9 @@
+use gpu_pool::{BufferPool, Device, Stream};
+
+fn main() {
+    let buf = {
+        let stream = Stream::new(&Device::host()).unwrap();
+        BufferPool::new(&stream).get_buffer_1d::<u8>(8).unwrap()
+    };
+    println!("{}", buf.len());
+}

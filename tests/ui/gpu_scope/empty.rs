@@ -1,0 +1,5 @@
+use gpu_pool::prelude::*;
+
+fn main() {
+    gpu_scope!();
+}

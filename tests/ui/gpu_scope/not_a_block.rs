@@ -1,0 +1,7 @@
+use gpu_pool::prelude::*;
+
+fn main() -> Result<(), PoolError> {
+    let stream = Stream::new(&Device::host())?;
+    gpu_scope!(stream, 42);
+    Ok(())
+}

@@ -1,0 +1,9 @@
+use gpu_pool::prelude::*;
+
+#[pooled(stream)]
+async fn f(stream: &Stream) -> Result<(), PoolError> {
+    let _b = buffer!(8; u8)?;
+    Ok(())
+}
+
+fn main() {}

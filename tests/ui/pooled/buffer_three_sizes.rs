@@ -1,0 +1,9 @@
+use gpu_pool::prelude::*;
+
+#[pooled(stream)]
+fn f(stream: &Stream) -> Result<(), PoolError> {
+    let b = buffer!(8, 8, 3; u8)?;
+    Ok(())
+}
+
+fn main() {}
