@@ -32,3 +32,8 @@ pub mod prelude {
     pub use pool_macros::{buffer, gpu_scope, pooled};
     pub use pool_runtime::{BufferPool, Device, GpuMat, PoolError, Pooled, Source, Stream};
 }
+
+/// The README's examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -63,6 +63,13 @@ impl VisitMut for Expand {
 #[test]
 fn expansions_match_their_snapshots() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/expand");
+    if std::env::var_os("CARGO").is_none() && !dir.exists() {
+        eprintln!(
+            "snapshots: skipped: {} is not here (test binary run outside its checkout)",
+            dir.display()
+        );
+        return;
+    }
     let bless = std::env::var_os("GPU_POOL_BLESS").is_some();
     let mut checked = 0;
     let mut entries: Vec<_> = std::fs::read_dir(&dir)

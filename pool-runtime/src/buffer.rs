@@ -356,7 +356,7 @@ impl<T> GpuMat<'_, T> {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `origin` came from `take` on `stream` when this buffer was made; this buffer is
         // never dropped, so it is given back once. Its work was queued on its own stream.
-        unsafe { this.stream.give_back(&this.origin) }
+        unsafe { this.stream.give_back(this.ptr, &this.origin) }
     }
 }
 
@@ -364,7 +364,7 @@ impl<T> Drop for GpuMat<'_, T> {
     #[inline]
     fn drop(&mut self) {
         // SAFETY: as in `release`: drop runs once, and `release` forgets the buffer.
-        if let Err(e) = unsafe { self.stream.give_back(&self.origin) } {
+        if let Err(e) = unsafe { self.stream.give_back(self.ptr, &self.origin) } {
             tracing::error!(error = %e, "releasing a buffer failed");
         }
     }

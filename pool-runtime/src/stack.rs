@@ -12,8 +12,6 @@ use crate::backend::DevPtr;
 /// A block of a stack, as its buffer remembers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Block {
-    /// Offset of the first byte, aligned.
-    pub(crate) offset: usize,
     /// Offset one past the last byte.
     pub(crate) end: usize,
     /// The top before this block was taken: where the top returns when it is released.
@@ -69,19 +67,16 @@ impl Stack {
         self.size - self.top.get()
     }
 
-    /// Takes `bytes` (non-zero) from the top, or `None` if they do not fit.
+    /// Takes `bytes` (non-zero) from the top: the block's offset and the block, or `None` if they do
+    /// not fit.
     #[inline]
-    pub(crate) fn take(&self, bytes: usize) -> Option<Block> {
+    pub(crate) fn take(&self, bytes: usize) -> Option<(usize, Block)> {
         let prev_top = self.top.get();
         // No overflow: prev_top <= size <= usize::MAX - align.
         let offset = (prev_top + self.align - 1) & !(self.align - 1);
         let end = offset.checked_add(bytes).filter(|&end| end <= self.size)?;
         self.top.set(end);
-        Some(Block {
-            offset,
-            end,
-            prev_top,
-        })
+        Some((offset, Block { end, prev_top }))
     }
 
     /// Gives `block` back. Reclaims it at once if it is topmost, else once everything above it is
@@ -129,9 +124,9 @@ mod tests {
     #[test]
     fn lifo_returns_to_zero() {
         let s = Stack::new(0, 0, 4096, 512);
-        let a = s.take(100).unwrap();
-        let b = s.take(600).unwrap();
-        assert_eq!((a.offset, b.offset, b.end), (0, 512, 1112));
+        let (a_at, a) = s.take(100).unwrap();
+        let (b_at, b) = s.take(600).unwrap();
+        assert_eq!((a_at, b_at, b.end), (0, 512, 1112));
         assert_eq!(s.release(&b), Release::InOrder);
         assert_eq!(s.release(&a), Release::InOrder);
         assert_eq!(s.top(), 0);
@@ -141,15 +136,15 @@ mod tests {
     fn out_of_order_blocks_wait_for_the_blocks_above() {
         let s = Stack::new(0, 0, 8192, 512);
         let [a, b, c] = [
-            s.take(10).unwrap(),
-            s.take(10).unwrap(),
-            s.take(10).unwrap(),
+            s.take(10).unwrap().1,
+            s.take(10).unwrap().1,
+            s.take(10).unwrap().1,
         ];
         assert_eq!(s.release(&a), Release::OutOfOrder);
         assert_eq!(s.release(&b), Release::OutOfOrder);
         assert_eq!(s.top(), c.end, "live block c keeps everything below it");
-        let d = s.take(10).unwrap();
-        assert!(d.offset >= c.end, "no reuse of a or b while c lives");
+        let (d_at, d) = s.take(10).unwrap();
+        assert!(d_at >= c.end, "no reuse of a or b while c lives");
         assert_eq!(s.release(&d), Release::InOrder);
         assert_eq!(s.release(&c), Release::InOrder);
         assert_eq!(s.top(), 0);
@@ -159,7 +154,7 @@ mod tests {
     fn full_stack_refuses() {
         let s = Stack::new(0, 0, 1024, 512);
         assert!(s.take(1025).is_none());
-        let a = s.take(1024).unwrap();
+        let (_, a) = s.take(1024).unwrap();
         assert!(s.take(1).is_none());
         s.release(&a);
         assert!(s.take(1).is_some());

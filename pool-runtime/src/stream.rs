@@ -67,16 +67,20 @@ pub enum Source {
 }
 
 /// What a buffer must give back, and to whom.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) enum Origin {
     Empty,
     Stack(Block),
-    Fallback {
-        allocation: Allocation,
-        reason: FallbackReason,
-        bytes: usize,
-    },
+    /// Boxed: rare, and it keeps every buffer small, which the hot path feels.
+    Fallback(Box<FallbackOrigin>),
     Driver(DevPtr),
+}
+
+#[derive(Debug)]
+pub(crate) struct FallbackOrigin {
+    allocation: Allocation,
+    reason: FallbackReason,
+    bytes: usize,
 }
 
 impl Origin {
@@ -84,7 +88,7 @@ impl Origin {
         match self {
             Origin::Empty => Source::Empty,
             Origin::Stack(_) => Source::Stack,
-            Origin::Fallback { reason, .. } => Source::Fallback(*reason),
+            Origin::Fallback(f) => Source::Fallback(f.reason),
             Origin::Driver(_) => Source::Driver,
         }
     }
@@ -266,7 +270,7 @@ impl Stream {
                 }
             },
         };
-        let Some(block) = stack.take(layout.bytes) else {
+        let Some((offset, block)) = stack.take(layout.bytes) else {
             let reason = if layout.bytes > stack.size() {
                 FallbackReason::TooLarge
             } else {
@@ -281,7 +285,7 @@ impl Stream {
         c.demand_peak
             .raise_to((block.end + self.overflow_live.get()) as u64);
         Ok((
-            stack.base + block.offset as DevPtr,
+            stack.base + offset as DevPtr,
             layout.pitch,
             Origin::Stack(block),
         ))
@@ -324,11 +328,11 @@ impl Stream {
         Ok((
             ptr,
             allocation.pitch,
-            Origin::Fallback {
+            Origin::Fallback(Box::new(FallbackOrigin {
                 allocation,
                 reason,
                 bytes: layout.bytes,
-            },
+            })),
         ))
     }
 
@@ -363,7 +367,7 @@ impl Stream {
     /// `origin` was returned by `take` on this stream and is given back once; work that uses the
     /// memory is queued on this stream (stack memory is then reused in stream order).
     #[inline]
-    pub(crate) unsafe fn give_back(&self, origin: &Origin) -> Result<(), PoolError> {
+    pub(crate) unsafe fn give_back(&self, ptr: DevPtr, origin: &Origin) -> Result<(), PoolError> {
         if self.has_deferred_waits.get() {
             self.issue_deferred_waits()?;
         }
@@ -375,7 +379,7 @@ impl Stream {
             self.counters().stack_in_use.set(stack.top() as u64);
             return match release {
                 Release::InOrder => Ok(()),
-                Release::OutOfOrder => self.lifo_violation(*block),
+                Release::OutOfOrder => self.lifo_violation(ptr - stack.base),
             };
         }
         // SAFETY: forwarded.
@@ -386,14 +390,15 @@ impl Stream {
     /// As [`Stream::give_back`].
     #[cold]
     unsafe fn give_back_slow(&self, origin: &Origin) -> Result<(), PoolError> {
-        match *origin {
+        match origin {
             // A stack origin exists only once the stack does, so this is never reached for one.
             Origin::Empty | Origin::Stack(_) => Ok(()),
-            Origin::Fallback {
-                allocation,
-                reason,
-                bytes,
-            } => {
+            Origin::Fallback(f) => {
+                let FallbackOrigin {
+                    allocation,
+                    reason,
+                    bytes,
+                } = **f;
                 if reason != FallbackReason::Disabled {
                     self.overflow_live
                         .set(self.overflow_live.get().saturating_sub(bytes));
@@ -401,7 +406,7 @@ impl Stream {
                 // SAFETY: forwarded: the allocation came from this stream's allocator, once.
                 unsafe { self.allocator.deallocate(&self.alloc_context(), allocation) }
             }
-            Origin::Driver(ptr) => {
+            &Origin::Driver(ptr) => {
                 // SAFETY: forwarded: `ptr` came from `take_from_driver`, once; the driver's free
                 // synchronizes, so queued work using it is done.
                 unsafe { self.device.inner.driver_free(ptr, Some(self.counters())) }
@@ -434,11 +439,11 @@ impl Stream {
     }
 
     #[cold]
-    fn lifo_violation(&self, block: Block) -> Result<(), PoolError> {
+    fn lifo_violation(&self, offset: u64) -> Result<(), PoolError> {
         self.counters().lifo_violations.add(1);
         let error = PoolError::LifoViolation {
             device: self.device.id(),
-            offset: block.offset,
+            offset: offset as usize,
         };
         if !self.device.inner.lifo_warned.swap(true, Relaxed) {
             tracing::warn!(
