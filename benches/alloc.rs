@@ -74,6 +74,11 @@ fn main() {
         .get_buffer_1d::<u8>(4096)
         .expect("fills the stack");
 
+    let cache = std::sync::Arc::new(gpu_pool::CachingPool::new(&fallback_device));
+    let cached = Stream::with_allocator(&fallback_device, cache.clone()).expect("host stream");
+    let cached_pool = BufferPool::new(&cached);
+    drop(cached_pool.get_buffer_1d::<u8>(1024).expect("host memory")); // the one miss
+
     let mut group = c.benchmark_group(GROUP);
     let bump = BareBump {
         top: Cell::new(0),
@@ -97,6 +102,15 @@ fn main() {
             drop(black_box(
                 pool.get_buffer::<f32>(black_box(16), black_box(16))
                     .expect("fits"),
+            ))
+        })
+    });
+    group.bench_function("caching_pool_hit", |b| {
+        b.iter(|| {
+            drop(black_box(
+                cached_pool
+                    .get_buffer_1d::<u8>(black_box(1024))
+                    .expect("a hit"),
             ))
         })
     });
@@ -125,6 +139,11 @@ fn main() {
     group.finish();
     c.final_summary();
 
+    let stats = cache.stats();
+    println!(
+        "\ncaching pool over the whole run: {} hits, {} misses (driver allocations)",
+        stats.hits, stats.misses
+    );
     let calls = device.stats().driver_alloc_calls;
     println!(
         "\nstack device driver allocation calls over the whole run: {calls} (the stack memory itself)"
@@ -137,6 +156,7 @@ fn main() {
             "bare_bump_lifo",
             "stack_pool",
             "stack_pool_2d",
+            "caching_pool_hit",
             "host_driver_fallback",
         ],
     );

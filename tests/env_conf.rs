@@ -87,7 +87,10 @@ fn parse_accepts_units_and_spaces_and_refuses_the_rest() -> Result<(), PoolError
         ("stack_size=99999999999GiB", "expected a size"),
         ("stack_count=-1", "whole number"),
         ("stack_count=0", "must not be 0"),
-        ("fallback=cuda", "expected driver, stream_ordered or error"),
+        (
+            "fallback=cuda",
+            "expected driver, stream_ordered, caching or error",
+        ),
         ("usage=maybe", "on or off"),
         ("stack_count=1,stack_count=2", "given twice"),
         ("colour=blue", "unknown key"),

@@ -15,7 +15,7 @@ use crate::layout::align_up;
 /// `GPU_POOL_CONF="stack_size=64MiB,stack_count=2,fallback=stream_ordered"`.
 ///
 /// Keys: `stack_size` (bytes, or with a `KiB`/`MiB`/`GiB` suffix), `stack_count`, `fallback`
-/// (`driver`, `stream_ordered`, `error`), `usage` (`on`/`off`), `strict_lifo` (`on`/`off`).
+/// (`driver`, `stream_ordered`, `caching`, `error`), `usage` (`on`/`off`), `strict_lifo` (`on`/`off`).
 pub const ENV_VAR: &str = "GPU_POOL_CONF";
 
 const MIB: usize = 1 << 20;
@@ -111,6 +111,9 @@ pub enum Fallback {
     /// `cuMemAllocAsync`/`cuMemFreeAsync` on the buffer's stream. The default where the device
     /// supports it.
     StreamOrdered,
+    /// The device's binned [`CachingPool`](crate::CachingPool): freed blocks are held and reused by
+    /// requests of the same size bin, with no driver call.
+    Caching,
     /// No fallback: a request the stack cannot serve is `PoolError::StackExhausted`.
     Error,
 }
@@ -120,6 +123,7 @@ impl Fallback {
         match text {
             "driver" => Some(Fallback::Driver),
             "stream_ordered" => Some(Fallback::StreamOrdered),
+            "caching" => Some(Fallback::Caching),
             "error" => Some(Fallback::Error),
             _ => None,
         }
@@ -183,7 +187,7 @@ impl EnvConfig {
                 }
                 "fallback" => {
                     let fallback = Fallback::parse(val)
-                        .ok_or_else(|| bad("expected driver, stream_ordered or error"))?;
+                        .ok_or_else(|| bad("expected driver, stream_ordered, caching or error"))?;
                     conf.fallback
                         .replace(fallback)
                         .map_or(Ok(()), |_| Err(duplicate()))?;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use crate::backend::host::HostBackend;
 use crate::backend::{Backend, DevPtr, RawStream};
+use crate::caching::CachingPool;
 use crate::config::{self, Fallback, PoolConfig};
 use crate::error::{DeviceId, PoolError};
 use crate::stack::Stack;
@@ -35,6 +36,8 @@ pub(crate) struct DeviceInner {
     driver_free_calls: AtomicU64,
     /// Set after the first LIFO violation was logged, so the log is not flooded.
     pub(crate) lifo_warned: AtomicBool,
+    /// The pool behind `Fallback::Caching`, made at first use.
+    caching: OnceLock<Arc<CachingPool>>,
 }
 
 #[derive(Default)]
@@ -105,6 +108,7 @@ impl Device {
             driver_alloc_calls: AtomicU64::new(0),
             driver_free_calls: AtomicU64::new(0),
             lifo_warned: AtomicBool::new(false),
+            caching: OnceLock::new(),
         });
         let mut registry = lock(&REGISTRY);
         registry.retain(|d| d.strong_count() > 0);
@@ -280,6 +284,14 @@ impl Device {
         explicit
             .or_else(|| config::env_config().ok().and_then(|e| e.strict_lifo))
             .unwrap_or(false)
+    }
+
+    /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
+    pub fn caching_pool(&self) -> Arc<CachingPool> {
+        self.inner
+            .caching
+            .get_or_init(|| Arc::new(CachingPool::new(self)))
+            .clone()
     }
 
     /// A snapshot of the device's counters and of each live stream's.

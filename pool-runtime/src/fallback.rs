@@ -46,6 +46,7 @@ pub struct Allocation {
 pub struct AllocContext<'a> {
     pub(crate) device: &'a DeviceInner,
     pub(crate) stream: &'a RawStream,
+    pub(crate) stream_id: u64,
     pub(crate) counters: &'a StreamCounters,
 }
 
@@ -53,6 +54,11 @@ impl AllocContext<'_> {
     /// The device allocations are made on.
     pub fn device_id(&self) -> DeviceId {
         self.device.id
+    }
+
+    /// The stream the allocation is for ([`Stream::id`](crate::Stream::id)).
+    pub fn stream_id(&self) -> u64 {
+        self.stream_id
     }
 
     /// Whether [`alloc_async`](Self::alloc_async) is truly stream-ordered on this device.
@@ -240,10 +246,11 @@ unsafe impl GpuAllocator for NoFallback {
     }
 }
 
-pub(crate) fn builtin(fallback: Fallback) -> Arc<dyn GpuAllocator> {
+pub(crate) fn builtin(device: &crate::Device, fallback: Fallback) -> Arc<dyn GpuAllocator> {
     match fallback {
         Fallback::Driver => Arc::new(DriverAllocator),
         Fallback::StreamOrdered => Arc::new(StreamOrderedAllocator),
+        Fallback::Caching => device.caching_pool(),
         Fallback::Error => Arc::new(NoFallback),
     }
 }

@@ -23,6 +23,7 @@
 
 mod backend;
 mod buffer;
+mod caching;
 mod config;
 mod device;
 mod error;
@@ -36,6 +37,7 @@ mod stats;
 mod stream;
 
 pub use buffer::{BufferPool, GpuMat, GpuView, GpuViewMut};
+pub use caching::{CachingPool, CachingStats, DEFAULT_LEADING_BITS, bin_of};
 pub use config::{
     ENV_VAR, EnvConfig, Fallback, PoolConfig, buffer_pool_usage, env_config,
     set_buffer_pool_config, set_buffer_pool_usage,

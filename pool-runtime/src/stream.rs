@@ -102,7 +102,7 @@ impl Stream {
     /// Errors: `GPU_POOL_CONF` malformed, the stack memory could not be allocated, or the backend
     /// could not make a stream.
     pub fn new(device: &Device) -> Result<Stream, PoolError> {
-        let fallback = fallback::builtin(device.fallback());
+        let fallback = fallback::builtin(device, device.fallback());
         let stream = Stream::build(device, fallback, false)?;
         if config::buffer_pool_usage()? {
             stream.claim_stack()?;
@@ -133,7 +133,7 @@ impl Stream {
                 actual: crate::error::DeviceId::Cuda(stream.context().ordinal()),
             });
         }
-        let fallback = fallback::builtin(device.fallback());
+        let fallback = fallback::builtin(device, device.fallback());
         let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
         if config::buffer_pool_usage()? {
             made.claim_stack()?;
@@ -357,6 +357,7 @@ impl Stream {
         AllocContext {
             device: &self.device.inner,
             stream: &self.raw,
+            stream_id: self.shared.id,
             counters: self.counters(),
         }
     }

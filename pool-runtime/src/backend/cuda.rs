@@ -296,6 +296,20 @@ impl Backend for CudaBackend {
             .map_err(|e| driver_error("cuStreamWaitEvent", e))
     }
 
+    fn event_done(&self, event: &RawEvent) -> Result<bool, PoolError> {
+        let _guard = self.guard()?;
+        let RawEvent::Cuda(event) = event;
+        event
+            .try_is_complete()
+            .map_err(|e| driver_error("cuEventQuery", e))
+    }
+
+    fn drop_event(&self, event: RawEvent) {
+        let guard = self.guard();
+        drop(event);
+        drop(guard);
+    }
+
     fn drop_stream(&self, stream: RawStream) {
         let guard = self.guard();
         drop(stream);

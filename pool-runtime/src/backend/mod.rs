@@ -68,6 +68,12 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError>;
     /// Makes later work on `stream` wait for `event`, without blocking the host; consumes the event.
     fn wait_event(&self, stream: &RawStream, event: RawEvent) -> Result<(), PoolError>;
+    /// Whether the work an event marks is done (`cuEventQuery`).
+    fn event_done(&self, event: &RawEvent) -> Result<bool, PoolError>;
+    /// Drops an event in this device's context (cudarc binds the context to destroy it).
+    fn drop_event(&self, event: RawEvent) {
+        drop(event);
+    }
     /// Drops a stream handle in this device's context (cudarc binds the context to destroy it, and
     /// the caller's context must stay current).
     fn drop_stream(&self, stream: RawStream) {

@@ -1,0 +1,353 @@
+//! A binned caching allocator (PyOpenCL's `MemoryPool`): freed blocks are held in bins keyed by the
+//! leading bits of their size and handed out again to requests of the same bin.
+//!
+//! Sizes round up to the largest size of their bin, so any held block of a bin serves any request
+//! of it. A block freed on one stream is reused on that stream at once (stream order protects it),
+//! and on another stream only once an event shows the freeing stream's work is done. On out of
+//! memory the pool frees everything it holds and retries once.
+//!
+//! It serves a stream on its own (`Stream::with_allocator(&device, pool)`) or as the stack's
+//! fallback (`device.set_fallback(Fallback::Caching)`, one shared pool per device).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, Weak};
+
+use crate::backend::{DevPtr, RawEvent};
+use crate::device::{Device, DeviceInner};
+use crate::error::{DeviceId, PoolError};
+use crate::fallback::{AllocContext, AllocRequest, Allocation, GpuAllocator};
+
+/// PyOpenCL's default number of leading bits (after the first one) that name a bin.
+pub const DEFAULT_LEADING_BITS: u32 = 4;
+
+/// The bin of a request of `bytes` (non-zero) and the size every block of that bin has.
+///
+/// A size keeps its highest set bit and the `leading_bits` bits below it; the rest are set to one,
+/// which gives the largest size sharing those bits. Sizes of `leading_bits + 1` bits or fewer are
+/// their own bin. Never overflows: the rounded size keeps the request's highest bit.
+///
+/// ```
+/// use pool_runtime::bin_of;
+/// assert_eq!(bin_of(1000, 4).1, 1023);          // 0b1111101000 -> 0b1111111111
+/// assert_eq!(bin_of(1024, 4).1, 1087);          // 0b10000000000 -> 0b10000111111
+/// assert_eq!(bin_of(17, 4).1, 17);              // small sizes are exact
+/// assert_eq!(bin_of(usize::MAX, 4).1, usize::MAX);
+/// ```
+pub fn bin_of(bytes: usize, leading_bits: u32) -> (u64, usize) {
+    debug_assert!(bytes > 0);
+    let top = usize::BITS - 1 - bytes.max(1).leading_zeros();
+    if top <= leading_bits {
+        // Exact: bin numbers of this range are the sizes themselves, below every rounded bin.
+        return (bytes as u64, bytes);
+    }
+    let shift = top - leading_bits;
+    let head = bytes >> shift; // the highest bit and the leading bits below it
+    let size = (head << shift) | ((1usize << shift) - 1);
+    let bin = (u64::from(top) << 32) | head as u64;
+    (bin, size)
+}
+
+/// Counters of a [`CachingPool`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachingStats {
+    /// Blocks held for reuse.
+    pub held_blocks: usize,
+    /// Bytes held for reuse.
+    pub held_bytes: usize,
+    /// Blocks handed out and not yet freed.
+    pub active_blocks: usize,
+    /// Bytes handed out and not yet freed.
+    pub active_bytes: usize,
+    /// Requests served by a held block (no driver allocation).
+    pub hits: u64,
+    /// Requests that needed a driver allocation.
+    pub misses: u64,
+    /// Out-of-memory allocations retried after freeing every held block.
+    pub oom_retries: u64,
+}
+
+struct Held {
+    ptr: DevPtr,
+    stream: u64,
+    /// Marks the freeing stream's work; `None` on the host backend, where nothing is pending.
+    ready: Option<RawEvent>,
+}
+
+struct State {
+    bins: BTreeMap<u64, Vec<Held>>,
+    /// Live blocks: address to (bin, size).
+    active: HashMap<DevPtr, (u64, usize)>,
+    holding: bool,
+    stats: CachingStats,
+}
+
+/// A binned caching allocator for one device. Give it to streams as an `Arc`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+/// let device = Device::host_with_limit(None);
+/// let cache = Arc::new(CachingPool::new(&device));
+/// let stream = Stream::with_allocator(&device, cache.clone())?;
+/// let pool = BufferPool::new(&stream);
+/// drop(pool.get_buffer::<f32>(100, 100)?);           // a miss: one driver allocation
+/// let again = pool.get_buffer::<f32>(100, 100)?;     // a hit: the same block, no driver call
+/// let stats = cache.stats();
+/// assert_eq!((stats.misses, stats.hits, stats.active_blocks), (1, 1, 1));
+/// # Ok::<(), PoolError>(())
+/// ```
+pub struct CachingPool {
+    device: Weak<DeviceInner>,
+    id: DeviceId,
+    leading_bits: u32,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for CachingPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingPool")
+            .field("device", &self.id)
+            .field("leading_bits", &self.leading_bits)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl CachingPool {
+    /// A pool for `device` with [`DEFAULT_LEADING_BITS`].
+    pub fn new(device: &Device) -> CachingPool {
+        CachingPool {
+            device: std::sync::Arc::downgrade(&device.inner),
+            id: device.id(),
+            leading_bits: DEFAULT_LEADING_BITS,
+            state: Mutex::new(State {
+                bins: BTreeMap::new(),
+                active: HashMap::new(),
+                holding: true,
+                stats: CachingStats::default(),
+            }),
+        }
+    }
+
+    /// A pool whose bins are named by `leading_bits` bits after the highest (PyOpenCL's
+    /// `leading_bits_in_bin_id`): more bits, finer bins, less rounding, fewer hits. 0 to 16.
+    pub fn with_leading_bits(device: &Device, leading_bits: u32) -> Result<CachingPool, PoolError> {
+        if leading_bits > 16 {
+            return Err(PoolError::InvalidConfig {
+                reason: format!(
+                    "leading_bits is {leading_bits}; use 0 to 16 (PyOpenCL's default is 4)"
+                ),
+            });
+        }
+        let mut pool = CachingPool::new(device);
+        pool.leading_bits = leading_bits;
+        Ok(pool)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> CachingStats {
+        self.lock().stats
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update below leaves the state consistent before any step that can panic.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Frees every held block (`cuMemFree`, which waits for the device). Returns the bytes freed.
+    pub fn free_held(&self) -> Result<usize, PoolError> {
+        let held: Vec<Held> = {
+            let mut state = self.lock();
+            let held: Vec<Held> = std::mem::take(&mut state.bins)
+                .into_values()
+                .flatten()
+                .collect();
+            state.stats.held_blocks = 0;
+            let bytes = std::mem::take(&mut state.stats.held_bytes);
+            drop(state);
+            if held.is_empty() {
+                return Ok(bytes);
+            }
+            held
+        };
+        let Some(device) = self.device.upgrade() else {
+            // The device is gone; its backend freed all its memory with it.
+            return Ok(0);
+        };
+        let mut result = Ok(0);
+        let mut freed = 0;
+        for block in held {
+            if let Some(event) = block.ready {
+                device.backend.drop_event(event);
+            }
+            // SAFETY: a held block is a live driver allocation of this device that no buffer uses
+            // (it was freed to the pool) and leaves the pool here, so it is freed once; the
+            // driver's free waits for queued work that may still use it.
+            match unsafe { device.driver_free(block.ptr, None) } {
+                Ok(()) => freed += 1,
+                Err(e) => result = Err(e),
+            }
+        }
+        result.map(|_: usize| freed)
+    }
+
+    /// Stops holding: frees what is held, and frees blocks at once from now on.
+    pub fn stop_holding(&self) -> Result<(), PoolError> {
+        self.lock().holding = false;
+        self.free_held().map(|_| ())
+    }
+
+    /// A held block of `bin` this stream may use now: one it freed itself, else one whose freeing
+    /// stream has finished.
+    fn take_held(&self, state: &mut State, bin: u64, ctx: &AllocContext<'_>) -> Option<Held> {
+        let list = state.bins.get_mut(&bin)?;
+        let at = list
+            .iter()
+            .position(|h| h.stream == ctx.stream_id)
+            .or_else(|| {
+                list.iter().position(|h| {
+                    h.ready
+                        .as_ref()
+                        .is_none_or(|e| ctx.device.backend.event_done(e).unwrap_or(false))
+                })
+            })?;
+        let held = list.swap_remove(at);
+        if list.is_empty() {
+            state.bins.remove(&bin);
+        }
+        Some(held)
+    }
+}
+
+// SAFETY: a hit hands out a block that was allocated for this bin's size (at least the request's
+// bytes), is held by no one else (removed from the bin under the lock), and whose previous user's
+// work is ordered before (same stream) or finished (event). A miss hands out a fresh driver
+// allocation of the bin's size.
+unsafe impl GpuAllocator for CachingPool {
+    fn allocate(
+        &self,
+        ctx: &AllocContext<'_>,
+        req: &AllocRequest,
+    ) -> Result<Allocation, PoolError> {
+        if ctx.device_id() != self.id {
+            return Err(PoolError::DeviceMismatch {
+                expected: self.id,
+                actual: ctx.device_id(),
+            });
+        }
+        let (bin, size) = bin_of(req.bytes.max(1), self.leading_bits);
+        let mut state = self.lock();
+        if let Some(held) = self.take_held(&mut state, bin, ctx) {
+            state.stats.hits += 1;
+            state.stats.held_blocks -= 1;
+            state.stats.held_bytes -= size;
+            state.stats.active_blocks += 1;
+            state.stats.active_bytes += size;
+            state.active.insert(held.ptr, (bin, size));
+            drop(state);
+            if let Some(event) = held.ready {
+                ctx.device.backend.drop_event(event);
+            }
+            return Ok(Allocation {
+                ptr: held.ptr,
+                pitch: req.pitch,
+            });
+        }
+        state.stats.misses += 1;
+        drop(state);
+        let ptr = match ctx.alloc(size) {
+            Err(PoolError::OutOfMemory { .. }) if self.lock().stats.held_blocks > 0 => {
+                self.lock().stats.oom_retries += 1;
+                self.free_held()?;
+                ctx.alloc(size)?
+            }
+            other => other?,
+        };
+        let mut state = self.lock();
+        state.stats.active_blocks += 1;
+        state.stats.active_bytes += size;
+        state.active.insert(ptr, (bin, size));
+        Ok(Allocation {
+            ptr,
+            pitch: req.pitch,
+        })
+    }
+
+    unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
+        let mut state = self.lock();
+        let Some((bin, size)) = state.active.remove(&a.ptr) else {
+            return Err(PoolError::InvalidConfig {
+                reason: format!("{:#x} is not a live block of this caching pool", a.ptr),
+            });
+        };
+        state.stats.active_blocks -= 1;
+        state.stats.active_bytes -= size;
+        if !state.holding {
+            drop(state);
+            // SAFETY: the block came from `ctx.alloc` (a miss) and is freed once, by contract.
+            return unsafe { ctx.free(a.ptr) };
+        }
+        drop(state);
+        let ready = ctx.device.backend.record_event(ctx.stream)?;
+        let mut state = self.lock();
+        state.stats.held_blocks += 1;
+        state.stats.held_bytes += size;
+        state.bins.entry(bin).or_default().push(Held {
+            ptr: a.ptr,
+            stream: ctx.stream_id,
+            ready,
+        });
+        Ok(())
+    }
+}
+
+impl Drop for CachingPool {
+    fn drop(&mut self) {
+        if let Err(e) = self.free_held() {
+            tracing::error!(device = %self.id, error = %e, "freeing the caching pool's blocks failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bins_round_up_and_never_wrap() {
+        for bits in [0, 1, 4, 8, 16] {
+            let mut sizes: Vec<usize> = (1..5000).collect();
+            sizes.extend((1..64).map(|s| 1usize << s));
+            sizes.extend((1..64).map(|s| (1usize << s) - 1));
+            sizes.extend([
+                usize::MAX,
+                usize::MAX - 1,
+                usize::MAX / 2 + 1,
+                usize::MAX / 3,
+            ]);
+            for s in sizes {
+                let (bin, size) = bin_of(s, bits);
+                assert!(size >= s, "{s} rounds to {size}");
+                assert_eq!(
+                    bin_of(size, bits),
+                    (bin, size),
+                    "the rounded size is in its own bin"
+                );
+                assert_eq!(
+                    size.leading_zeros(),
+                    s.leading_zeros(),
+                    "no wrap: same highest bit"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_bin_wastes_at_most_its_share() {
+        // With 4 leading bits a block is at most 1/16 larger than the request (plus rounding).
+        for s in [100_000usize, 1 << 20, (1 << 20) + 1, 48 << 20] {
+            let (_, size) = bin_of(s, 4);
+            assert!(size - s <= s / 16 + 1, "{s} -> {size}");
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! The binned caching pool (PyOpenCL's `MemoryPool`): standalone, as the stack's fallback, on out
+//! of memory, and across streams. On a private host device, and on the GPU where there is one.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::each_device;
+use gpu_pool::{
+    BufferPool, CachingPool, Device, Fallback, FallbackReason, PoolError, Source, Stream,
+    set_buffer_pool_config,
+};
+
+#[test]
+fn a_freed_block_serves_the_next_request_of_its_bin_without_a_driver_call() -> Result<(), PoolError>
+{
+    each_device("caching_hits", |device| {
+        let cache = Arc::new(CachingPool::new(device));
+        let stream = Stream::with_allocator(device, cache.clone())?;
+        let pool = BufferPool::new(&stream);
+        let first = pool.get_buffer_1d::<u8>(1000)?;
+        let address = first.device_ptr();
+        drop(first);
+        let calls = device.stats();
+        for len in [1000, 990, 1023, 1024] {
+            // Each is 1024 bytes after the 64-byte rounding of 1D layouts; the bin holds 1024..=1087.
+            let again = pool.get_buffer_1d::<u8>(len)?;
+            assert_eq!(again.device_ptr(), address, "{len} reuses the held block");
+        }
+        let after = device.stats();
+        assert_eq!(
+            after.driver_alloc_calls, calls.driver_alloc_calls,
+            "hits make no driver call"
+        );
+        assert_eq!(after.driver_free_calls, calls.driver_free_calls);
+        let other_bin = pool.get_buffer_1d::<u8>(4096)?;
+        assert_ne!(other_bin.device_ptr(), address);
+        let stats = cache.stats();
+        assert_eq!((stats.hits, stats.misses), (4, 2));
+        assert_eq!((stats.active_blocks, stats.held_blocks), (1, 1));
+        drop(other_bin);
+        assert_eq!(
+            (cache.stats().held_blocks, cache.stats().held_bytes),
+            (2, 1087 + 4351)
+        );
+        Ok(())
+    })
+}
+
+#[test]
+fn free_held_and_stop_holding_give_memory_back() -> Result<(), PoolError> {
+    each_device("caching_release", |device| {
+        let cache = Arc::new(CachingPool::new(device));
+        let stream = Stream::with_allocator(device, cache.clone())?;
+        let pool = BufferPool::new(&stream);
+        drop((
+            pool.get_buffer::<f32>(64, 64)?,
+            pool.get_buffer_1d::<u8>(10)?,
+        ));
+        assert_eq!(cache.stats().held_blocks, 2);
+        let frees = device.stats().driver_free_calls;
+        assert_eq!(cache.free_held()?, 2);
+        assert_eq!(device.stats().driver_free_calls, frees + 2);
+        assert_eq!(cache.stats().held_bytes, 0);
+        cache.stop_holding()?;
+        drop(pool.get_buffer_1d::<u8>(10)?);
+        assert_eq!(cache.stats().held_blocks, 0, "not holding: freed at once");
+        assert_eq!(device.stats().driver_free_calls, frees + 3);
+        Ok(())
+    })
+}
+
+#[test]
+fn as_the_stack_fallback_it_turns_repeated_overflows_into_hits() -> Result<(), PoolError> {
+    each_device("caching_fallback", |device| {
+        device.set_fallback(Fallback::Caching);
+        set_buffer_pool_config(device, 1 << 20, 1)?;
+        let stream = Stream::new(device);
+        device.set_fallback(Fallback::Driver);
+        let stream = stream?;
+        let pool = BufferPool::new(&stream);
+        let calls = device.stats().driver_alloc_calls;
+        for _ in 0..10 {
+            let big = pool.get_buffer::<u8>(2048, 1024)?; // 2 MiB: larger than the stack
+            assert_eq!(big.source(), Source::Fallback(FallbackReason::TooLarge));
+        }
+        assert_eq!(
+            device.stats().driver_alloc_calls - calls,
+            1,
+            "one miss, nine hits"
+        );
+        drop(stream);
+        set_buffer_pool_config(device, 10 << 20, 5)?;
+        Ok(())
+    })
+}
+
+#[test]
+fn out_of_memory_frees_what_is_held_and_retries_once() -> Result<(), PoolError> {
+    // Bins round 2 MiB up to 2.125 MiB and 3 MiB to 3.125 MiB: both do not fit in 4 MiB.
+    let device = Device::host_with_limit(Some(4 << 20));
+    let cache = Arc::new(CachingPool::new(&device));
+    let stream = Stream::with_allocator(&device, cache.clone())?;
+    let pool = BufferPool::new(&stream);
+    drop(pool.get_buffer_1d::<u8>(2 << 20)?); // held: 2 MiB + rounding
+    let big = pool.get_buffer_1d::<u8>(3 << 20)?; // another bin: needs the held memory back
+    assert_eq!(big.len(), 3 << 20);
+    let stats = cache.stats();
+    assert_eq!((stats.oom_retries, stats.held_blocks), (1, 0));
+    drop(big);
+    // With nothing to give back, out of memory is an error that leaves the pool as it was.
+    let live = pool.get_buffer_1d::<u8>(2 << 20)?;
+    let err = pool.get_buffer_1d::<u8>(2 << 20).unwrap_err();
+    assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
+    assert_eq!(cache.stats().active_blocks, 1);
+    drop(live);
+    Ok(())
+}
+
+#[test]
+fn bad_settings_and_foreign_devices_are_errors() -> Result<(), PoolError> {
+    let a = Device::host_with_limit(None);
+    let b = Device::host_with_limit(None);
+    let err = CachingPool::with_leading_bits(&a, 40).unwrap_err();
+    assert!(err.to_string().contains("0 to 16"), "{err}");
+    let cache = Arc::new(CachingPool::with_leading_bits(&a, 2)?);
+    let stream = Stream::with_allocator(&b, cache)?;
+    let err = BufferPool::new(&stream).get_buffer_1d::<u8>(8).unwrap_err();
+    assert!(matches!(err, PoolError::DeviceMismatch { .. }), "{err}");
+    Ok(())
+}
+
+#[test]
+fn a_block_freed_on_one_stream_reaches_another_only_when_its_work_is_done() -> Result<(), PoolError>
+{
+    // On the host backend every operation is finished when it returns: the block moves at once.
+    let device = Device::host_with_limit(None);
+    let cache = Arc::new(CachingPool::new(&device));
+    let (a, b) = (
+        Stream::with_allocator(&device, cache.clone())?,
+        Stream::with_allocator(&device, cache.clone())?,
+    );
+    let x = BufferPool::new(&a).get_buffer_1d::<u8>(5000)?.device_ptr();
+    assert_eq!(
+        BufferPool::new(&b).get_buffer_1d::<u8>(5000)?.device_ptr(),
+        x
+    );
+    gpu_cross_stream()
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_cross_stream() -> Result<(), PoolError> {
+    use gpu_pool::cudarc::driver::{LaunchConfig, PushKernelArg};
+    let Some((gpu, _lock)) = common::gpu("caching_cross_stream") else {
+        return Ok(());
+    };
+    let k = common::kernels::Kernels::load(&gpu);
+    let cache = Arc::new(CachingPool::new(&gpu));
+    let (a, b) = (
+        Stream::with_allocator(&gpu, cache.clone())?,
+        Stream::with_allocator(&gpu, cache.clone())?,
+    );
+    let n = 1 << 20;
+    let src = gpu_pool::GpuMat::<u8>::new(&a, 1, n)?;
+    let mut x = BufferPool::new(&a).get_buffer_1d::<u8>(n)?;
+    let address = x.device_ptr();
+    let (len, spin) = (n as i32, 200_000_000i64);
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: slow_copy(const u8*, u8*, int, long long) copies n bytes between n-byte buffers.
+    unsafe {
+        a.cuda_stream()
+            .expect("CUDA")
+            .launch_builder(&k.slow_copy)
+            .arg(&src)
+            .arg(&mut x)
+            .arg(&len)
+            .arg(&spin)
+            .launch(cfg)
+    }
+    .map_err(|e| PoolError::Driver {
+        call: "slow_copy",
+        name: String::new(),
+        description: e.to_string(),
+    })?;
+    drop(x); // freed to the pool while a's kernel still writes it
+    let busy = BufferPool::new(&b).get_buffer_1d::<u8>(n)?;
+    assert_ne!(
+        busy.device_ptr(),
+        address,
+        "not handed to b while a's work runs"
+    );
+    a.synchronize()?;
+    let hits = cache.stats().hits;
+    let done = BufferPool::new(&b).get_buffer_1d::<u8>(n)?;
+    assert_eq!(
+        done.device_ptr(),
+        address,
+        "once a's work is done, the block serves b"
+    );
+    assert_eq!(cache.stats().hits, hits + 1);
+    println!(
+        "caching_cross_stream on {}: refused while a ran, reused after: {:?}",
+        gpu.id(),
+        cache.stats()
+    );
+    drop((done, busy, src));
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_cross_stream() -> Result<(), PoolError> {
+    Ok(())
+}
