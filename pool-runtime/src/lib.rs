@@ -32,6 +32,7 @@ mod frame;
 #[cfg(feature = "cuda")]
 mod kernel_args;
 mod layout;
+pub mod pplcv;
 mod stack;
 mod stats;
 mod stream;

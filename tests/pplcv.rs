@@ -1,0 +1,151 @@
+//! ppl.cv's memory pool API. The pool is process-wide, so this is its own test binary and every
+//! test holds `GLOBAL`.
+
+mod common;
+
+use std::sync::Mutex;
+
+use gpu_pool::pplcv::*;
+use gpu_pool::{Device, PoolError};
+
+static GLOBAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    let guard = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = shutdown_gpu_memory_pool();
+    guard
+}
+
+#[test]
+fn ceil_helpers_round_like_ppl_cv() {
+    assert_eq!(ceil_1d_volume(1), 512);
+    assert_eq!(ceil_1d_volume(512), 512);
+    assert_eq!(ceil_1d_volume(513), 1024);
+    assert_eq!(ceil_2d_volume(1920 * 4, 1080), 7680 * 1080);
+    assert_eq!(ceil_2d_volume(100, 3), 512 * 3);
+    assert_eq!(ceil_1d_volume(usize::MAX), usize::MAX, "saturates");
+    assert_eq!(ceil_2d_volume(usize::MAX / 2, 3), usize::MAX, "saturates");
+}
+
+#[test]
+fn blocks_take_the_first_gap_that_holds_them() -> Result<(), PoolError> {
+    let _g = serial();
+    activate_gpu_memory_pool_on(&Device::host_with_limit(None), 8 * 512)?;
+    let (mut a, mut b, mut c) = Default::default();
+    ppl_cuda_malloc(100, &mut a)?;
+    ppl_cuda_malloc_pitch(700, 2, &mut b)?; // pitch 1024: 2048 bytes
+    ppl_cuda_malloc(512, &mut c)?;
+    assert_eq!((a.offset, b.offset, c.offset), (0, 512, 2560));
+    assert_eq!((b.pitch, b.size, a.pitch), (1024, 2048, 0));
+    ppl_cuda_free(&mut b)?;
+    let mut d = GpuMemoryBlock::default();
+    ppl_cuda_malloc(1000, &mut d)?;
+    assert_eq!(d.offset, 512, "the freed gap is reused first");
+    let mut e = GpuMemoryBlock::default();
+    ppl_cuda_malloc(1000, &mut e)?;
+    assert_eq!(e.offset, 1536, "the rest of the gap");
+    assert_eq!(memory_pool_in_use(), Some(100 + 512 + 1000 + 1000));
+    drop((a, c, d, e)); // blocks free themselves
+    assert_eq!(memory_pool_in_use(), Some(0));
+    shutdown_gpu_memory_pool()
+}
+
+#[test]
+fn a_pool_too_small_is_an_error_that_changes_nothing() -> Result<(), PoolError> {
+    let _g = serial();
+    activate_gpu_memory_pool_on(&Device::host_with_limit(None), ceil_2d_volume(640, 480))?;
+    let mut a = GpuMemoryBlock::default();
+    ppl_cuda_malloc_pitch(640, 480, &mut a)?;
+    let mut b = GpuMemoryBlock::default();
+    let err = ppl_cuda_malloc(1, &mut b).unwrap_err();
+    assert!(
+        matches!(err, PoolError::OutOfMemory { requested: 1, .. }),
+        "{err}"
+    );
+    assert!(!b.is_allocated());
+    let err = ppl_cuda_malloc_pitch(usize::MAX, 2, &mut b).unwrap_err();
+    assert!(matches!(err, PoolError::SizeOverflow { .. }), "{err}");
+    drop(a);
+    shutdown_gpu_memory_pool()
+}
+
+#[test]
+fn misuse_is_refused_where_ppl_cv_only_logs() -> Result<(), PoolError> {
+    let _g = serial();
+    let mut block = GpuMemoryBlock::default();
+    assert!(!memory_pool_used());
+    assert!(
+        ppl_cuda_malloc(8, &mut block)
+            .unwrap_err()
+            .to_string()
+            .contains("not activated")
+    );
+    assert!(shutdown_gpu_memory_pool().is_err());
+    assert!(activate_gpu_memory_pool_on(&Device::host_with_limit(None), 0).is_err());
+
+    let device = Device::host_with_limit(None);
+    activate_gpu_memory_pool_on(&device, 4096)?;
+    assert!(memory_pool_used());
+    let again = activate_gpu_memory_pool_on(&device, 4096).unwrap_err();
+    assert!(again.to_string().contains("already activated"), "{again}");
+    ppl_cuda_malloc(8, &mut block)?;
+    assert!(
+        ppl_cuda_malloc(8, &mut block)
+            .unwrap_err()
+            .to_string()
+            .contains("already holds")
+    );
+    let live = shutdown_gpu_memory_pool().unwrap_err();
+    assert!(
+        matches!(live, PoolError::ConfigInUse { held: 1, .. }),
+        "{live}"
+    );
+    ppl_cuda_free(&mut block)?;
+    assert!(
+        ppl_cuda_free(&mut block).is_err(),
+        "a double free is refused"
+    );
+    shutdown_gpu_memory_pool()?;
+
+    // A block of an earlier activation cannot free into a later one.
+    activate_gpu_memory_pool_on(&device, 4096)?;
+    ppl_cuda_malloc(8, &mut block)?;
+    let mut stale = GpuMemoryBlock::default();
+    std::mem::swap(&mut stale, &mut block);
+    ppl_cuda_free(&mut stale)?;
+    shutdown_gpu_memory_pool()?;
+    activate_gpu_memory_pool_on(&device, 4096)?;
+    let frees = device.stats().driver_free_calls;
+    shutdown_gpu_memory_pool()?;
+    assert_eq!(
+        device.stats().driver_free_calls,
+        frees + 1,
+        "one driver free for the pool"
+    );
+    Ok(())
+}
+
+#[test]
+fn on_the_gpu_the_pool_is_one_driver_allocation() -> Result<(), PoolError> {
+    let _g = serial();
+    let Some((gpu, _lock)) = common::gpu("pplcv") else {
+        return Ok(());
+    };
+    let before = gpu.stats();
+    activate_gpu_memory_pool_on(&gpu, ceil_2d_volume(1920 * 4, 1080))?;
+    for _ in 0..1000 {
+        let mut block = GpuMemoryBlock::default();
+        ppl_cuda_malloc_pitch(1920 * 4, 1080, &mut block)?;
+        assert_eq!(block.pitch, 7680);
+        ppl_cuda_free(&mut block)?;
+    }
+    shutdown_gpu_memory_pool()?;
+    let after = gpu.stats();
+    assert_eq!(after.driver_alloc_calls - before.driver_alloc_calls, 1);
+    assert_eq!(after.driver_free_calls - before.driver_free_calls, 1);
+    println!(
+        "pplcv: 1000 blocks from one driver allocation on {}",
+        gpu.id()
+    );
+    Ok(())
+}
