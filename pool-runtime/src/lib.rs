@@ -32,6 +32,7 @@ mod frame;
 #[cfg(feature = "cuda")]
 mod kernel_args;
 mod layout;
+mod mix;
 pub mod pplcv;
 mod stack;
 mod stats;
@@ -50,6 +51,7 @@ pub use fallback::{
     StreamOrderedAllocator,
 };
 pub use frame::{AsStream, Element, Pooled};
+pub use mix::MixMemory;
 pub use stats::{DeviceStats, FallbackCounts, FallbackReason, Report, StreamStats, report};
 pub use stream::{Source, Stream};
 

@@ -347,6 +347,23 @@ impl Backend for CudaBackend {
         Ok(unsafe { (ptr.assume_init(), pitch.assume_init()) })
     }
 
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, PoolError> {
+        let _guard = self.guard()?;
+        // SAFETY: plain page-locked allocation in the bound context.
+        let ptr = unsafe { result::malloc_host(bytes.max(1), 0) }
+            .map_err(self.oom_or("cuMemHostAlloc", bytes))?;
+        // SAFETY: the allocation holds `bytes` bytes; zeroed as the host backend's (and MixMemory's
+        // contract).
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        Ok(ptr.cast())
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: usize) -> Result<(), PoolError> {
+        let _guard = self.guard()?;
+        // SAFETY: forwarded contract: from `alloc_pinned`, freed once.
+        unsafe { result::free_host(ptr.cast()) }.map_err(|e| driver_error("cuMemFreeHost", e))
+    }
+
     unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError> {
         let _guard = self.guard()?;
         // SAFETY: forwarded contract: a live allocation of this context, freed once.
@@ -447,6 +464,22 @@ impl Backend for CudaBackend {
         self.memcpy2d(&copy, stream)?;
         // `dst` is borrowed only for this call: the copy must be complete before returning.
         self.synchronize(stream)
+    }
+
+    unsafe fn download_async(
+        &self,
+        src: Region,
+        dst: *mut u8,
+        dst_pitch: usize,
+        stream: &RawStream,
+    ) -> Result<(), PoolError> {
+        let mut copy = copy2d(src.width, src.rows);
+        copy.srcDevice = src.ptr;
+        copy.srcPitch = src.pitch;
+        copy.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
+        copy.dstHost = dst.cast();
+        copy.dstPitch = dst_pitch;
+        self.memcpy2d(&copy, stream)
     }
 
     unsafe fn copy(&self, dst: Region, src: Region, stream: &RawStream) -> Result<(), PoolError> {

@@ -111,6 +111,26 @@ impl Backend for HostBackend {
         Ok((self.alloc(bytes)?, pitch))
     }
 
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, PoolError> {
+        let layout = Layout::from_size_align(bytes.max(1), HOST_TEXTURE_ALIGNMENT)
+            .map_err(|_| self.oom(bytes))?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            Err(self.oom(bytes))
+        } else {
+            Ok(ptr)
+        }
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<(), PoolError> {
+        let layout = Layout::from_size_align(bytes.max(1), HOST_TEXTURE_ALIGNMENT)
+            .map_err(|_| self.oom(bytes))?;
+        // SAFETY: the caller passes a pointer from `alloc_pinned(bytes)`, which used this layout.
+        unsafe { alloc::dealloc(ptr, layout) };
+        Ok(())
+    }
+
     unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError> {
         let mut live = self.lock();
         let Some(layout) = live.blocks.remove(&ptr) else {
@@ -179,6 +199,27 @@ impl Backend for HostBackend {
             // SAFETY: the caller guarantees `src` lies in live memory.
             let from = unsafe { row_ref(src, row) };
             dst[row * dst_pitch..][..src.width].copy_from_slice(from);
+        }
+        Ok(())
+    }
+
+    unsafe fn download_async(
+        &self,
+        src: Region,
+        dst: *mut u8,
+        dst_pitch: usize,
+        _stream: &RawStream,
+    ) -> Result<(), PoolError> {
+        for row in 0..src.rows {
+            // SAFETY: the caller guarantees `src` is live and `dst` writable for every row; host
+            // memory of a buffer and `dst` are distinct allocations.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    row_ref(src, row).as_ptr(),
+                    dst.add(row * dst_pitch),
+                    src.width,
+                );
+            }
         }
         Ok(())
     }

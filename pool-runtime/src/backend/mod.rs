@@ -89,6 +89,13 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError>;
     /// `cuMemAllocPitch`: returns the address and the pitch.
     fn alloc_pitch(&self, width: usize, rows: usize) -> Result<(DevPtr, usize), PoolError>;
+    /// `cuMemHostAlloc`: zeroed page-locked host memory (plain host memory on the host backend).
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, PoolError>;
+    /// `cuMemFreeHost`.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc_pinned(bytes)` of this backend and is freed once; no copy uses it.
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<(), PoolError>;
     /// `cuMemFree`.
     ///
     /// # Safety
@@ -129,6 +136,18 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
         &self,
         src: Region,
         dst: &mut [u8],
+        dst_pitch: usize,
+        stream: &RawStream,
+    ) -> Result<(), PoolError>;
+    /// Queues a copy of `src` into host memory at `dst` (rows `dst_pitch` apart) without waiting.
+    ///
+    /// # Safety
+    /// `src` lies in live memory of this backend; `dst` is valid for writes of every row and is
+    /// neither read nor freed until the stream has finished the copy.
+    unsafe fn download_async(
+        &self,
+        src: Region,
+        dst: *mut u8,
         dst_pitch: usize,
         stream: &RawStream,
     ) -> Result<(), PoolError>;

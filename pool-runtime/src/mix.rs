@@ -1,0 +1,282 @@
+//! `MixMemory` (TensorRT-style): a paired pinned-host and device buffer that grows lazily.
+//!
+//! `gpu::<T>(n)` and `cpu::<T>(n)` return the memory they hold when it is large enough and
+//! reallocate, zero-filled, only when more is asked. Either side can wrap memory the caller owns.
+//! Every allocation and free runs on the buffer's own device, whatever device the calling thread
+//! has current. Copies between the two sides are queued on a stream; host access, reallocation,
+//! release and drop first wait for a copy still in flight, so the host never races the device.
+
+use bytemuck::Pod;
+
+use crate::backend::{DevPtr, RawStream, Region};
+use crate::device::Device;
+use crate::error::PoolError;
+use crate::stream::Stream;
+
+enum Host<'a> {
+    None,
+    Pinned { ptr: *mut u8, bytes: usize },
+    Borrowed(&'a mut [u8]),
+}
+
+enum Gpu {
+    None,
+    Owned {
+        ptr: DevPtr,
+        bytes: usize,
+    },
+    /// Not ours: never freed here.
+    Wrapped {
+        ptr: DevPtr,
+        bytes: usize,
+    },
+}
+
+/// A pinned-host buffer and a device buffer that grow on demand.
+///
+/// ```
+/// use pool_runtime::{Device, MixMemory, PoolError, Stream};
+/// let device = Device::host_with_limit(None);
+/// let stream = Stream::new(&device)?;
+/// let mut mix = MixMemory::new(&device)?;
+/// mix.cpu::<f32>(4)?.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+/// mix.gpu::<f32>(4)?;                        // device side of the same size
+/// mix.copy_to_gpu_async(&stream)?;           // queued on the stream
+/// mix.cpu::<f32>(4)?.fill(0.0);              // waits for the copy first
+/// mix.copy_to_cpu_async(&stream)?;
+/// assert_eq!(mix.cpu::<f32>(4)?, &[1.0, 2.0, 3.0, 4.0]);
+/// assert_eq!(mix.reallocations(), 2);        // one per side; asking for less reuses them
+/// mix.gpu::<f32>(2)?;
+/// assert_eq!(mix.reallocations(), 2);
+/// # Ok::<(), PoolError>(())
+/// ```
+pub struct MixMemory<'a> {
+    device: Device,
+    /// For zero-filling new device memory.
+    own: RawStream,
+    host: Host<'a>,
+    gpu: Gpu,
+    /// A copy in flight, on this stream.
+    pending: Option<RawStream>,
+    reallocations: u64,
+}
+
+// SAFETY: the pinned pointer is owned memory like a `Box<[u8]>`; the borrowed slice is `Send`;
+// device addresses are plain numbers. Nothing is shared with another owner.
+unsafe impl Send for MixMemory<'_> {}
+
+impl MixMemory<'static> {
+    /// An empty pair on `device`; nothing is allocated until asked for.
+    pub fn new(device: &Device) -> Result<MixMemory<'static>, PoolError> {
+        Ok(MixMemory {
+            device: device.clone(),
+            own: device.inner.backend.new_stream()?,
+            host: Host::None,
+            gpu: Gpu::None,
+            pending: None,
+            reallocations: 0,
+        })
+    }
+}
+
+impl<'a> MixMemory<'a> {
+    /// A pair whose host side is `host`, memory the caller owns (pinned or not). Asking for more
+    /// than it holds replaces it with pinned memory of the pair's own.
+    pub fn wrap_cpu(device: &Device, host: &'a mut [u8]) -> Result<MixMemory<'a>, PoolError> {
+        let mut mix = MixMemory::new(device)?;
+        mix.host = Host::Borrowed(host);
+        Ok(mix)
+    }
+
+    /// Uses `bytes` of device memory at `ptr`, which the caller owns, as the device side.
+    ///
+    /// # Safety
+    /// `ptr..ptr + bytes` is live device memory of this pair's device, not used by anything else
+    /// while the pair uses it, and outlives the pair (or its next `gpu` reallocation or release).
+    pub unsafe fn wrap_gpu(&mut self, ptr: u64, bytes: usize) -> Result<(), PoolError> {
+        self.release_gpu()?;
+        self.gpu = Gpu::Wrapped { ptr, bytes };
+        Ok(())
+    }
+
+    /// Waits for a copy still in flight.
+    pub fn synchronize(&mut self) -> Result<(), PoolError> {
+        if let Some(stream) = self.pending.take() {
+            self.device.inner.backend.synchronize(&stream)?;
+        }
+        Ok(())
+    }
+
+    /// Device memory for `n` elements: the address. Reallocates, zero-filled, only when the
+    /// device side holds less.
+    pub fn gpu<T: Pod>(&mut self, n: usize) -> Result<u64, PoolError> {
+        let bytes = byte_len::<T>(n)?;
+        if let Gpu::Owned { ptr, bytes: held } | Gpu::Wrapped { ptr, bytes: held } = self.gpu
+            && held >= bytes
+        {
+            return Ok(ptr);
+        }
+        self.release_gpu()?;
+        let inner = &self.device.inner;
+        let ptr = inner.driver_alloc(bytes, None)?;
+        self.gpu = Gpu::Owned { ptr, bytes };
+        self.reallocations += 1;
+        let region = Region {
+            ptr,
+            pitch: bytes,
+            width: bytes,
+            rows: 1,
+        };
+        // SAFETY: `ptr` is a fresh allocation of `bytes` bytes, the region exactly that.
+        unsafe { inner.backend.fill(region, &[0], &self.own) }?;
+        inner.backend.synchronize(&self.own)?;
+        Ok(ptr)
+    }
+
+    /// Host memory for `n` elements. Reallocates (pinned, zero-filled) only when the host side holds
+    /// less; waits for a copy in flight first.
+    pub fn cpu<T: Pod>(&mut self, n: usize) -> Result<&mut [T], PoolError> {
+        self.synchronize()?;
+        let bytes = byte_len::<T>(n)?;
+        if self.host_bytes() < bytes {
+            self.release_cpu()?;
+            let ptr = self.device.inner.backend.alloc_pinned(bytes)?;
+            self.host = Host::Pinned { ptr, bytes };
+            self.reallocations += 1;
+        }
+        let all: &mut [u8] = match &mut self.host {
+            Host::None => &mut [],
+            // SAFETY: `ptr` holds `bytes` initialised (zeroed or written) bytes owned by `self`,
+            // borrowed mutably for as long as the returned slice.
+            Host::Pinned { ptr, bytes } => unsafe { std::slice::from_raw_parts_mut(*ptr, *bytes) },
+            Host::Borrowed(slice) => slice,
+        };
+        bytemuck::try_cast_slice_mut(&mut all[..bytes]).map_err(|e| PoolError::InvalidConfig {
+            reason: format!(
+                "the wrapped host memory cannot hold {}: {e}",
+                std::any::type_name::<T>()
+            ),
+        })
+    }
+
+    fn host_bytes(&self) -> usize {
+        match &self.host {
+            Host::None => 0,
+            Host::Pinned { bytes, .. } => *bytes,
+            Host::Borrowed(slice) => slice.len(),
+        }
+    }
+
+    fn gpu_bytes(&self) -> usize {
+        match self.gpu {
+            Gpu::None => 0,
+            Gpu::Owned { bytes, .. } | Gpu::Wrapped { bytes, .. } => bytes,
+        }
+    }
+
+    /// The reallocations made so far, both sides.
+    pub fn reallocations(&self) -> u64 {
+        self.reallocations
+    }
+
+    /// Bytes held on (host, device).
+    pub fn capacity(&self) -> (usize, usize) {
+        (self.host_bytes(), self.gpu_bytes())
+    }
+
+    /// Queues a copy of the host side into the device side, `min` of their sizes, on `stream`.
+    pub fn copy_to_gpu_async(&mut self, stream: &Stream) -> Result<(), PoolError> {
+        self.copy(stream, true)
+    }
+
+    /// Queues a copy of the device side into the host side, on `stream`.
+    pub fn copy_to_cpu_async(&mut self, stream: &Stream) -> Result<(), PoolError> {
+        self.copy(stream, false)
+    }
+
+    fn copy(&mut self, stream: &Stream, to_gpu: bool) -> Result<(), PoolError> {
+        if stream.device() != &self.device {
+            return Err(PoolError::DeviceMismatch {
+                expected: self.device.id(),
+                actual: stream.device().id(),
+            });
+        }
+        self.synchronize()?;
+        let bytes = self.host_bytes().min(self.gpu_bytes());
+        let (Gpu::Owned { ptr, .. } | Gpu::Wrapped { ptr, .. }) = self.gpu else {
+            return Ok(());
+        };
+        if bytes == 0 {
+            return Ok(());
+        }
+        let host: *mut u8 = match &mut self.host {
+            Host::None => return Ok(()),
+            Host::Pinned { ptr, .. } => *ptr,
+            Host::Borrowed(slice) => slice.as_mut_ptr(),
+        };
+        let region = Region {
+            ptr,
+            pitch: bytes,
+            width: bytes,
+            rows: 1,
+        };
+        let backend = &self.device.inner.backend;
+        // SAFETY: both sides hold at least `bytes`; the host side is owned or mutably borrowed by
+        // `self`, and `pending` makes every later host access, reallocation, release and drop wait
+        // for the copy.
+        unsafe {
+            if to_gpu {
+                let src = std::slice::from_raw_parts(host, bytes);
+                backend.upload(region, src, bytes, &stream.raw)?;
+            } else {
+                backend.download_async(region, host, bytes, &stream.raw)?;
+            }
+        }
+        self.pending = Some(stream.raw.clone());
+        Ok(())
+    }
+
+    /// Frees (or forgets, if wrapped) the device side.
+    pub fn release_gpu(&mut self) -> Result<(), PoolError> {
+        self.synchronize()?;
+        if let Gpu::Owned { ptr, .. } = std::mem::replace(&mut self.gpu, Gpu::None) {
+            // SAFETY: our own allocation, taken out of `self.gpu` so freed once; copies waited for.
+            unsafe { self.device.inner.driver_free(ptr, None) }?;
+        }
+        Ok(())
+    }
+
+    /// Frees (or lets go of, if wrapped) the host side.
+    pub fn release_cpu(&mut self) -> Result<(), PoolError> {
+        self.synchronize()?;
+        if let Host::Pinned { ptr, bytes } = std::mem::replace(&mut self.host, Host::None) {
+            // SAFETY: our own pinned allocation, taken out of `self.host` so freed once.
+            unsafe { self.device.inner.backend.free_pinned(ptr, bytes) }?;
+        }
+        Ok(())
+    }
+
+    /// Frees both sides.
+    pub fn release_all(&mut self) -> Result<(), PoolError> {
+        self.release_gpu().and(self.release_cpu())
+    }
+}
+
+fn byte_len<T>(n: usize) -> Result<usize, PoolError> {
+    n.checked_mul(size_of::<T>())
+        .ok_or(PoolError::SizeOverflow {
+            rows: 1,
+            cols: n,
+            elem_size: size_of::<T>(),
+        })
+}
+
+impl Drop for MixMemory<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.release_all() {
+            tracing::error!(error = %e, "releasing MixMemory failed");
+        }
+        let own = std::mem::replace(&mut self.own, RawStream::Host);
+        self.device.inner.backend.drop_stream(own);
+    }
+}
