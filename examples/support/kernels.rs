@@ -32,6 +32,24 @@ extern "C" __global__ void threshold(const unsigned char* src, size_t sp, unsign
     int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
     if (x < cols && y < rows) dst[y * dp + x] = src[y * sp + x] > t ? 255 : 0;
 }
+// Box filter, pass 1: horizontal sums of 2r+1 pixels (edges clamped) into a float intermediate.
+extern "C" __global__ void box_rows(const unsigned char* src, size_t sp, unsigned long long tmp, size_t tp, int rows, int cols, int r) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x >= cols || y >= rows) return;
+    float s = 0.0f;
+    for (int k = -r; k <= r; ++k) s += src[y * sp + min(max(x + k, 0), cols - 1)];
+    ((float*)(tmp + y * tp))[x] = s;
+}
+// Pass 2: vertical sums of the intermediate; mode 0 writes the rounded mean (box filter), mode 1
+// writes src > mean - c ? 255 : 0 (adaptive threshold).
+extern "C" __global__ void box_cols(unsigned long long tmp, size_t tp, const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols, int r, int c, int mode) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x >= cols || y >= rows) return;
+    float s = 0.0f;
+    for (int k = -r; k <= r; ++k) s += ((const float*)(tmp + min(max(y + k, 0), rows - 1) * tp))[x];
+    float mean = s / (float)((2 * r + 1) * (2 * r + 1));
+    dst[y * dp + x] = mode == 0 ? (unsigned char)(mean + 0.5f) : (src[y * sp + x] > mean - (float)c ? 255 : 0);
+}
 // Waits about `spin` clock cycles, then copies: a reader that is still running when the owner
 // stream moves on.
 extern "C" __global__ void slow_copy(const unsigned char* src, unsigned char* dst, int n, long long spin) {
@@ -47,6 +65,8 @@ pub struct Kernels {
     pub bgr_to_gray: CudaFunction,
     pub threshold: CudaFunction,
     pub slow_copy: CudaFunction,
+    pub box_rows: CudaFunction,
+    pub box_cols: CudaFunction,
 }
 
 impl Kernels {
@@ -61,6 +81,8 @@ impl Kernels {
             bgr_to_gray: f("bgr_to_gray"),
             threshold: f("threshold"),
             slow_copy: f("slow_copy"),
+            box_rows: f("box_rows"),
+            box_cols: f("box_cols"),
         }
     }
 }

@@ -27,6 +27,12 @@ impl Stages {
         }
     }
 
+    /// The compiled kernels, on a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub fn kernels(&self) -> Option<&kernels::Kernels> {
+        self.gpu.as_ref()
+    }
+
     /// Where the stages run, in words.
     pub fn describe(device: &Device) -> String {
         if device.is_host() {

@@ -72,6 +72,8 @@ pub struct GpuMemoryBlock {
     pub pitch: usize,
     /// Which activation the block belongs to (0: none).
     generation: u64,
+    /// Whether the pool lives in host memory (the host backend).
+    host: bool,
 }
 
 impl GpuMemoryBlock {
@@ -83,6 +85,27 @@ impl GpuMemoryBlock {
     /// Whether the block holds memory of the pool.
     pub fn is_allocated(&self) -> bool {
         self.generation != 0
+    }
+
+    /// The block's bytes as a host slice, on the host backend (where the pool is host memory): how
+    /// CPU twins of kernels use a block. `PoolError::Unsupported` on a GPU, and an empty slice for
+    /// an unallocated block.
+    pub fn host_bytes_mut(&mut self) -> Result<&mut [u8], PoolError> {
+        if !self.is_allocated() {
+            return Ok(&mut []);
+        }
+        if !self.host {
+            return Err(PoolError::Unsupported {
+                device: crate::error::DeviceId::Cuda(0),
+                what: "host access to a ppl.cv pool block on a GPU",
+            });
+        }
+        // SAFETY: on the host backend the pool is host memory, zeroed at activation; this block
+        // owns `size` bytes of it exclusively (live blocks never overlap) while it is allocated,
+        // and the pool cannot be shut down while a block is live; `&mut self` keeps it ours.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(self.device_ptr() as usize as *mut u8, self.size)
+        })
     }
 }
 
@@ -217,6 +240,7 @@ fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), Poo
         size,
         pitch,
         generation: pool.generation,
+        host: pool.device.is_host(),
     };
     Ok(())
 }
