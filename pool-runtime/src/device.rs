@@ -204,6 +204,28 @@ impl Device {
         self.inner.backend.as_cuda().map(|b| b.context())
     }
 
+    /// A private host device whose allocation call number `fail_at` (1-based, every kind of
+    /// allocation counted) fails with out-of-memory: for testing that every failure point is
+    /// survived. 0 never fails.
+    ///
+    /// ```
+    /// use pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// let device = Device::host_with_fault(1); // the stack memory itself fails
+    /// assert!(matches!(Stream::new(&device), Err(PoolError::OutOfMemory { .. })));
+    /// assert_eq!(device.host_live_bytes(), Some(0));
+    /// ```
+    pub fn host_with_fault(fail_at: u64) -> Device {
+        static NEXT: AtomicU32 = AtomicU32::new(1 << 30);
+        let id = DeviceId::Host(NEXT.fetch_add(1, Relaxed));
+        Device::from_backend(id, Box::new(HostBackend::with_fault(id, None, fail_at)))
+    }
+
+    /// On a host device, the bytes its backend has handed out and not taken back (device and
+    /// pinned memory): what a leak check compares. `None` on a GPU.
+    pub fn host_live_bytes(&self) -> Option<usize> {
+        self.inner.backend.as_host().map(HostBackend::live_bytes)
+    }
+
     /// Which device this is.
     pub fn id(&self) -> DeviceId {
         self.inner.id

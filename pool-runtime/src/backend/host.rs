@@ -19,6 +19,9 @@ pub(crate) struct HostBackend {
     id: DeviceId,
     /// Bytes the backend may hand out in all; `usize::MAX` for no limit.
     limit: usize,
+    /// Fault injection: the allocation call with this number (1-based) fails; 0 for none.
+    fail_at: u64,
+    alloc_calls: std::sync::atomic::AtomicU64,
     live: Mutex<Live>,
 }
 
@@ -30,9 +33,15 @@ struct Live {
 
 impl HostBackend {
     pub(crate) fn new(id: DeviceId, limit: Option<usize>) -> HostBackend {
+        HostBackend::with_fault(id, limit, 0)
+    }
+
+    pub(crate) fn with_fault(id: DeviceId, limit: Option<usize>, fail_at: u64) -> HostBackend {
         HostBackend {
             id,
             limit: limit.unwrap_or(usize::MAX),
+            fail_at,
+            alloc_calls: std::sync::atomic::AtomicU64::new(0),
             live: Mutex::new(Live::default()),
         }
     }
@@ -41,6 +50,23 @@ impl HostBackend {
         // A panic while the lock was held cannot leave `Live` half-updated: each update is one
         // insert or remove plus one addition, done after every fallible step.
         self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes allocated and not freed (device and pinned memory alike).
+    pub(crate) fn live_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// Counts an allocation call; `Err` if it is the one chosen to fail.
+    fn fault(&self, requested: usize) -> Result<(), PoolError> {
+        let call = self
+            .alloc_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if call == self.fail_at {
+            return Err(self.oom(requested));
+        }
+        Ok(())
     }
 
     fn oom(&self, requested: usize) -> PoolError {
@@ -78,11 +104,16 @@ impl Backend for HostBackend {
         Ok(())
     }
 
+    fn as_host(&self) -> Option<&HostBackend> {
+        Some(self)
+    }
+
     fn event_done(&self, _event: &RawEvent) -> Result<bool, PoolError> {
         Ok(true)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+        self.fault(bytes)?;
         let mut live = self.lock();
         let total = live.bytes.checked_add(bytes).ok_or(self.oom(bytes))?;
         if total > self.limit {
@@ -112,6 +143,7 @@ impl Backend for HostBackend {
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, PoolError> {
+        self.fault(bytes)?;
         let layout = Layout::from_size_align(bytes.max(1), HOST_TEXTURE_ALIGNMENT)
             .map_err(|_| self.oom(bytes))?;
         // SAFETY: `layout` has a non-zero size.
@@ -128,6 +160,8 @@ impl Backend for HostBackend {
             .map_err(|_| self.oom(bytes))?;
         // SAFETY: the caller passes a pointer from `alloc_pinned(bytes)`, which used this layout.
         unsafe { alloc::dealloc(ptr, layout) };
+        let mut live = self.lock();
+        live.bytes -= layout.size().min(live.bytes);
         Ok(())
     }
 

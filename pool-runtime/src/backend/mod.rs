@@ -79,6 +79,10 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn drop_stream(&self, stream: RawStream) {
         drop(stream);
     }
+    /// The host backend, for its test hooks.
+    fn as_host(&self) -> Option<&host::HostBackend> {
+        None
+    }
     /// The CUDA backend, for CUDA-only operations.
     #[cfg(feature = "cuda")]
     fn as_cuda(&self) -> Option<&cuda::CudaBackend> {

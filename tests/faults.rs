@@ -1,0 +1,138 @@
+//! Every allocation failure point of a workload, for each pool: the allocation call number `k`
+//! fails, for every `k` the workload makes. Each run must end in success or a clean
+//! `PoolError::OutOfMemory`, leave nothing allocated once its objects are dropped, and leave the
+//! pool's counters consistent.
+
+use std::sync::Arc;
+
+use gpu_pool::pplcv::{self, GpuMemoryBlock};
+use gpu_pool::prelude::*;
+use gpu_pool::{CachingPool, Fallback, MixMemory, set_buffer_pool_config};
+
+/// Runs `workload` with call 1, 2, ... failing, until a run makes no failing call. Returns how many
+/// runs ended in out-of-memory.
+fn every_failure_point(name: &str, workload: impl Fn(&Device) -> Result<(), PoolError>) -> usize {
+    let mut failed = 0;
+    for k in 1.. {
+        assert!(k < 500, "{name}: the workload never finished");
+        let device = Device::host_with_fault(k);
+        let result = workload(&device);
+        // Give the stack memory back, so that what is left is a leak.
+        set_buffer_pool_config(&device, 1 << 20, 1).expect("no stream is left");
+        assert_eq!(
+            device.host_live_bytes(),
+            Some(0),
+            "{name}: leak when call {k} fails"
+        );
+        match result {
+            Err(PoolError::OutOfMemory { .. }) => failed += 1,
+            Err(e) => panic!("{name}: call {k} failing gave {e}"),
+            // The first run that makes fewer than k calls has passed every failure point.
+            Ok(()) if ran_out(k, &workload) => break,
+            Ok(()) => {}
+        }
+    }
+    failed
+}
+
+/// Whether the workload makes fewer than `k` allocation calls (so failing call `k` never fires).
+fn ran_out(k: u64, workload: &impl Fn(&Device) -> Result<(), PoolError>) -> bool {
+    (k..k + 4).all(|later| workload(&Device::host_with_fault(later)).is_ok())
+}
+
+#[test]
+fn the_stack_pool_and_the_dsl_survive_every_failure() {
+    let failed = every_failure_point("stack", |device| {
+        device.set_fallback(Fallback::Driver);
+        set_buffer_pool_config(device, 1 << 20, 1)?;
+        let a = Stream::new(device)?; // the stack memory: call 1
+        let b = Stream::new(device)?; // no stack left: its buffers fall back
+        let input = GpuMat::<u8>::new(&a, 16, 16)?;
+        gpu_scope!(a, {
+            let mut x = buffer!(512, 1024; u8)?;
+            let _over = buffer!(1 << 20; u8)?; // stack full: a driver fallback
+            x.set_to(1)?;
+            let _y = gpu_scope!(b, {
+                let y = buffer!(64; f32)?; // no stack: a driver fallback
+                Ok::<_, PoolError>(y.len())
+            })?;
+            Ok::<_, PoolError>(())
+        })?;
+        assert_eq!(a.stats().stack_in_use, 0);
+        drop(input);
+        Ok(())
+    });
+    assert_eq!(failed, 4, "the stack memory, the input, and the two fallbacks");
+}
+
+#[test]
+fn the_caching_pool_survives_every_failure() {
+    let failed = every_failure_point("caching", |device| {
+        let cache = Arc::new(CachingPool::new(device));
+        let stream = Stream::with_allocator(device, cache.clone())?;
+        let pool = BufferPool::new(&stream);
+        for size in [1000, 5000, 1000, 70_000, 5000] {
+            let _b = pool.get_buffer_1d::<u8>(size)?;
+        }
+        cache.free_held()?;
+        let _c = pool.get_buffer::<f32>(64, 64)?;
+        let stats = cache.stats();
+        assert_eq!(stats.active_blocks, 1);
+        Ok(())
+    });
+    // Calls 2 and 3 fail while blocks are held: the pool frees them and retries, so those failures
+    // never reach the caller. Call 1 (nothing held) and call 4 (after free_held) do.
+    assert_eq!(
+        failed, 2,
+        "the first allocation and the one after free_held"
+    );
+    let device = Device::host_with_fault(3);
+    let cache = Arc::new(CachingPool::new(&device));
+    let stream = Stream::with_allocator(&device, cache.clone()).expect("host stream");
+    let pool = BufferPool::new(&stream);
+    for size in [1000, 5000, 1000, 70_000] {
+        drop(
+            pool.get_buffer_1d::<u8>(size)
+                .expect("the third call's failure is absorbed"),
+        );
+    }
+    assert_eq!(cache.stats().oom_retries, 1);
+}
+
+#[test]
+fn mix_memory_survives_every_failure() {
+    let failed = every_failure_point("mix", |device| {
+        let stream = Stream::new(device)?;
+        let mut mix = MixMemory::new(device)?;
+        for n in [100, 50, 10_000] {
+            mix.cpu::<u32>(n)?.fill(3);
+            mix.gpu::<u32>(n)?;
+            mix.copy_to_gpu_async(&stream)?;
+            mix.copy_to_cpu_async(&stream)?;
+            assert_eq!(mix.cpu::<u32>(n)?[n - 1], 3);
+        }
+        Ok(())
+    });
+    assert!(failed >= 4, "{failed}: each growth of each side can fail");
+}
+
+#[test]
+fn the_ppl_cv_pool_survives_every_failure() {
+    let failed = every_failure_point("pplcv", |device| {
+        let _ = pplcv::shutdown_gpu_memory_pool();
+        let stream = Stream::new(device)?;
+        let result = (|| {
+            pplcv::activate_gpu_memory_pool_on(device, 1 << 16)?;
+            let mut a = GpuMemoryBlock::default();
+            pplcv::ppl_cuda_malloc_pitch(100, 10, &mut a)?;
+            let _other = GpuMat::<u8>::new(&stream, 4, 4)?; // a driver allocation beside the pool
+            pplcv::ppl_cuda_free(&mut a)
+        })();
+        let _ = pplcv::shutdown_gpu_memory_pool();
+        result
+    });
+    assert_eq!(
+        failed, 3,
+        "the stream's stacks, the pool's allocation and the buffer beside it"
+    );
+}
