@@ -62,7 +62,10 @@ fn the_stack_pool_and_the_dsl_survive_every_failure() {
         drop(input);
         Ok(())
     });
-    assert_eq!(failed, 4, "the stack memory, the input, and the two fallbacks");
+    assert_eq!(
+        failed, 4,
+        "the stack memory, the input, and the two fallbacks"
+    );
 }
 
 #[test]
