@@ -13,27 +13,15 @@ struct Expand;
 
 impl VisitMut for Expand {
     fn visit_item_fn_mut(&mut self, f: &mut syn::ItemFn) {
-        if let Some(i) = f.attrs.iter().position(|a| a.path().is_ident("pooled")) {
-            let attr = f.attrs.remove(i);
-            let args = match attr.meta {
-                syn::Meta::List(list) => list.tokens,
-                _ => TokenStream::new(),
-            };
-            let out = crate::expand::pooled(args, f.to_token_stream());
-            *f = syn::parse2(out).expect("the expansion is a function");
+        if let Some(args) = take_pooled(&mut f.attrs) {
+            *f = expanded(args, &*f);
         }
         visit_mut::visit_item_fn_mut(self, f);
     }
 
     fn visit_impl_item_fn_mut(&mut self, f: &mut syn::ImplItemFn) {
-        if let Some(i) = f.attrs.iter().position(|a| a.path().is_ident("pooled")) {
-            let attr = f.attrs.remove(i);
-            let args = match attr.meta {
-                syn::Meta::List(list) => list.tokens,
-                _ => TokenStream::new(),
-            };
-            let out = crate::expand::pooled(args, f.to_token_stream());
-            *f = syn::parse2(out).expect("the expansion is a method");
+        if let Some(args) = take_pooled(&mut f.attrs) {
+            *f = expanded(args, &*f);
         }
         visit_mut::visit_impl_item_fn_mut(self, f);
     }
@@ -58,6 +46,20 @@ impl VisitMut for Expand {
         }
         visit_mut::visit_stmt_mut(self, s);
     }
+}
+
+/// Removes `#[pooled(..)]` from `attrs`, returning its arguments.
+fn take_pooled(attrs: &mut Vec<syn::Attribute>) -> Option<TokenStream> {
+    let i = attrs.iter().position(|a| a.path().is_ident("pooled"))?;
+    match attrs.remove(i).meta {
+        syn::Meta::List(list) => Some(list.tokens),
+        _ => Some(TokenStream::new()),
+    }
+}
+
+/// What `#[pooled(args)]` makes of `f` (a function or a method).
+fn expanded<F: ToTokens + syn::parse::Parse>(args: TokenStream, f: &F) -> F {
+    syn::parse2(crate::expand::pooled(args, f.to_token_stream())).expect("the expansion parses")
 }
 
 #[test]

@@ -455,13 +455,8 @@ impl Backend for CudaBackend {
         dst_pitch: usize,
         stream: &RawStream,
     ) -> Result<(), PoolError> {
-        let mut copy = copy2d(src.width, src.rows);
-        copy.srcDevice = src.ptr;
-        copy.srcPitch = src.pitch;
-        copy.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
-        copy.dstHost = dst.as_mut_ptr().cast();
-        copy.dstPitch = dst_pitch;
-        self.memcpy2d(&copy, stream)?;
+        // SAFETY: forwarded contract; `dst` stays valid until the synchronize below returns.
+        unsafe { self.download_async(src, dst.as_mut_ptr(), dst_pitch, stream) }?;
         // `dst` is borrowed only for this call: the copy must be complete before returning.
         self.synchronize(stream)
     }
