@@ -139,11 +139,7 @@ mod library {
                             .launch(grid)
                     })
             }
-            .map_err(|e| PoolError::Driver {
-                call: "box kernels",
-                name: String::new(),
-                description: e.to_string(),
-            })?;
+            .map_err(|e| support::launch_error("box kernels", e))?;
             return Ok(());
         }
         let _ = stages;

@@ -19,6 +19,8 @@ pub struct Stages {
 
 impl Stages {
     pub fn new(device: &Device) -> Stages {
+        #[cfg(not(feature = "cuda"))]
+        let _ = device; // only CUDA devices load kernels
         Stages {
             #[cfg(feature = "cuda")]
             gpu: device
@@ -125,7 +127,8 @@ impl Stages {
 }
 
 #[cfg(feature = "cuda")]
-fn launch_error(kernel: &'static str, e: gpu_pool::cudarc::driver::DriverError) -> PoolError {
+/// A kernel launch's driver error as a `PoolError`.
+pub fn launch_error(kernel: &'static str, e: gpu_pool::cudarc::driver::DriverError) -> PoolError {
     PoolError::Driver {
         call: kernel,
         name: e
