@@ -30,7 +30,9 @@ pub use pool_runtime::*;
 /// The names most code needs, macros included.
 pub mod prelude {
     pub use pool_macros::{buffer, gpu_scope, pooled};
-    pub use pool_runtime::{BufferPool, Device, GpuMat, PoolError, Pooled, Source, Stream};
+    pub use pool_runtime::{
+        BufferPool, Device, GpuMat, GpuView, GpuViewMut, PoolError, Pooled, Source, Stream,
+    };
 }
 
 /// The README's examples, compiled and run as doctests so they stay true.

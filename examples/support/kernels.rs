@@ -50,6 +50,12 @@ extern "C" __global__ void box_cols(unsigned long long tmp, size_t tp, const uns
     float mean = s / (float)((2 * r + 1) * (2 * r + 1));
     dst[y * dp + x] = mode == 0 ? (unsigned char)(mean + 0.5f) : (src[y * sp + x] > mean - (float)c ? 255 : 0);
 }
+// y = max(a * x + b, 0) over n floats, with one rounding (fmaf) so the CPU twin's mul_add matches
+// bit for bit: the "inference" stage of the MixMemory example.
+extern "C" __global__ void affine_relu(const float* x, float* y, int n, float a, float b) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fmaxf(fmaf(a, x[i], b), 0.0f);
+}
 // Waits about `spin` clock cycles, then copies: a reader that is still running when the owner
 // stream moves on.
 extern "C" __global__ void slow_copy(const unsigned char* src, unsigned char* dst, int n, long long spin) {
@@ -67,6 +73,7 @@ pub struct Kernels {
     pub slow_copy: CudaFunction,
     pub box_rows: CudaFunction,
     pub box_cols: CudaFunction,
+    pub affine_relu: CudaFunction,
 }
 
 impl Kernels {
@@ -83,6 +90,7 @@ impl Kernels {
             slow_copy: f("slow_copy"),
             box_rows: f("box_rows"),
             box_cols: f("box_cols"),
+            affine_relu: f("affine_relu"),
         }
     }
 }
@@ -96,6 +104,17 @@ pub fn grid(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
+/// 256 threads a block over `n` elements.
+pub fn line(n: usize) -> LaunchConfig {
+    LaunchConfig::for_num_elems(n as u32)
+}
+
+/// CPU twin of `affine_relu`.
+pub fn affine_relu_of(x: f32, a: f32, b: f32) -> f32 {
+    a.mul_add(x, b).max(0.0)
+}
+
+/// CPU twin of `fill_pattern`.
 pub fn pattern(x: usize, y: usize, seed: i32) -> u8 {
     (x as i32 * 7 + y as i32 * 13 + seed) as u8
 }

@@ -56,11 +56,7 @@ impl Stages {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
             let (r, c, ss, ds) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
-            let stream = dst
-                .stream()
-                .cuda_stream()
-                .expect("a CUDA device has CUDA streams")
-                .clone();
+            let stream = cuda(dst.stream());
             // SAFETY: bgr_to_gray(const u8*, size_t, u8*, size_t, int, int) reads and writes rows x
             // cols inside two pitched buffers of that shape.
             unsafe {
@@ -95,11 +91,7 @@ impl Stages {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
             let (r, c, ss, ds) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
-            let stream = dst
-                .stream()
-                .cuda_stream()
-                .expect("a CUDA device has CUDA streams")
-                .clone();
+            let stream = cuda(dst.stream());
             // SAFETY: threshold(const u8*, size_t, u8*, size_t, int, int, u8) stays inside rows x
             // cols of two pitched buffers of that shape.
             unsafe {
@@ -124,6 +116,122 @@ impl Stages {
             }
         })
     }
+}
+
+impl Stages {
+    /// `dst[y][x] = pattern(x, y, seed)`, on `stream`.
+    pub fn fill_pattern(
+        &self,
+        stream: &Stream,
+        mut dst: GpuViewMut<'_, u8>,
+        seed: i32,
+    ) -> Result<(), PoolError> {
+        #[cfg(feature = "cuda")]
+        if let Some(k) = &self.gpu {
+            let (r, c, p) = (dst.rows() as i32, dst.cols() as i32, dst.step());
+            let cfg = kernels::grid(dst.rows(), dst.cols());
+            // SAFETY: fill_pattern(u8*, size_t, int, int, int) writes rows x cols of a pitched
+            // buffer of that shape.
+            unsafe {
+                cuda(stream)
+                    .launch_builder(&k.fill_pattern)
+                    .arg(&mut dst)
+                    .arg(&p)
+                    .arg(&r)
+                    .arg(&c)
+                    .arg(&seed)
+                    .launch(cfg)
+            }
+            .map_err(|e| launch_error("fill_pattern", e))?;
+            return Ok(());
+        }
+        let _ = stream; // the host backend runs the twin in place, at once
+        dst.for_each_host_row_mut(|y, row| {
+            for (x, v) in row.iter_mut().enumerate() {
+                *v = kernels::pattern(x, y, seed);
+            }
+        })
+    }
+
+    /// `dst = 255 - src`, on `stream`.
+    pub fn invert(
+        &self,
+        stream: &Stream,
+        src: GpuView<'_, u8>,
+        mut dst: GpuViewMut<'_, u8>,
+    ) -> Result<(), PoolError> {
+        #[cfg(feature = "cuda")]
+        if let Some(k) = &self.gpu {
+            let (r, c, sp, dp) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
+            let cfg = kernels::grid(src.rows(), src.cols());
+            // SAFETY: invert(const u8*, size_t, u8*, size_t, int, int) stays inside rows x cols of
+            // two pitched buffers of that shape.
+            unsafe {
+                cuda(stream)
+                    .launch_builder(&k.invert)
+                    .arg(&src)
+                    .arg(&sp)
+                    .arg(&mut dst)
+                    .arg(&dp)
+                    .arg(&r)
+                    .arg(&c)
+                    .launch(cfg)
+            }
+            .map_err(|e| launch_error("invert", e))?;
+            return Ok(());
+        }
+        let _ = stream;
+        let rows: Vec<&[u8]> = src.host_rows()?.collect();
+        dst.for_each_host_row_mut(|y, out| {
+            for (o, &v) in out.iter_mut().zip(rows[y]) {
+                *o = 255 - v;
+            }
+        })
+    }
+
+    /// `y = max(a * x + b, 0)` over `x.cols()` floats, on `stream`.
+    pub fn affine_relu(
+        &self,
+        stream: &Stream,
+        x: GpuView<'_, f32>,
+        mut y: GpuViewMut<'_, f32>,
+        a: f32,
+        b: f32,
+    ) -> Result<(), PoolError> {
+        #[cfg(feature = "cuda")]
+        if let Some(k) = &self.gpu {
+            let n = x.cols() as i32;
+            // SAFETY: affine_relu(const float*, float*, int, float, float) touches n floats of
+            // each, which both views hold.
+            unsafe {
+                cuda(stream)
+                    .launch_builder(&k.affine_relu)
+                    .arg(&x)
+                    .arg(&mut y)
+                    .arg(&n)
+                    .arg(&a)
+                    .arg(&b)
+                    .launch(kernels::line(x.cols()))
+            }
+            .map_err(|e| launch_error("affine_relu", e))?;
+            return Ok(());
+        }
+        let _ = stream;
+        let input: Vec<f32> = x.host_rows()?.flatten().copied().collect();
+        y.for_each_host_row_mut(|_, out| {
+            for (o, &v) in out.iter_mut().zip(&input) {
+                *o = kernels::affine_relu_of(v, a, b);
+            }
+        })
+    }
+}
+
+/// The cudarc stream of a stream on a CUDA device.
+#[cfg(feature = "cuda")]
+fn cuda(stream: &Stream) -> &std::sync::Arc<gpu_pool::cudarc::driver::CudaStream> {
+    stream
+        .cuda_stream()
+        .expect("the kernels are loaded only on a CUDA device, whose streams are CUDA streams")
 }
 
 #[cfg(feature = "cuda")]

@@ -463,6 +463,18 @@ impl<T: Pod> GpuViewMut<'_, T> {
 macro_rules! view_accessors {
     ($view:ident) => {
         impl<T> $view<'_, T> {
+            /// A one-row view of `len` elements at `ptr`, memory the caller keeps borrowed for the
+            /// view's lifetime and that is aligned for `T`.
+            pub(crate) fn contiguous(ptr: DevPtr, len: usize, device: DeviceId) -> Self {
+                $view {
+                    ptr,
+                    rows: 1,
+                    cols: len,
+                    pitch: len * size_of::<T>(),
+                    device,
+                    _borrow: PhantomData,
+                }
+            }
             /// The device address of row 0.
             pub fn device_ptr(&self) -> u64 {
                 self.ptr

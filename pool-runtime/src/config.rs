@@ -82,6 +82,24 @@ impl PoolConfig {
         // Cannot overflow: checked in `new`.
         self.stack_size * self.stack_count
     }
+
+    /// This config as a `GPU_POOL_CONF` value, which parses back to it.
+    ///
+    /// ```
+    /// use pool_runtime::{EnvConfig, PoolConfig};
+    /// let config = PoolConfig::new(12 << 20, 3)?;
+    /// assert_eq!(config.env_value(), "stack_size=12MiB,stack_count=3");
+    /// let parsed = EnvConfig::parse(&config.env_value())?;
+    /// assert_eq!((parsed.stack_size, parsed.stack_count), (Some(12 << 20), Some(3)));
+    /// # Ok::<(), pool_runtime::PoolError>(())
+    /// ```
+    pub fn env_value(&self) -> String {
+        let size = match self.stack_size {
+            s if s % (1 << 20) == 0 => format!("{}MiB", s >> 20),
+            s => format!("{}KiB", s >> 10), // a multiple of STACK_ALIGN
+        };
+        format!("stack_size={size},stack_count={}", self.stack_count)
+    }
 }
 
 impl Default for PoolConfig {

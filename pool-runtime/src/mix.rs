@@ -9,6 +9,7 @@
 use bytemuck::Pod;
 
 use crate::backend::{DevPtr, RawStream, Region};
+use crate::buffer::{GpuView, GpuViewMut};
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::stream::Stream;
@@ -130,6 +131,52 @@ impl<'a> MixMemory<'a> {
         // SAFETY: `ptr` is a fresh allocation of `bytes` bytes, the region exactly that.
         unsafe { inner.backend.fill(region, &[0], &self.own) }?;
         inner.backend.synchronize(&self.own)?;
+        Ok(ptr)
+    }
+
+    /// The device side as a one-row view of `n` elements, for kernel arguments and, on the host
+    /// backend, for the CPU twins of kernels. Grows like [`gpu`](Self::gpu). Launch kernels on the
+    /// stream the copies are queued on, so they run after them; on the host backend a copy in
+    /// flight is waited for first.
+    ///
+    /// ```
+    /// use pool_runtime::{Device, MixMemory, PoolError, Stream};
+    /// let device = Device::host();
+    /// let stream = Stream::new(&device)?;
+    /// let mut mix = MixMemory::new(&device)?;
+    /// mix.cpu::<u32>(3)?.copy_from_slice(&[1, 2, 3]);
+    /// mix.gpu::<u32>(3)?;
+    /// mix.copy_to_gpu_async(&stream)?;
+    /// let sum: u32 = mix.gpu_view::<u32>(3)?.host_rows()?.flatten().sum(); // a CPU twin's read
+    /// assert_eq!(sum, 6);
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn gpu_view<T: Pod>(&mut self, n: usize) -> Result<GpuView<'_, T>, PoolError> {
+        let ptr = self.gpu_for_view::<T>(n)?;
+        Ok(GpuView::contiguous(ptr, n, self.device.id()))
+    }
+
+    /// The device side as a writable one-row view of `n` elements; see [`gpu_view`](Self::gpu_view).
+    pub fn gpu_view_mut<T: Pod>(&mut self, n: usize) -> Result<GpuViewMut<'_, T>, PoolError> {
+        let ptr = self.gpu_for_view::<T>(n)?;
+        Ok(GpuViewMut::contiguous(ptr, n, self.device.id()))
+    }
+
+    fn gpu_for_view<T: Pod>(&mut self, n: usize) -> Result<u64, PoolError> {
+        if self.device.is_host() {
+            self.synchronize()?;
+        }
+        let ptr = self.gpu::<T>(n)?;
+        if ptr % align_of::<T>() as u64 != 0 {
+            return Err(PoolError::InvalidConfig {
+                reason: format!(
+                    "the wrapped device memory at {ptr:#x} is not aligned for {}; wrap memory \
+                     aligned to {} bytes",
+                    std::any::type_name::<T>(),
+                    align_of::<T>()
+                ),
+            });
+        }
         Ok(ptr)
     }
 

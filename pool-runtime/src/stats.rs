@@ -354,11 +354,10 @@ impl fmt::Display for Report {
                 Some(rec) if d.fallback_allocations.total() > 0 => writeln!(
                     f,
                     "  to avoid every fallback: set_buffer_pool_config(&device, {} << 20, {}) \
-                     or GPU_POOL_CONF=stack_size={}MiB,stack_count={}",
+                     or GPU_POOL_CONF={}",
                     rec.stack_size() >> 20,
                     rec.stack_count(),
-                    rec.stack_size() >> 20,
-                    rec.stack_count(),
+                    rec.env_value(),
                 )?,
                 Some(_) => writeln!(f, "  no fallbacks: the config is large enough")?,
                 None => writeln!(f, "  no buffers requested yet")?,
