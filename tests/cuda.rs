@@ -9,7 +9,7 @@ use std::error::Error;
 use std::sync::Arc;
 
 use common::gpu;
-use common::kernels::{Kernels, gray_of, grid, pattern};
+use common::kernels::{Kernels, gray_of, grid, grid_16px, pattern};
 use gpu_pool::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
 use gpu_pool::{
     BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
@@ -116,10 +116,17 @@ fn the_pipeline_makes_no_driver_call_after_its_first_iteration() -> TestResult {
     };
     let k = Kernels::load(&gpu);
     set_buffer_pool_config(&gpu, 64 * MIB, 1)?;
-    let stream = Stream::new(&gpu)?;
+    // The seed's size, then one with a ragged right edge for the kernels' 16-pixel vectors.
+    pipeline_case(&gpu, &k, 4096, 4096)?;
+    pipeline_case(&gpu, &k, 333, 1001)?;
+    set_buffer_pool_config(&gpu, 10 * MIB, 5)?;
+    Ok(())
+}
+
+fn pipeline_case(gpu: &Device, k: &Kernels, rows: usize, cols: usize) -> TestResult {
+    let stream = Stream::new(gpu)?;
     let s = stream.cuda_stream().expect("CUDA").clone();
     let pool = BufferPool::new(&stream);
-    let (rows, cols) = (4096usize, 4096usize);
     let image: Vec<[u8; 3]> = (0..rows * cols)
         .map(|i| [(i % 251) as u8, (i / cols % 241) as u8, (i * 7 % 239) as u8])
         .collect();
@@ -144,7 +151,7 @@ fn the_pipeline_makes_no_driver_call_after_its_first_iteration() -> TestResult {
                 .arg(&gs)
                 .arg(&r)
                 .arg(&c)
-                .launch(grid(rows, cols))?;
+                .launch(grid_16px(rows, cols))?;
             s.launch_builder(&k.threshold)
                 .arg(&gray)
                 .arg(&gs)
@@ -153,7 +160,7 @@ fn the_pipeline_makes_no_driver_call_after_its_first_iteration() -> TestResult {
                 .arg(&r)
                 .arg(&c)
                 .arg(&t)
-                .launch(grid(rows, cols))?;
+                .launch(grid_16px(rows, cols))?;
         }
         if i == 19 {
             binary.download(&mut out)?;
@@ -164,7 +171,7 @@ fn the_pipeline_makes_no_driver_call_after_its_first_iteration() -> TestResult {
     }
     let extra = gpu.stats().driver_alloc_calls - calls_after_first;
     println!(
-        "pipeline x20 on {}: driver allocation calls after iteration 1: {extra}",
+        "pipeline {rows}x{cols} x20 on {}: driver allocation calls after iteration 1: {extra}",
         gpu.id()
     );
     assert_eq!(extra, 0);
@@ -174,9 +181,6 @@ fn the_pipeline_makes_no_driver_call_after_its_first_iteration() -> TestResult {
         .filter(|&(&px, &o)| (if gray_of(px) > t { 255 } else { 0 }) != o)
         .count();
     assert_eq!(wrong, 0, "pixels differing from the CPU reference");
-    drop(src);
-    drop(stream);
-    set_buffer_pool_config(&gpu, 10 * MIB, 5)?;
     Ok(())
 }
 

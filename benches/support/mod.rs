@@ -37,18 +37,23 @@ pub(crate) fn median_ns(dir: &Path, group: &str, id: &str) -> Option<f64> {
     json["median"]["point_estimate"].as_f64()
 }
 
+/// The medians of `group`'s `ids` measured in this run, in order; missing ones left out.
+pub(crate) fn medians(group: &str, ids: &[&str]) -> Vec<(String, f64)> {
+    let dir = output_dir();
+    ids.iter()
+        .filter_map(|id| Some((id.to_string(), median_ns(&dir, group, id)?)))
+        .collect()
+}
+
 /// Prints `| case | median | x baseline |` for the cases of `group` measured in this run.
 pub(crate) fn print_table(title: &str, group: &str, baseline: &str, ids: &[&str]) {
-    let dir = output_dir();
-    let Some(base) = median_ns(&dir, group, baseline) else {
+    let Some(&(_, base)) = medians(group, &[baseline]).first() else {
         println!("\n{title}: no estimates for {group}/{baseline} (filtered out?)");
         return;
     };
     println!("\n### {title}\n\n| case | median | ratio to `{baseline}` |\n|---|---:|---:|");
-    for id in ids {
-        if let Some(ns) = median_ns(&dir, group, id) {
-            println!("| `{id}` | {} | {:.2}x |", format_ns(ns), ns / base);
-        }
+    for (id, ns) in medians(group, ids) {
+        println!("| `{id}` | {} | {:.2}x |", format_ns(ns), ns / base);
     }
 }
 

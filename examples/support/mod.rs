@@ -68,7 +68,7 @@ impl Stages {
                     .arg(&ds)
                     .arg(&r)
                     .arg(&c)
-                    .launch(kernels::grid(src.rows(), src.cols()))
+                    .launch(kernels::grid_16px(src.rows(), src.cols()))
             }
             .map_err(|e| launch_error("bgr_to_gray", e))?;
             return Ok(());
@@ -104,7 +104,7 @@ impl Stages {
                     .arg(&r)
                     .arg(&c)
                     .arg(&t)
-                    .launch(kernels::grid(src.rows(), src.cols()))
+                    .launch(kernels::grid_16px(src.rows(), src.cols()))
             }
             .map_err(|e| launch_error("threshold", e))?;
             return Ok(());

@@ -45,7 +45,10 @@ impl<'s> BufferPool<'s> {
     ///
     /// From the stack when it fits (no lock, no heap allocation, no driver call), else from the
     /// stream's fallback allocator.
-    #[inline]
+    // Always inlined: returned through memory, the buffer's origin is stored in two halves and
+    // reloaded whole by the caller, a store-forwarding stall that costs more than the rest of the
+    // take (measured: 20 ns against 9 ns in a crate with the default 16 codegen units).
+    #[inline(always)]
     pub fn get_buffer<T: Pod>(&self, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
         let layout = Layout::new(rows, cols, size_of::<T>(), self.stream.texture_alignment)?;
         let (ptr, pitch, origin) = self.stream.take(&layout)?;
@@ -61,7 +64,7 @@ impl<'s> BufferPool<'s> {
     }
 
     /// A contiguous buffer of `len` elements (a `1 x len` [`GpuMat`]).
-    #[inline]
+    #[inline(always)]
     pub fn get_buffer_1d<T: Pod>(&self, len: usize) -> Result<GpuMat<'s, T>, PoolError> {
         self.get_buffer(1, len)
     }

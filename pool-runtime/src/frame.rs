@@ -79,13 +79,14 @@ pub fn frame<S: AsStream + ?Sized>(stream: &S) -> Frame<'_> {
 
 impl<'s> Frame<'s> {
     /// `buffer!(rows, cols; T)`.
-    #[inline]
+    // Always inlined, as `BufferPool::get_buffer` is, for the same reason.
+    #[inline(always)]
     pub fn take<T: Element>(&self, rows: usize, cols: usize) -> Result<Owner<'s, T>, PoolError> {
         self.pool.get_buffer(rows, cols).map(|mat| Owner { mat })
     }
 
     /// `buffer!(len; T)`.
-    #[inline]
+    #[inline(always)]
     pub fn take_1d<T: Element>(&self, len: usize) -> Result<Owner<'s, T>, PoolError> {
         self.pool.get_buffer_1d(len).map(|mat| Owner { mat })
     }

@@ -59,6 +59,7 @@ impl Layout {
     }
 
     /// Whether the buffer has no elements (then it takes no memory at all).
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.width_bytes == 0 || self.rows == 0
     }

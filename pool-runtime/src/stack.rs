@@ -58,6 +58,7 @@ impl Stack {
         self.size
     }
 
+    #[inline]
     pub(crate) fn top(&self) -> usize {
         self.top.get()
     }

@@ -228,6 +228,7 @@ impl Stream {
         self.allocator.clone()
     }
 
+    #[inline]
     fn counters(&self) -> &StreamCounters {
         &self.shared.counters
     }

@@ -1,0 +1,64 @@
+//! The SVG charts of BENCHMARKS.md, drawn from the same run's medians.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+/// A horizontal bar per `(label, value)`, on a log axis (the values span several decades).
+pub(crate) fn log_bars(
+    path: &Path,
+    title: &str,
+    axis: &str,
+    bars: &[(String, f64)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(max) = bars.iter().map(|b| b.1).reduce(f64::max) else {
+        return Ok(());
+    };
+    let min = bars.iter().map(|b| b.1).fold(f64::INFINITY, f64::min);
+    let (lo, hi) = (
+        10f64.powf(min.log10().floor()),
+        10f64.powf(max.log10().ceil()),
+    );
+    let height = 80 + 26 * bars.len() as u32;
+    let root = SVGBackend::new(path, (900, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let rows = bars.len() as i32;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(260)
+        .build_cartesian_2d((lo..hi).log_scale(), (0..rows).into_segmented())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc(axis)
+        .y_labels(bars.len())
+        .y_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => bars
+                .get((rows - 1 - i) as usize)
+                .map(|b| b.0.clone())
+                .unwrap_or_default(),
+            _ => String::new(),
+        })
+        .draw()?;
+    chart.draw_series(bars.iter().enumerate().map(|(i, (label, v))| {
+        let row = rows - 1 - i as i32;
+        let color = if label.starts_with("pool") || label.starts_with("stack") {
+            GREEN.mix(0.8)
+        } else {
+            BLUE.mix(0.6)
+        };
+        let mut bar = Rectangle::new(
+            [
+                (lo, SegmentValue::Exact(row)),
+                (*v, SegmentValue::Exact(row + 1)),
+            ],
+            color.filled(),
+        );
+        bar.set_margin(3, 3, 0, 0);
+        bar
+    }))?;
+    root.present()?;
+    Ok(())
+}
