@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 const FUNCTIONS: usize = 200;
 
+/// One generated function's source, from its index.
+type Body = fn(usize) -> String;
+
 fn pooled(i: usize) -> String {
     format!(
         "#[pooled(stream)]
@@ -41,7 +44,7 @@ fn by_hand(i: usize) -> String {
 
 /// Writes crate `name` with `FUNCTIONS` functions from `body`; `round` changes a comment so cargo
 /// rebuilds it.
-fn write_crate(dir: &Path, name: &str, body: fn(usize) -> String, round: usize) -> PathBuf {
+fn write_crate(dir: &Path, name: &str, body: Body, round: usize) -> PathBuf {
     let root = dir.join(name);
     std::fs::create_dir_all(root.join("src")).expect("bench dir is writable");
     let manifest = format!(
@@ -89,7 +92,7 @@ fn main() {
         .unwrap_or(9);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/build-time-bench");
     let target = dir.join("target");
-    let cases: [(&str, fn(usize) -> String); 2] = [("by_hand", by_hand), ("pooled", pooled)];
+    let cases: [(&str, Body); 2] = [("by_hand", by_hand), ("pooled", pooled)];
     for (name, body) in cases {
         build(&write_crate(&dir, name, body, 0), &target); // dependencies, once
     }

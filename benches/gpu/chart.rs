@@ -3,6 +3,16 @@
 use std::path::Path;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+/// A value with three significant digits.
+fn short(v: f64) -> String {
+    match v {
+        v if v >= 100.0 => format!("{v:.0}"),
+        v if v >= 10.0 => format!("{v:.1}"),
+        v => format!("{v:.2}"),
+    }
+}
 
 /// A horizontal bar per `(label, value)`, on a log axis (the values span several decades).
 pub(crate) fn log_bars(
@@ -17,10 +27,10 @@ pub(crate) fn log_bars(
     let min = bars.iter().map(|b| b.1).fold(f64::INFINITY, f64::min);
     let (lo, hi) = (
         10f64.powf(min.log10().floor()),
-        10f64.powf(max.log10().ceil()),
+        10f64.powf((max.log10() + 0.5).ceil()), // room on the right for the last label
     );
     let height = 80 + 26 * bars.len() as u32;
-    let root = SVGBackend::new(path, (900, height)).into_drawing_area();
+    let root = SVGBackend::new(path, (960, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let rows = bars.len() as i32;
     let mut chart = ChartBuilder::on(&root)
@@ -28,11 +38,12 @@ pub(crate) fn log_bars(
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(260)
-        .build_cartesian_2d((lo..hi).log_scale(), (0..rows).into_segmented())?;
+        .build_cartesian_2d((lo..hi).log_scale(), (0..rows - 1).into_segmented())?;
     chart
         .configure_mesh()
         .disable_y_mesh()
         .x_desc(axis)
+        .x_label_formatter(&|v| format!("{v}"))
         .y_labels(bars.len())
         .y_label_formatter(&|v| match v {
             SegmentValue::CenterOf(i) => bars
@@ -44,7 +55,7 @@ pub(crate) fn log_bars(
         .draw()?;
     chart.draw_series(bars.iter().enumerate().map(|(i, (label, v))| {
         let row = rows - 1 - i as i32;
-        let color = if label.starts_with("pool") || label.starts_with("stack") {
+        let color = if label.contains("stack_pool") || label.starts_with("pool") {
             GREEN.mix(0.8)
         } else {
             BLUE.mix(0.6)
@@ -58,6 +69,14 @@ pub(crate) fn log_bars(
         );
         bar.set_margin(3, 3, 0, 0);
         bar
+    }))?;
+    chart.draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
+        let row = rows - 1 - i as i32;
+        Text::new(
+            format!(" {}", short(*v)),
+            (*v, SegmentValue::CenterOf(row)),
+            TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Left, VPos::Center)),
+        )
     }))?;
     root.present()?;
     Ok(())

@@ -64,7 +64,7 @@ fn main() -> Res<()> {
     let mut c = support::criterion();
 
     device.set_fallback(Fallback::Error); // the stack must serve every stack case
-    set_buffer_pool_config(&device, 192 * MIB, 1)?;
+    set_buffer_pool_config(&device, 512 * MIB, 1)?;
     let stream = Stream::new(&device)?;
     let cs = stream.cuda_stream().expect("a CUDA stream").clone();
     let drv = Driver::new(cs.clone(), device.texture_alignment())?;
@@ -392,8 +392,11 @@ fn print_take_table() {
 }
 
 /// Achieved bandwidth of the pipeline kernels and of a device-to-device copy, against the peak
-/// the device reports (memory clock x bus width x 2).
+/// the device reports (memory clock x bus width x 2). Launches rotate over `SETS` sets of buffers,
+/// 320 MB in all, so the data comes from DRAM and not from the 50 MB L2 cache.
 fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
+    const SETS: usize = 4;
+    const REPS: usize = 100;
     let ctx = stream
         .device()
         .cuda_context()
@@ -401,33 +404,38 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         .clone();
     let cs = stream.cuda_stream().expect("a CUDA stream").clone();
     let pool = BufferPool::new(stream);
-    let mut src = pool.get_buffer::<[u8; 3]>(ROWS, COLS)?;
-    src.set_to([7, 100, 200])?;
-    let mut gray = pool.get_buffer::<u8>(ROWS, COLS)?;
-    let mut binary = pool.get_buffer::<u8>(ROWS, COLS)?;
+    let mut srcs = Vec::new();
+    let mut grays = Vec::new();
+    let mut binaries = Vec::new();
+    for set in 0..SETS {
+        let mut src = pool.get_buffer::<[u8; 3]>(ROWS, COLS)?;
+        src.set_to([7, 100 + set as u8, 200])?;
+        srcs.push(src);
+        grays.push(pool.get_buffer::<u8>(ROWS, COLS)?);
+        binaries.push(pool.get_buffer::<u8>(ROWS, COLS)?);
+    }
     let (r, c) = (ROWS as i32, COLS as i32);
-    let (ss, gs, bs) = (src.step(), gray.step(), binary.step());
+    let (ss, gs, bs) = (srcs[0].step(), grays[0].step(), binaries[0].step());
     let px = (ROWS * COLS) as f64;
-    const REPS: usize = 100;
 
-    let time = |f: &mut dyn FnMut() -> Res<()>| -> Res<f64> {
-        f()?; // warm
+    let time = |f: &mut dyn FnMut(usize) -> Res<()>| -> Res<f64> {
+        f(0)?; // warm
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = cs.record_event(flags)?;
-        for _ in 0..REPS {
-            f()?;
+        for i in 1..=REPS {
+            f(i % SETS)?;
         }
         let end = cs.record_event(flags)?;
         Ok(f64::from(start.elapsed_ms(&end)?) / 1e3 / REPS as f64)
     };
     let grid = kernels::grid_16px(ROWS, COLS);
-    let gray_s = time(&mut || {
+    let gray_s = time(&mut |set| {
         // SAFETY: as in `Pipeline::launch`, on stack buffers of that shape.
         unsafe {
             cs.launch_builder(&k.bgr_to_gray)
-                .arg(&src)
+                .arg(&srcs[set])
                 .arg(&ss)
-                .arg(&mut gray)
+                .arg(&mut grays[set])
                 .arg(&gs)
                 .arg(&r)
                 .arg(&c)
@@ -435,13 +443,13 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         };
         Ok(())
     })?;
-    let threshold_s = time(&mut || {
+    let threshold_s = time(&mut |set| {
         // SAFETY: as in `Pipeline::launch`, on stack buffers of that shape.
         unsafe {
             cs.launch_builder(&k.threshold)
-                .arg(&gray)
+                .arg(&grays[set])
                 .arg(&gs)
-                .arg(&mut binary)
+                .arg(&mut binaries[set])
                 .arg(&bs)
                 .arg(&r)
                 .arg(&c)
@@ -451,20 +459,13 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         Ok(())
     })?;
     let copy_bytes = ss * ROWS;
-    let mut dst = pool.get_buffer_1d::<u8>(copy_bytes)?;
-    let copy_s = time(&mut || {
-        // SAFETY: both buffers hold `copy_bytes` bytes; the copy is ordered on their stream.
-        unsafe {
-            result::memcpy_dtod_async(
-                dst.device_ptr(),
-                src.device_ptr(),
-                copy_bytes,
-                cs.cu_stream(),
-            )
-        }?;
+    let copy_s = time(&mut |set| {
+        let (from, to) = (srcs[set].device_ptr(), srcs[(set + 1) % SETS].device_ptr());
+        // SAFETY: both buffers hold `copy_bytes` bytes and are distinct; the copy is ordered on
+        // their stream.
+        unsafe { result::memcpy_dtod_async(to, from, copy_bytes, cs.cu_stream()) }?;
         Ok(())
     })?;
-    drop(dst.set_to(0));
 
     let clock_khz = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
     let bus_bits =
@@ -473,7 +474,9 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         (Ok(k), Ok(b)) if k > 0 && b > 0 => Some(2.0 * f64::from(k) * 1e3 * f64::from(b) / 8.0),
         _ => None,
     };
-    println!("\n### Kernel bandwidth (4096x4096, {REPS} launches each, CUDA events)\n");
+    println!(
+        "\n### Kernel bandwidth (4096x4096, {REPS} launches each over {SETS} buffer sets, CUDA events)\n"
+    );
     match peak {
         Some(p) => println!(
             "Device peak (2 x memory clock x bus width): {:.0} GB/s\n",
