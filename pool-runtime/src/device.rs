@@ -14,6 +14,7 @@ use crate::config::{self, Fallback, PoolConfig};
 use crate::error::{DeviceId, PoolError};
 use crate::stack::Stack;
 use crate::stats::{DeviceStats, Retired, StreamCounters, StreamStats, sum_streams};
+use crate::sync;
 
 /// A device: the host backend or a CUDA GPU. Cheap to clone; clones share one pool.
 ///
@@ -31,7 +32,7 @@ pub struct Device {
 pub(crate) struct DeviceInner {
     pub(crate) id: DeviceId,
     pub(crate) backend: Box<dyn Backend>,
-    state: Mutex<DeviceState>,
+    state: sync::Mutex<DeviceState>,
     driver_alloc_calls: AtomicU64,
     driver_free_calls: AtomicU64,
     /// Set after the first LIFO violation was logged, so the log is not flooded.
@@ -71,7 +72,7 @@ pub(crate) struct StreamShared {
     pub(crate) id: u64,
     pub(crate) counters: StreamCounters,
     /// The stack index, or `usize::MAX` while the stream holds none.
-    pub(crate) stack_index: std::sync::atomic::AtomicUsize,
+    pub(crate) stack_index: sync::AtomicUsize,
 }
 
 impl StreamShared {
@@ -104,7 +105,7 @@ impl Device {
         let inner = Arc::new(DeviceInner {
             id,
             backend,
-            state: Mutex::new(DeviceState::default()),
+            state: sync::Mutex::new(DeviceState::default()),
             driver_alloc_calls: AtomicU64::new(0),
             driver_free_calls: AtomicU64::new(0),
             lifo_warned: AtomicBool::new(false),
@@ -374,8 +375,8 @@ impl DeviceState {
 }
 
 impl DeviceInner {
-    fn lock_state(&self) -> MutexGuard<'_, DeviceState> {
-        lock(&self.state)
+    fn lock_state(&self) -> sync::MutexGuard<'_, DeviceState> {
+        sync::lock(&self.state)
     }
 
     /// Takes a free stack for a stream, allocating the stack memory if this is the first. `Ok(None)`
@@ -530,13 +531,7 @@ impl DeviceInner {
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        if let Some(arena) = self
-            .state
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .arena
-            .take()
-        {
+        if let Some(arena) = self.lock_state().arena.take() {
             // SAFETY: the last handle is gone, and streams hold one, so no stream uses the stacks.
             if let Err(e) = unsafe { self.backend.free(arena.base) } {
                 tracing::error!(device = %self.id, error = %e, "freeing the stack memory failed");

@@ -37,6 +37,7 @@ pub mod pplcv;
 mod stack;
 mod stats;
 mod stream;
+mod sync;
 
 pub use buffer::{BufferPool, GpuMat, GpuView, GpuViewMut};
 pub use caching::{CachingPool, CachingStats, DEFAULT_LEADING_BITS, bin_of};

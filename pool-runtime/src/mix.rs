@@ -112,10 +112,15 @@ impl<'a> MixMemory<'a> {
     /// device side holds less.
     pub fn gpu<T: Pod>(&mut self, n: usize) -> Result<u64, PoolError> {
         let bytes = byte_len::<T>(n)?;
-        if let Gpu::Owned { ptr, bytes: held } | Gpu::Wrapped { ptr, bytes: held } = self.gpu
-            && held >= bytes
-        {
-            return Ok(ptr);
+        match self.gpu {
+            Gpu::Owned { ptr, bytes: held } | Gpu::Wrapped { ptr, bytes: held }
+                if held >= bytes =>
+            {
+                return Ok(ptr);
+            }
+            // Nothing asked of an empty side: no allocation, and no address (as an empty buffer).
+            Gpu::None if bytes == 0 => return Ok(0),
+            _ => {}
         }
         self.release_gpu()?;
         let inner = &self.device.inner;

@@ -8,7 +8,7 @@
 use std::cell::{Cell, OnceCell, RefCell};
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use crate::backend::{DevPtr, RawEvent, RawStream};
 use crate::config;
@@ -171,7 +171,7 @@ impl Stream {
         let shared = Arc::new(StreamShared {
             id: NEXT_ID.fetch_add(1, Relaxed),
             counters: StreamCounters::default(),
-            stack_index: AtomicUsize::new(usize::MAX),
+            stack_index: crate::sync::AtomicUsize::new(usize::MAX),
         });
         device.inner.register_stream(&shared);
         Ok(Stream {

@@ -27,8 +27,11 @@ pub(crate) struct HostBackend {
 
 #[derive(Debug, Default)]
 struct Live {
+    /// Device memory, as the layouts allocated (a zero-byte request takes one byte).
     bytes: usize,
     blocks: HashMap<DevPtr, Layout>,
+    /// Pinned host memory; not held against the device's limit.
+    pinned: usize,
 }
 
 impl HostBackend {
@@ -54,7 +57,8 @@ impl HostBackend {
 
     /// Bytes allocated and not freed (device and pinned memory alike).
     pub(crate) fn live_bytes(&self) -> usize {
-        self.lock().bytes
+        let live = self.lock();
+        live.bytes + live.pinned
     }
 
     /// Counts an allocation call; `Err` if it is the one chosen to fail.
@@ -114,14 +118,17 @@ impl Backend for HostBackend {
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError> {
         self.fault(bytes)?;
-        let mut live = self.lock();
-        let total = live.bytes.checked_add(bytes).ok_or(self.oom(bytes))?;
-        if total > self.limit {
-            return Err(self.oom(bytes));
-        }
         // Zero-size layouts are not allowed by the global allocator; one byte stands in.
         let layout = Layout::from_size_align(bytes.max(1), HOST_TEXTURE_ALIGNMENT)
             .map_err(|_| self.oom(bytes))?;
+        let mut live = self.lock();
+        let total = live
+            .bytes
+            .checked_add(layout.size())
+            .ok_or(self.oom(bytes))?;
+        if total > self.limit {
+            return Err(self.oom(bytes));
+        }
         // SAFETY: `layout` has a non-zero size. Zeroed memory means a download of a buffer that was
         // never written reads zeros, not uninitialised bytes.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
@@ -149,10 +156,10 @@ impl Backend for HostBackend {
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
-            Err(self.oom(bytes))
-        } else {
-            Ok(ptr)
+            return Err(self.oom(bytes));
         }
+        self.lock().pinned += layout.size();
+        Ok(ptr)
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<(), PoolError> {
@@ -161,7 +168,8 @@ impl Backend for HostBackend {
         // SAFETY: the caller passes a pointer from `alloc_pinned(bytes)`, which used this layout.
         unsafe { alloc::dealloc(ptr, layout) };
         let mut live = self.lock();
-        live.bytes -= layout.size().min(live.bytes);
+        debug_assert!(live.pinned >= layout.size(), "pinned memory freed twice");
+        live.pinned -= layout.size().min(live.pinned);
         Ok(())
     }
 
@@ -174,7 +182,7 @@ impl Backend for HostBackend {
                 description: format!("{ptr:#x} is not a live allocation of {}", self.id),
             });
         };
-        live.bytes -= layout.size().min(live.bytes);
+        live.bytes -= layout.size(); // added by `alloc` with this very layout
         // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly `layout` (we recorded it) and
         // is removed from the map, so it is freed once.
         unsafe { alloc::dealloc(ptr as *mut u8, layout) };

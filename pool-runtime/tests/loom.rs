@@ -1,0 +1,79 @@
+//! loom explores every interleaving of streams taking and returning a device's stacks, and checks
+//! that no two streams ever hold the same stack, that a stream with a stack serves from it, and
+//! that every stack is free again at the end.
+//!
+//! `RUSTFLAGS="--cfg loom" cargo test -p pool-runtime --no-default-features --release --test loom`
+#![cfg(loom)]
+
+use loom::sync::Arc;
+use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use pool_runtime::{BufferPool, Device, Source, Stream, set_buffer_pool_config};
+
+/// One flag per stack: set while a stream of the model holds it.
+fn claim(flags: &[AtomicBool], stream: &Stream) -> Option<usize> {
+    let index = stream.stack_index()?;
+    let was_held = flags[index].swap(true, SeqCst);
+    assert!(!was_held, "stack {index} handed to two streams at once");
+    Some(index)
+}
+
+/// `threads` streams, each made, used and dropped on its own thread, over `stacks` stacks, with at
+/// most `preemptions` forced thread switches per execution (loom's bound: bugs of this kind need
+/// few, and the unbounded space of three threads does not finish).
+fn model(threads: usize, stacks: usize, preemptions: Option<usize>) {
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = preemptions;
+    let counter = runs.clone();
+    builder.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let device = Device::host_with_limit(None);
+        set_buffer_pool_config(&device, 4096, stacks).expect("valid config");
+        let flags: Arc<Vec<AtomicBool>> =
+            Arc::new((0..stacks).map(|_| AtomicBool::new(false)).collect());
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (device, flags) = (device.clone(), flags.clone());
+                loom::thread::spawn(move || {
+                    let stream = Stream::new(&device).expect("a host stream");
+                    // A stream that found no free stack takes one at a request if one is free by
+                    // then, so what it holds is read after the request.
+                    let buf = BufferPool::new(&stream)
+                        .get_buffer_1d::<u8>(64)
+                        .expect("host memory");
+                    let held = claim(&flags, &stream);
+                    assert_eq!(buf.source() == Source::Stack, held.is_some());
+                    drop(buf);
+                    if let Some(index) = held {
+                        flags[index].store(false, SeqCst); // before the stream gives it back
+                    }
+                    drop(stream);
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("no thread panics");
+        }
+        let stats = device.stats();
+        assert_eq!(stats.stacks_held, 0, "every stack given back");
+        assert_eq!(stats.stack_in_use, 0);
+    });
+    // Past libtest's capture, so the log shows how much was explored.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "loom: {threads} streams over {stacks} stack(s), preemption bound {preemptions:?}: {} \
+         interleavings explored",
+        runs.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn two_streams_one_stack() {
+    model(2, 1, None);
+}
+
+#[test]
+fn three_streams_two_stacks() {
+    model(3, 2, Some(3));
+}
