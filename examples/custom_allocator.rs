@@ -200,5 +200,8 @@ fn main() -> Result<(), PoolError> {
     if wrong != 0 || budgeted.live.load(Relaxed) != 0 {
         std::process::exit(1);
     }
+    drop(stream);
+    drop(pooled);
+    device.release_stack_memory()?; // everything freed before exit, as a leak checker wants
     Ok(())
 }

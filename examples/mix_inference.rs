@@ -102,5 +102,7 @@ fn main() -> Result<(), PoolError> {
     if wrong != 0 {
         std::process::exit(1);
     }
+    drop((input, output, stream));
+    device.release_stack_memory()?; // everything freed before exit, as a leak checker wants
     Ok(())
 }

@@ -123,5 +123,6 @@ fn main() -> Result<(), PoolError> {
     if wrong != 0 {
         std::process::exit(1);
     }
+    device.release_stack_memory()?; // the streams are gone: everything freed before exit
     Ok(())
 }

@@ -291,5 +291,8 @@ fn main() -> Result<(), PoolError> {
             std::process::exit(1);
         }
     }
+    drop((src, blurred, binary));
+    drop(stream);
+    device.release_stack_memory()?; // everything freed before exit, as a leak checker wants
     Ok(())
 }

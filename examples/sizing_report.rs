@@ -91,6 +91,7 @@ fn main() -> Result<(), PoolError> {
         std::process::exit(1);
     }
     let fallbacks = stats.fallback_allocations.total();
+    device.release_stack_memory()?; // the streams are gone: everything freed before exit
     if second {
         println!("fallback buffers with the recommended config: {fallbacks}");
         std::process::exit(if fallbacks == 0 { 0 } else { 1 });

@@ -250,23 +250,30 @@ impl Device {
     /// Sets the stack size and count; see [`crate::set_buffer_pool_config`].
     pub fn set_pool_config(&self, config: PoolConfig) -> Result<(), PoolError> {
         let mut state = self.inner.lock_state();
-        if let Some(arena) = &state.arena {
-            let held = arena.held_count();
-            if held > 0 {
-                return Err(PoolError::ConfigInUse {
-                    device: self.inner.id,
-                    held,
-                });
-            }
-            let base = arena.base;
-            // SAFETY: no stack is held, so no stream can hand out or use stack memory; streams
-            // synchronize before giving their stack back, so no queued work uses it either. The
-            // arena is dropped right after, so the address is freed once.
-            unsafe { self.inner.driver_free(base, None) }?;
-            state.arena = None;
-        }
+        self.inner.free_arena(&mut state)?;
         state.explicit_config = Some(config);
         Ok(())
+    }
+
+    /// Gives the stack memory back to the driver, for other libraries or before the process ends
+    /// (so leak checkers such as compute-sanitizer see every allocation freed); the next stream
+    /// that takes a stack allocates it again. Returns the bytes freed. `PoolError::ConfigInUse`
+    /// while a stream holds a stack: drop those streams first.
+    ///
+    /// ```
+    /// use pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// let device = Device::host_with_limit(None);
+    /// let stream = Stream::new(&device)?;
+    /// BufferPool::new(&stream).get_buffer::<u8>(4, 4)?;
+    /// assert!(device.release_stack_memory().is_err()); // `stream` holds a stack
+    /// drop(stream);
+    /// assert_eq!(device.release_stack_memory()?, 50 << 20); // the default 5 x 10 MiB
+    /// assert_eq!(device.host_live_bytes(), Some(0));
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn release_stack_memory(&self) -> Result<usize, PoolError> {
+        let mut state = self.inner.lock_state();
+        self.inner.free_arena(&mut state)
     }
 
     /// The config in force, or the one the next stack allocation will use.
@@ -377,6 +384,27 @@ impl DeviceState {
 impl DeviceInner {
     fn lock_state(&self) -> sync::MutexGuard<'_, DeviceState> {
         sync::lock(&self.state)
+    }
+
+    /// Frees the stack memory if no stack is held: the bytes freed.
+    fn free_arena(&self, state: &mut DeviceState) -> Result<usize, PoolError> {
+        let Some(arena) = &state.arena else {
+            return Ok(0);
+        };
+        let held = arena.held_count();
+        if held > 0 {
+            return Err(PoolError::ConfigInUse {
+                device: self.id,
+                held,
+            });
+        }
+        let (base, bytes) = (arena.base, arena.config.total_bytes());
+        // SAFETY: no stack is held, so no stream can hand out or use stack memory; streams
+        // synchronize before giving their stack back, so no queued work uses it either. The arena
+        // is dropped right after, so the address is freed once.
+        unsafe { self.driver_free(base, None) }?;
+        state.arena = None;
+        Ok(bytes)
     }
 
     /// Takes a free stack for a stream, allocating the stack memory if this is the first. `Ok(None)`

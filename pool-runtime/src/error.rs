@@ -92,7 +92,7 @@ pub enum PoolError {
 
     /// The pool was reconfigured while streams hold stacks of it.
     #[error(
-        "cannot reconfigure the buffer pool of {device}: {held} stack(s) are held by live streams; \
+        "cannot reconfigure or release the buffer pool of {device}: {held} stack(s) are held by live streams; \
          drop those streams first (OpenCV frees the memory under them, gpu-pool refuses)"
     )]
     ConfigInUse {

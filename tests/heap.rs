@@ -1,0 +1,53 @@
+//! The host heap the pool itself uses: releasing buffers frees every record the pool made for
+//! them. A counting global allocator sees what a leak checker would.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+
+use gpu_pool::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator, only counting.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Relaxed);
+        // SAFETY: forwarded: `ptr` came from `alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+#[test]
+fn released_and_dropped_fallback_buffers_free_their_records() -> Result<(), PoolError> {
+    let device = Device::host_with_limit(None);
+    device.set_fallback(Fallback::Driver);
+    set_buffer_pool_config(&device, 4096, 1)?;
+    let stream = Stream::new(&device)?;
+    let pool = BufferPool::new(&stream);
+    let _fills_the_stack = pool.get_buffer_1d::<u8>(4096)?;
+    // Warm up whatever the first fallback allocates once (maps, stats).
+    pool.get_buffer_1d::<u8>(1000)?.release()?;
+    drop(pool.get_buffer_1d::<u8>(1000)?);
+
+    let before = LIVE.load(Relaxed);
+    for _ in 0..1000 {
+        pool.get_buffer_1d::<u8>(1000)?.release()?; // 1000 bytes of device memory, and a record
+        drop(pool.get_buffer_1d::<u8>(1000)?);
+    }
+    let grown = LIVE.load(Relaxed) - before;
+    assert_eq!(
+        grown, 0,
+        "the pool's heap grew by {grown} bytes over 2000 fallback buffers"
+    );
+    Ok(())
+}
