@@ -31,10 +31,7 @@ fn normalise(p: u8) -> f32 {
 }
 
 fn main() -> Result<(), PoolError> {
-    let batches: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(60);
+    let batches = support::count_arg(60);
     let device = Device::cuda_or_host();
     let stages = Stages::new(&device);
     let stream = Stream::new(&device)?;

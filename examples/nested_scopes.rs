@@ -77,10 +77,7 @@ fn run(stages: &Stages, device: &Device, frames: usize, seed: i32) -> Result<Out
 }
 
 fn main() -> Result<(), PoolError> {
-    let frames: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(20);
+    let frames = support::count_arg(20);
     let device = Device::cuda_or_host();
     let stages = Stages::new(&device);
     // A frame (4 MiB) plus a band's two buffers (2 x 0.5 MiB) per stream, two streams.

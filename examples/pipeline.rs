@@ -15,10 +15,7 @@ const ROWS: usize = 4096;
 const COLS: usize = 4096;
 
 fn main() -> Result<(), PoolError> {
-    let iterations: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(10);
+    let iterations = support::count_arg(10);
     let device = Device::cuda_or_host();
     let stages = Stages::new(&device);
     // 64 MiB holds the gray image (16 MiB) and the thresholded one (16 MiB) twice over.

@@ -241,10 +241,7 @@ fn main() -> Result<(), PoolError> {
     } else {
         (1080, 1920)
     };
-    let iterations: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(1000);
+    let iterations = support::count_arg(1000);
     let (r, c) = (2, 5);
     let stream = Stream::new(&device)?;
     let image: Vec<u8> = (0..rows * cols)

@@ -11,6 +11,14 @@ pub mod kernels;
 use gpu_pool::cudarc::driver::PushKernelArg;
 use gpu_pool::prelude::*;
 
+/// The example's first argument as a count (iterations, batches, frames), else `default`.
+pub fn count_arg(default: usize) -> usize {
+    std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The kernels on CUDA, or nothing on the host backend (the CPU twins run instead).
 pub struct Stages {
     #[cfg(feature = "cuda")]
