@@ -139,3 +139,108 @@ fn the_ppl_cv_pool_survives_every_failure() {
         "the stream's stacks, the pool's allocation and the buffer beside it"
     );
 }
+
+/// A wrapper for any allocator whose `fail_at`-th allocation (1-based) fails: the fault injection
+/// of the host backend, for any device, the GPU included.
+#[derive(Debug)]
+struct FailAt {
+    inner: Arc<dyn gpu_pool::GpuAllocator>,
+    fail_at: u64,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+// SAFETY: every `Ok` allocation is the inner allocator's, and every deallocation goes back to it.
+unsafe impl gpu_pool::GpuAllocator for FailAt {
+    fn allocate(
+        &self,
+        ctx: &gpu_pool::AllocContext<'_>,
+        req: &gpu_pool::AllocRequest,
+    ) -> Result<gpu_pool::Allocation, PoolError> {
+        let n = self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n == self.fail_at {
+            return Err(PoolError::OutOfMemory {
+                device: ctx.device_id(),
+                requested: req.bytes,
+            });
+        }
+        self.inner.allocate(ctx, req)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        ctx: &gpu_pool::AllocContext<'_>,
+        allocation: gpu_pool::Allocation,
+    ) -> Result<(), PoolError> {
+        // SAFETY: forwarded: `allocation` came from the inner allocator, through `allocate`.
+        unsafe { self.inner.deallocate(ctx, allocation) }
+    }
+}
+
+/// Three DSL buffers on a stream served by `FailAt` over a caching pool, twice (the second time
+/// from the cache): a pattern written, read back and checked.
+#[pooled(stream)]
+fn cached_work(stream: &Stream, n: usize) -> Result<(), PoolError> {
+    let mut a = buffer!(n, 300; u8)?;
+    let b = buffer!(n; f32)?;
+    let mut c = buffer!(7, n; u16)?;
+    a.set_to(3)?;
+    c.set_to(9)?;
+    assert!(a.to_vec()?.iter().all(|&v| v == 3));
+    assert!(c.to_vec()?.iter().all(|&v| v == 9));
+    assert_eq!(b.len(), n);
+    Ok(())
+}
+
+#[test]
+fn a_failing_allocator_wrapper_leaves_every_device_clean() -> Result<(), PoolError> {
+    let host = Device::host_with_limit(None);
+    wrapper_every_k(&host)?;
+    if let Ok(gpu) = Device::cuda(0) {
+        wrapper_every_k(&gpu)?;
+        println!(
+            "fault wrapper: every failure point survived on {}",
+            gpu.id()
+        );
+    }
+    Ok(())
+}
+
+fn wrapper_every_k(device: &Device) -> Result<(), PoolError> {
+    for k in 1..=7 {
+        let before = device.stats();
+        let cache = Arc::new(CachingPool::new(device));
+        let failing = Arc::new(FailAt {
+            inner: cache.clone(),
+            fail_at: k,
+            calls: Default::default(),
+        });
+        let result = {
+            let stream = Stream::with_allocator(device, failing.clone())?;
+            let r = cached_work(&stream, 100).and_then(|()| cached_work(&stream, 100));
+            stream.synchronize()?;
+            r
+        };
+        let calls = failing.calls.load(std::sync::atomic::Ordering::Relaxed);
+        match result {
+            Err(PoolError::OutOfMemory { .. }) => assert!(k <= calls),
+            Err(e) => panic!("allocation {k} failing gave {e}"),
+            Ok(()) => assert!(k > calls, "allocation {k} of {calls} failed unnoticed"),
+        }
+        assert_eq!(
+            cache.stats().active_blocks,
+            0,
+            "call {k}: a block still handed out"
+        );
+        cache.free_held()?;
+        let after = device.stats();
+        assert_eq!(
+            after.driver_alloc_calls - before.driver_alloc_calls,
+            after.driver_free_calls - before.driver_free_calls,
+            "call {k}: every driver allocation freed"
+        );
+    }
+    Ok(())
+}

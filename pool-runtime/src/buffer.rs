@@ -428,14 +428,21 @@ impl<'a, T: Pod> GpuView<'a, T> {
     /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU.
     pub fn host_rows(self) -> Result<impl Iterator<Item = &'a [T]>, PoolError> {
         check_host(self.device)?;
-        let len = if self.ptr == 0 { 0 } else { self.cols };
         Ok((0..self.rows).map(move |r| {
+            if self.ptr == 0 {
+                // An empty buffer has no address, and a slice may not be built on a null one,
+                // even an empty slice (debug builds' UB check caught it).
+                return &[][..];
+            }
             // SAFETY: on the host backend the address is host memory of a buffer borrowed for 'a;
             // row `r` holds `cols` initialised (zeroed or written) `T`s, aligned since stack and
             // driver blocks are 512-aligned and the pitch is a multiple of `size_of::<T>()`; the
             // shared borrow keeps writers out.
             unsafe {
-                std::slice::from_raw_parts((self.ptr as usize + r * self.pitch) as *const T, len)
+                std::slice::from_raw_parts(
+                    (self.ptr as usize + r * self.pitch) as *const T,
+                    self.cols,
+                )
             }
         }))
     }
