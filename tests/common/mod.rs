@@ -18,8 +18,8 @@ pub mod kernels;
 /// tests that use it take this lock.
 static GPU: Mutex<()> = Mutex::new(());
 
-/// The GPU lock. Dropping it also gives the device's stack memory back, so every test leaves the
-/// GPU as it found it and compute-sanitizer's leak check sees everything freed.
+/// The GPU lock. Dropping it also gives the device's stack memory and cached blocks back, so every
+/// test leaves the GPU as it found it and compute-sanitizer's leak check sees everything freed.
 pub struct GpuLock {
     device: Device,
     _guard: MutexGuard<'static, ()>,
@@ -29,6 +29,8 @@ impl Drop for GpuLock {
     fn drop(&mut self) {
         // A test that keeps a stream past its lock keeps its stack memory too: nothing to free.
         let _ = self.device.release_stack_memory();
+        // The blocks `Fallback::Caching` holds for reuse live as long as the device, the process.
+        let _ = self.device.caching_pool().free_held();
     }
 }
 
