@@ -9,7 +9,7 @@ use std::error::Error;
 use std::sync::Arc;
 
 use common::gpu;
-use common::kernels::{Kernels, gray_of, grid, grid_16px, pattern};
+use common::kernels::{Kernels, gray_of, grid_16px, pattern};
 use gpu_pool::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
 use gpu_pool::{
     BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
@@ -89,7 +89,7 @@ fn kernels_round_trip_through_pitched_pool_buffers() -> TestResult {
             .arg(&r)
             .arg(&c)
             .arg(&seed)
-            .launch(grid(rows, cols))?;
+            .launch(grid_16px(rows, cols))?;
         cu_stream
             .launch_builder(&k.invert)
             .arg(&a)
@@ -98,7 +98,7 @@ fn kernels_round_trip_through_pitched_pool_buffers() -> TestResult {
             .arg(&sb)
             .arg(&r)
             .arg(&c)
-            .launch(grid(rows, cols))?;
+            .launch(grid_16px(rows, cols))?;
     }
     let out = b.to_vec()?;
     for y in 0..rows {
@@ -362,7 +362,7 @@ fn a_stream_of_the_users_own_carries_pool_buffers_and_kernels() -> TestResult {
             .arg(&r)
             .arg(&c)
             .arg(&seed)
-            .launch(grid(16, 600))?
+            .launch(grid_16px(16, 600))?
     };
     let out = a.to_vec()?;
     assert_eq!(out[600 + 3], pattern(3, 1, 1));

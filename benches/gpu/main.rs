@@ -391,9 +391,11 @@ fn print_take_table() {
     }
 }
 
-/// Achieved bandwidth of the pipeline kernels and of a device-to-device copy, against the peak
-/// the device reports (memory clock x bus width x 2). Launches rotate over `SETS` sets of buffers,
-/// 320 MB in all, so the data comes from DRAM and not from the 50 MB L2 cache.
+/// Achieved bandwidth of every example kernel and of a device-to-device copy, against the peak the
+/// device reports (memory clock x bus width x 2). Launches rotate over `SETS` sets of buffers,
+/// 320 MB in all, so the data comes from DRAM and not from the 50 MB L2 cache. "Bytes moved" counts
+/// what a kernel must read and write once; re-reads of neighbours (the box filter's) are not
+/// counted.
 fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
     const SETS: usize = 4;
     const REPS: usize = 100;
@@ -404,19 +406,24 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         .clone();
     let cs = stream.cuda_stream().expect("a CUDA stream").clone();
     let pool = BufferPool::new(stream);
-    let mut srcs = Vec::new();
-    let mut grays = Vec::new();
-    let mut binaries = Vec::new();
+    let mut owners = Vec::new();
+    let mut sets = Vec::new(); // (bgr, gray, binary) addresses
     for set in 0..SETS {
         let mut src = pool.get_buffer::<[u8; 3]>(ROWS, COLS)?;
         src.set_to([7, 100 + set as u8, 200])?;
-        srcs.push(src);
-        grays.push(pool.get_buffer::<u8>(ROWS, COLS)?);
-        binaries.push(pool.get_buffer::<u8>(ROWS, COLS)?);
+        let mut gray = pool.get_buffer::<u8>(ROWS, COLS)?;
+        gray.set_to(90)?;
+        let binary = pool.get_buffer::<u8>(ROWS, COLS)?;
+        sets.push((src.device_ptr(), gray.device_ptr(), binary.device_ptr()));
+        owners.push((src, gray, binary));
     }
-    let (r, c) = (ROWS as i32, COLS as i32);
-    let (ss, gs, bs) = (srcs[0].step(), grays[0].step(), binaries[0].step());
+    let (ss, gs) = (owners[0].0.step(), owners[0].1.step());
+    let (r, c, half) = (ROWS as i32, COLS as i32, (ROWS / 2) as i32);
     let px = (ROWS * COLS) as f64;
+    // The box filter's f32 intermediate for half the image lives in the BGR buffer (48 MB).
+    let tp = COLS * 4;
+    let floats = (ROWS * COLS / 4) as i32; // a gray buffer as f32s
+    let (zero, radius, mode_box) = (0i32, 2i32, 0i32);
 
     let time = |f: &mut dyn FnMut(usize) -> Res<()>| -> Res<f64> {
         f(0)?; // warm
@@ -428,44 +435,139 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         let end = cs.record_event(flags)?;
         Ok(f64::from(start.elapsed_ms(&end)?) / 1e3 / REPS as f64)
     };
-    let grid = kernels::grid_16px(ROWS, COLS);
-    let gray_s = time(&mut |set| {
-        // SAFETY: as in `Pipeline::launch`, on stack buffers of that shape.
-        unsafe {
-            cs.launch_builder(&k.bgr_to_gray)
-                .arg(&srcs[set])
-                .arg(&ss)
-                .arg(&mut grays[set])
-                .arg(&gs)
-                .arg(&r)
-                .arg(&c)
-                .launch(grid)?
-        };
-        Ok(())
-    })?;
-    let threshold_s = time(&mut |set| {
-        // SAFETY: as in `Pipeline::launch`, on stack buffers of that shape.
-        unsafe {
-            cs.launch_builder(&k.threshold)
-                .arg(&grays[set])
-                .arg(&gs)
-                .arg(&mut binaries[set])
-                .arg(&bs)
-                .arg(&r)
-                .arg(&c)
-                .arg(&128u8)
-                .launch(grid)?
-        };
-        Ok(())
-    })?;
+    let g16 = kernels::grid_16px(ROWS, COLS);
+    // Every launch below: the kernels' parameters are as in `kernels::SOURCE`; each
+    // stays inside the ROWS x COLS (or ROWS/2 x COLS) pitched buffers of its set, which `owners`
+    // keeps alive, and the f32 views of gray and BGR buffers fit in their bytes.
+    let mut rows: Vec<(&str, f64, f64)> = Vec::new();
+    rows.push((
+        "bgr_to_gray: 3 B in, 1 B out a pixel",
+        4.0 * px,
+        time(&mut |i| {
+            let (src, gray, _) = sets[i];
+            // SAFETY: as the note above `rows` says.
+            unsafe {
+                let mut l = cs.launch_builder(&k.bgr_to_gray);
+                l.arg(&src).arg(&ss).arg(&gray).arg(&gs).arg(&r).arg(&c);
+                l.launch(g16)?
+            };
+            Ok(())
+        })?,
+    ));
+    rows.push((
+        "threshold: 1 B in, 1 B out",
+        2.0 * px,
+        time(&mut |i| {
+            let (_, gray, bin) = sets[i];
+            // SAFETY: as the note above `rows` says.
+            unsafe {
+                let mut l = cs.launch_builder(&k.threshold);
+                l.arg(&gray)
+                    .arg(&gs)
+                    .arg(&bin)
+                    .arg(&gs)
+                    .arg(&r)
+                    .arg(&c)
+                    .arg(&128u8);
+                l.launch(g16)?
+            };
+            Ok(())
+        })?,
+    ));
+    rows.push((
+        "invert: 1 B in, 1 B out",
+        2.0 * px,
+        time(&mut |i| {
+            let (_, gray, bin) = sets[i];
+            // SAFETY: as the note above `rows` says.
+            unsafe {
+                let mut l = cs.launch_builder(&k.invert);
+                l.arg(&gray).arg(&gs).arg(&bin).arg(&gs).arg(&r).arg(&c);
+                l.launch(g16)?
+            };
+            Ok(())
+        })?,
+    ));
+    rows.push((
+        "fill_pattern: 1 B out",
+        px,
+        time(&mut |i| {
+            let bin = sets[i].2;
+            // SAFETY: as the note above `rows` says.
+            unsafe {
+                let mut l = cs.launch_builder(&k.fill_pattern);
+                l.arg(&bin).arg(&gs).arg(&r).arg(&c).arg(&zero);
+                l.launch(g16)?
+            };
+            Ok(())
+        })?,
+    ));
+    rows.push((
+        "affine_relu: 4 B in, 4 B out a float",
+        8.0 * f64::from(floats),
+        time(&mut |i| {
+            let (_, gray, bin) = sets[i];
+            // SAFETY: as the note above `rows` says.
+            unsafe {
+                let mut l = cs.launch_builder(&k.affine_relu);
+                l.arg(&gray)
+                    .arg(&bin)
+                    .arg(&floats)
+                    .arg(&1.5f32)
+                    .arg(&-0.25f32);
+                l.launch(kernels::line4(floats as usize))?
+            };
+            Ok(())
+        })?,
+    ));
+    rows.push((
+        "box_rows (r = 2): 1 B in, 4 B out",
+        5.0 * px / 2.0,
+        time(&mut |i| {
+            let (tmp, gray, _) = sets[i];
+            // SAFETY: as the note above `rows` says.
+            unsafe {
+                let mut l = cs.launch_builder(&k.box_rows);
+                l.arg(&gray)
+                    .arg(&gs)
+                    .arg(&tmp)
+                    .arg(&tp)
+                    .arg(&half)
+                    .arg(&c)
+                    .arg(&radius);
+                l.launch(kernels::grid(ROWS / 2, COLS))?
+            };
+            Ok(())
+        })?,
+    ));
+    rows.push((
+        "box_cols (r = 2): 4 B in, 1 B out",
+        5.0 * px / 2.0,
+        time(&mut |i| {
+            let (tmp, gray, bin) = sets[i];
+            // SAFETY: as the note above `rows` says.
+            unsafe {
+                let mut l = cs.launch_builder(&k.box_cols);
+                l.arg(&tmp).arg(&tp).arg(&gray).arg(&gs).arg(&bin).arg(&gs);
+                l.arg(&half).arg(&c).arg(&radius).arg(&zero).arg(&mode_box);
+                l.launch(kernels::grid(ROWS / 2, COLS))?
+            };
+            Ok(())
+        })?,
+    ));
     let copy_bytes = ss * ROWS;
-    let copy_s = time(&mut |set| {
-        let (from, to) = (srcs[set].device_ptr(), srcs[(set + 1) % SETS].device_ptr());
-        // SAFETY: both buffers hold `copy_bytes` bytes and are distinct; the copy is ordered on
-        // their stream.
-        unsafe { result::memcpy_dtod_async(to, from, copy_bytes, cs.cu_stream()) }?;
-        Ok(())
-    })?;
+    rows.push((
+        "cuMemcpyDtoDAsync of a BGR image",
+        2.0 * copy_bytes as f64,
+        time(&mut |i| {
+            let (from, to) = (sets[i].0, sets[(i + 1) % SETS].0);
+            // SAFETY: both buffers hold `copy_bytes` bytes and are distinct; the copy is ordered
+            // on their stream.
+            unsafe { result::memcpy_dtod_async(to, from, copy_bytes, cs.cu_stream()) }?;
+            Ok(())
+        })?,
+    ));
+    drop(owners);
 
     let clock_khz = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
     let bus_bits =
@@ -475,7 +577,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         _ => None,
     };
     println!(
-        "\n### Kernel bandwidth (4096x4096, {REPS} launches each over {SETS} buffer sets, CUDA events)\n"
+        "\n### Kernel bandwidth (4096x4096 images, {REPS} launches each over {SETS} buffer sets, CUDA events)\n"
     );
     match peak {
         Some(p) => println!(
@@ -485,19 +587,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         None => println!("The device does not report its memory clock; no peak to compare with.\n"),
     }
     println!("| kernel | bytes moved | time | achieved | of peak |\n|---|---:|---:|---:|---:|");
-    for (name, bytes, secs) in [
-        ("bgr_to_gray (3 B in, 1 B out per pixel)", 4.0 * px, gray_s),
-        (
-            "threshold (1 B in, 1 B out per pixel)",
-            2.0 * px,
-            threshold_s,
-        ),
-        (
-            "cuMemcpyDtoDAsync of the BGR image",
-            2.0 * copy_bytes as f64,
-            copy_s,
-        ),
-    ] {
+    for (name, bytes, secs) in rows {
         let achieved = bytes / secs;
         println!(
             "| {name} | {:.1} MB | {:.1} µs | {:.0} GB/s | {} |",

@@ -13,17 +13,37 @@ use gpu_pool::cudarc::driver::{CudaFunction, LaunchConfig};
 use gpu_pool::cudarc::nvrtc::compile_ptx;
 
 pub const SOURCE: &str = r#"
+// The byte-image kernels are bandwidth-bound: each thread moves 16 pixels of a row with 16-byte
+// loads and stores where the row allows (pool buffers start 512-aligned with pitches of a multiple
+// of 64), and falls back to bytes at a ragged right edge. Launch them with `grid_16px`.
+#define ROW16(ptr) (((size_t)(ptr) & 15) == 0)
 extern "C" __global__ void fill_pattern(unsigned char* dst, size_t pitch, int rows, int cols, int seed) {
-    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x < cols && y < rows) dst[y * pitch + x] = (unsigned char)(x * 7 + y * 13 + seed);
+    int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 16, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (y >= rows || x0 >= cols) return;
+    unsigned char* d = dst + y * pitch + x0;
+    unsigned base = x0 * 7 + y * 13 + seed;
+    if (x0 + 16 <= cols && ROW16(d)) {
+        union { uint4 v; unsigned char b[16]; } out;
+        #pragma unroll
+        for (int i = 0; i < 16; ++i) out.b[i] = (unsigned char)(base + 7 * i);
+        *(uint4*)d = out.v;
+    } else {
+        for (int i = 0; i < 16 && x0 + i < cols; ++i) d[i] = (unsigned char)(base + 7 * i);
+    }
 }
 extern "C" __global__ void invert(const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols) {
-    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x < cols && y < rows) dst[y * dp + x] = 255 - src[y * sp + x];
+    int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 16, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (y >= rows || x0 >= cols) return;
+    const unsigned char* s = src + y * sp + x0;
+    unsigned char* d = dst + y * dp + x0;
+    if (x0 + 16 <= cols && ROW16(s) && ROW16(d)) {
+        uint4 v = *(const uint4*)s;
+        v.x = ~v.x; v.y = ~v.y; v.z = ~v.z; v.w = ~v.w; // 255 - b, four bytes at a time
+        *(uint4*)d = v;
+    } else {
+        for (int i = 0; i < 16 && x0 + i < cols; ++i) d[i] = 255 - s[i];
+    }
 }
-// bgr_to_gray and threshold are bandwidth-bound: each thread moves 16 pixels with 16-byte loads
-// and stores where the row allows (pool buffers start 512-aligned with pitches of a multiple of
-// 64), and falls back to bytes at a ragged right edge.
 __device__ __forceinline__ unsigned char luma(unsigned b, unsigned g, unsigned r) {
     return (unsigned char)((b * 1868u + g * 9617u + r * 4899u + (1u << 13)) >> 14);
 }
@@ -32,7 +52,7 @@ extern "C" __global__ void bgr_to_gray(const unsigned char* src, size_t sp, unsi
     if (y >= rows || x0 >= cols) return;
     const unsigned char* s = src + y * sp + 3 * x0;
     unsigned char* d = dst + y * dp + x0;
-    if (x0 + 16 <= cols && ((size_t)s & 15) == 0 && ((size_t)d & 15) == 0) {
+    if (x0 + 16 <= cols && ROW16(s) && ROW16(d)) {
         union { uint4 v[3]; unsigned char b[48]; } in;
         union { uint4 v; unsigned char b[16]; } out;
         const uint4* s4 = (const uint4*)s;
@@ -49,7 +69,7 @@ extern "C" __global__ void threshold(const unsigned char* src, size_t sp, unsign
     if (y >= rows || x0 >= cols) return;
     const unsigned char* s = src + y * sp + x0;
     unsigned char* d = dst + y * dp + x0;
-    if (x0 + 16 <= cols && ((size_t)s & 15) == 0 && ((size_t)d & 15) == 0) {
+    if (x0 + 16 <= cols && ROW16(s) && ROW16(d)) {
         uint4 v = *(const uint4*)s;
         unsigned t4 = t * 0x01010101u;
         // __vcmpgtu4: 0xff in each byte where the first operand's byte is greater.
@@ -79,10 +99,20 @@ extern "C" __global__ void box_cols(unsigned long long tmp, size_t tp, const uns
     dst[y * dp + x] = mode == 0 ? (unsigned char)(mean + 0.5f) : (src[y * sp + x] > mean - (float)c ? 255 : 0);
 }
 // y = max(a * x + b, 0) over n floats, with one rounding (fmaf) so the CPU twin's mul_add matches
-// bit for bit: the "inference" stage of the MixMemory example.
+// bit for bit: the "inference" stage of the MixMemory example. Four floats a thread, as a float4
+// where both sides allow; launch with `line4`.
+__device__ __forceinline__ float affine_relu1(float x, float a, float b) { return fmaxf(fmaf(a, x, b), 0.0f); }
 extern "C" __global__ void affine_relu(const float* x, float* y, int n, float a, float b) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = fmaxf(fmaf(a, x[i], b), 0.0f);
+    int i0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i0 >= n) return;
+    if (i0 + 4 <= n && ROW16(x + i0) && ROW16(y + i0)) {
+        float4 v = *(const float4*)(x + i0);
+        v.x = affine_relu1(v.x, a, b); v.y = affine_relu1(v.y, a, b);
+        v.z = affine_relu1(v.z, a, b); v.w = affine_relu1(v.w, a, b);
+        *(float4*)(y + i0) = v;
+    } else {
+        for (int i = i0; i < i0 + 4 && i < n; ++i) y[i] = affine_relu1(x[i], a, b);
+    }
 }
 // Waits about `spin` clock cycles, then copies: a reader that is still running when the owner
 // stream moves on.
@@ -132,7 +162,8 @@ pub fn grid(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
-/// The launch of `bgr_to_gray` and `threshold`: one thread per 16 pixels of a row, 32x8 a block.
+/// The launch of the byte-image kernels (`fill_pattern`, `invert`, `bgr_to_gray`, `threshold`):
+/// one thread per 16 pixels of a row, 32x8 a block.
 pub fn grid_16px(rows: usize, cols: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (cols.div_ceil(16 * 32) as u32, rows.div_ceil(8) as u32, 1),
@@ -141,9 +172,9 @@ pub fn grid_16px(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
-/// 256 threads a block over `n` elements.
-pub fn line(n: usize) -> LaunchConfig {
-    LaunchConfig::for_num_elems(n as u32)
+/// The launch of `affine_relu`: one thread per 4 elements, 256 a block.
+pub fn line4(n: usize) -> LaunchConfig {
+    LaunchConfig::for_num_elems(n.div_ceil(4) as u32)
 }
 
 /// CPU twin of `affine_relu`.

@@ -137,7 +137,7 @@ impl Stages {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
             let (r, c, p) = (dst.rows() as i32, dst.cols() as i32, dst.step());
-            let cfg = kernels::grid(dst.rows(), dst.cols());
+            let cfg = kernels::grid_16px(dst.rows(), dst.cols());
             // SAFETY: fill_pattern(u8*, size_t, int, int, int) writes rows x cols of a pitched
             // buffer of that shape.
             unsafe {
@@ -171,7 +171,7 @@ impl Stages {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
             let (r, c, sp, dp) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
-            let cfg = kernels::grid(src.rows(), src.cols());
+            let cfg = kernels::grid_16px(src.rows(), src.cols());
             // SAFETY: invert(const u8*, size_t, u8*, size_t, int, int) stays inside rows x cols of
             // two pitched buffers of that shape.
             unsafe {
@@ -219,7 +219,7 @@ impl Stages {
                     .arg(&n)
                     .arg(&a)
                     .arg(&b)
-                    .launch(kernels::line(x.cols()))
+                    .launch(kernels::line4(x.cols()))
             }
             .map_err(|e| launch_error("affine_relu", e))?;
             return Ok(());
