@@ -108,7 +108,7 @@ mod library {
             let (t, tp) = tmp.raw();
             let (ri, ci, ss, ds) = (rows as i32, cols as i32, src.step(), dst.step());
             let s = stream.cuda_stream().expect("CUDA stream").clone();
-            let grid = support::kernels::grid(rows, cols);
+            let grid = support::kernels::grid_4px(rows, cols);
             // SAFETY: box_rows(const u8*, size_t, u64, size_t, int, int, int) and box_cols(u64, size_t,
             // const u8*, size_t, u8*, size_t, int, int, int, int, int) stay inside rows x cols of
             // buffers of that shape; the intermediate lives until this function returns, after the

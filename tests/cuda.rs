@@ -9,7 +9,7 @@ use std::error::Error;
 use std::sync::Arc;
 
 use common::gpu;
-use common::kernels::{Kernels, gray_of, grid_16px, pattern};
+use common::kernels::{Kernels, gray_of, grid_4px, grid_16px, pattern};
 use gpu_pool::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
 use gpu_pool::{
     BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
@@ -400,5 +400,76 @@ fn each_device_allocates_in_its_own_context() -> TestResult {
         Err(PoolError::DeviceMismatch { .. })
     ));
     println!("several_devices: buffers on cuda:0 and cuda:1, context of cuda:0 kept current");
+    Ok(())
+}
+
+#[test]
+fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
+    let Some((gpu, _lock)) = gpu("box_filter") else {
+        return Ok(());
+    };
+    let k = Kernels::load(&gpu);
+    let stream = Stream::new(&gpu)?;
+    let s = stream.cuda_stream().expect("CUDA").clone();
+    let pool = BufferPool::new(&stream);
+    // 1001 columns: each row ends in a partial group of four.
+    let (rows, cols, r) = (37usize, 1001usize, 2i32);
+    let image: Vec<u8> = (0..rows * cols).map(|i| (i * 37 % 251) as u8).collect();
+    let src = GpuMat::from_host(&stream, rows, cols, &image)?;
+    let tmp = pool.get_buffer::<f32>(rows, cols)?;
+    let mut dst = pool.get_buffer::<u8>(rows, cols)?;
+    let (ri, ci, ss, tp, ds, t) = (
+        rows as i32,
+        cols as i32,
+        src.step(),
+        tmp.step(),
+        dst.step(),
+        tmp.device_ptr(),
+    );
+    let (c, mode) = (0i32, 0i32);
+    // SAFETY: box_rows and box_cols stay inside rows x cols of the three pitched buffers.
+    unsafe {
+        s.launch_builder(&k.box_rows)
+            .arg(&src)
+            .arg(&ss)
+            .arg(&t)
+            .arg(&tp)
+            .arg(&ri)
+            .arg(&ci)
+            .arg(&r)
+            .launch(grid_4px(rows, cols))?;
+        s.launch_builder(&k.box_cols)
+            .arg(&t)
+            .arg(&tp)
+            .arg(&src)
+            .arg(&ss)
+            .arg(&mut dst)
+            .arg(&ds)
+            .arg(&ri)
+            .arg(&ci)
+            .arg(&r)
+            .arg(&c)
+            .arg(&mode)
+            .launch(grid_4px(rows, cols))?;
+    }
+    let at = |y: i64, x: i64| {
+        let (y, x) = (y.clamp(0, rows as i64 - 1), x.clamp(0, cols as i64 - 1));
+        f32::from(image[y as usize * cols + x as usize])
+    };
+    let r = i64::from(r);
+    let wrong = dst
+        .to_vec()?
+        .iter()
+        .enumerate()
+        .filter(|&(i, &v)| {
+            let (y, x) = ((i / cols) as i64, (i % cols) as i64);
+            let sum: f32 = (-r..=r)
+                .flat_map(|dy| (-r..=r).map(move |dx| (dy, dx)))
+                .map(|(dy, dx)| at(y + dy, x + dx))
+                .sum();
+            v != (sum / ((2 * r + 1) * (2 * r + 1)) as f32 + 0.5) as u8
+        })
+        .count();
+    assert_eq!(wrong, 0, "pixels differing from the CPU box filter");
     Ok(())
 }

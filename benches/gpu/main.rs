@@ -535,7 +535,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
                     .arg(&half)
                     .arg(&c)
                     .arg(&radius);
-                l.launch(kernels::grid(ROWS / 2, COLS))?
+                l.launch(kernels::grid_4px(ROWS / 2, COLS))?
             };
             Ok(())
         })?,
@@ -550,7 +550,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
                 let mut l = cs.launch_builder(&k.box_cols);
                 l.arg(&tmp).arg(&tp).arg(&gray).arg(&gs).arg(&bin).arg(&gs);
                 l.arg(&half).arg(&c).arg(&radius).arg(&zero).arg(&mode_box);
-                l.launch(kernels::grid(ROWS / 2, COLS))?
+                l.launch(kernels::grid_4px(ROWS / 2, COLS))?
             };
             Ok(())
         })?,

@@ -81,22 +81,49 @@ extern "C" __global__ void threshold(const unsigned char* src, size_t sp, unsign
     }
 }
 // Box filter, pass 1: horizontal sums of 2r+1 pixels (edges clamped) into a float intermediate.
+// Four outputs a thread, stored as one float4 where the row allows; launch with `grid_4px`. The
+// sums are of integers below 2^24, so exact in any order: the CPU twin matches bit for bit.
 extern "C" __global__ void box_rows(const unsigned char* src, size_t sp, unsigned long long tmp, size_t tp, int rows, int cols, int r) {
-    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x >= cols || y >= rows) return;
-    float s = 0.0f;
-    for (int k = -r; k <= r; ++k) s += src[y * sp + min(max(x + k, 0), cols - 1)];
-    ((float*)(tmp + y * tp))[x] = s;
+    int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x0 >= cols || y >= rows) return;
+    const unsigned char* s = src + y * sp;
+    float* t = (float*)(tmp + y * tp);
+    float out[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float acc = 0.0f;
+        for (int k = -r; k <= r; ++k) acc += s[min(max(x0 + j + k, 0), cols - 1)];
+        out[j] = acc;
+    }
+    if (x0 + 4 <= cols && ROW16(t + x0)) {
+        *(float4*)(t + x0) = make_float4(out[0], out[1], out[2], out[3]);
+    } else {
+        for (int j = 0; j < 4 && x0 + j < cols; ++j) t[x0 + j] = out[j];
+    }
 }
 // Pass 2: vertical sums of the intermediate; mode 0 writes the rounded mean (box filter), mode 1
-// writes src > mean - c ? 255 : 0 (adaptive threshold).
+// writes src > mean - c ? 255 : 0 (adaptive threshold). Four columns a thread, read as float4s.
 extern "C" __global__ void box_cols(unsigned long long tmp, size_t tp, const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols, int r, int c, int mode) {
-    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x >= cols || y >= rows) return;
-    float s = 0.0f;
-    for (int k = -r; k <= r; ++k) s += ((const float*)(tmp + min(max(y + k, 0), rows - 1) * tp))[x];
-    float mean = s / (float)((2 * r + 1) * (2 * r + 1));
-    dst[y * dp + x] = mode == 0 ? (unsigned char)(mean + 0.5f) : (src[y * sp + x] > mean - (float)c ? 255 : 0);
+    int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x0 >= cols || y >= rows) return;
+    bool whole = x0 + 4 <= cols && ROW16(tmp) && (tp & 15) == 0;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = -r; k <= r; ++k) {
+        const float* row = (const float*)(tmp + min(max(y + k, 0), rows - 1) * tp) + x0;
+        if (whole) {
+            float4 v = *(const float4*)row;
+            acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
+        } else {
+            for (int j = 0; j < 4 && x0 + j < cols; ++j) acc[j] += row[j];
+        }
+    }
+    float area = (float)((2 * r + 1) * (2 * r + 1));
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (x0 + j >= cols) break;
+        float mean = acc[j] / area;
+        dst[y * dp + x0 + j] = mode == 0 ? (unsigned char)(mean + 0.5f) : (src[y * sp + x0 + j] > mean - (float)c ? 255 : 0);
+    }
 }
 // y = max(a * x + b, 0) over n floats, with one rounding (fmaf) so the CPU twin's mul_add matches
 // bit for bit: the "inference" stage of the MixMemory example. Four floats a thread, as a float4
@@ -153,20 +180,20 @@ impl Kernels {
     }
 }
 
-/// A 16x16-thread grid over `rows x cols`.
-pub fn grid(rows: usize, cols: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (cols.div_ceil(16) as u32, rows.div_ceil(16) as u32, 1),
-        block_dim: (16, 16, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 /// The launch of the byte-image kernels (`fill_pattern`, `invert`, `bgr_to_gray`, `threshold`):
 /// one thread per 16 pixels of a row, 32x8 a block.
 pub fn grid_16px(rows: usize, cols: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (cols.div_ceil(16 * 32) as u32, rows.div_ceil(8) as u32, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The launch of the box filter's passes: one thread per 4 pixels of a row, 32x8 a block.
+pub fn grid_4px(rows: usize, cols: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (cols.div_ceil(4 * 32) as u32, rows.div_ceil(8) as u32, 1),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     }
