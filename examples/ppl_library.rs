@@ -16,8 +16,6 @@ use gpu_pool::prelude::*;
 /// The library: a two-pass box filter and an adaptive threshold, as ppl.cv writes them.
 mod library {
     use super::*;
-    #[cfg(feature = "cuda")]
-    use gpu_pool::cudarc::driver::PushKernelArg;
 
     /// The float intermediate of the two passes: from the ppl.cv pool when it is active, else a
     /// buffer of its own (what the function would `cudaMallocPitch` without the pool).
@@ -105,39 +103,25 @@ mod library {
         };
         #[cfg(feature = "cuda")]
         if let Some(k) = stages.kernels() {
-            let (t, tp) = tmp.raw();
-            let (ri, ci, ss, ds) = (rows as i32, cols as i32, src.step(), dst.step());
-            let s = stream.cuda_stream().expect("CUDA stream").clone();
-            let grid = support::kernels::grid_4px(rows, cols);
-            // SAFETY: box_rows(const u8*, size_t, u64, size_t, int, int, int) and box_cols(u64, size_t,
-            // const u8*, size_t, u8*, size_t, int, int, int, int, int) stay inside rows x cols of
-            // buffers of that shape; the intermediate lives until this function returns, after the
-            // stream has queued both kernels (ppl.cv's reuse is in host order, on one stream).
+            let s = stream.cuda_stream().expect("CUDA stream");
+            let (src_at, dst_at) = (
+                (src.device_ptr(), src.step()),
+                (dst.device_ptr(), dst.step()),
+            );
+            // SAFETY: the three buffers hold rows x cols of their element; the intermediate lives
+            // until this function returns, after the stream has queued both kernels (ppl.cv's
+            // reuse is in host order, on one stream), and `dst` is borrowed mutably meanwhile.
             unsafe {
-                s.launch_builder(&k.box_rows)
-                    .arg(src)
-                    .arg(&ss)
-                    .arg(&t)
-                    .arg(&tp)
-                    .arg(&ri)
-                    .arg(&ci)
-                    .arg(&r)
-                    .launch(grid)
-                    .and_then(|_| {
-                        s.launch_builder(&k.box_cols)
-                            .arg(&t)
-                            .arg(&tp)
-                            .arg(src)
-                            .arg(&ss)
-                            .arg(&mut *dst)
-                            .arg(&ds)
-                            .arg(&ri)
-                            .arg(&ci)
-                            .arg(&r)
-                            .arg(&c)
-                            .arg(&mode)
-                            .launch(grid)
-                    })
+                support::kernels::box_passes(
+                    k,
+                    s,
+                    src_at,
+                    tmp.raw(),
+                    dst_at,
+                    (rows, cols),
+                    r,
+                    (c, mode),
+                )
             }
             .map_err(|e| support::launch_error("box kernels", e))?;
             return Ok(());

@@ -9,7 +9,7 @@ use std::error::Error;
 use std::sync::Arc;
 
 use common::gpu;
-use common::kernels::{Kernels, gray_of, grid_4px, grid_16px, pattern};
+use common::kernels::{Kernels, gray_of, grid_16px, pattern};
 use gpu_pool::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
 use gpu_pool::{
     BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
@@ -417,40 +417,21 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
     let image: Vec<u8> = (0..rows * cols).map(|i| (i * 37 % 251) as u8).collect();
     let src = GpuMat::from_host(&stream, rows, cols, &image)?;
     let tmp = pool.get_buffer::<f32>(rows, cols)?;
-    let mut dst = pool.get_buffer::<u8>(rows, cols)?;
-    let (ri, ci, ss, tp, ds, t) = (
-        rows as i32,
-        cols as i32,
-        src.step(),
-        tmp.step(),
-        dst.step(),
-        tmp.device_ptr(),
-    );
+    let dst = pool.get_buffer::<u8>(rows, cols)?;
     let (c, mode) = (0i32, 0i32);
-    // SAFETY: box_rows and box_cols stay inside rows x cols of the three pitched buffers.
+    // SAFETY: the three pitched buffers hold rows x cols of their element and outlive the kernels
+    // (`to_vec` below waits for the stream).
     unsafe {
-        s.launch_builder(&k.box_rows)
-            .arg(&src)
-            .arg(&ss)
-            .arg(&t)
-            .arg(&tp)
-            .arg(&ri)
-            .arg(&ci)
-            .arg(&r)
-            .launch(grid_4px(rows, cols))?;
-        s.launch_builder(&k.box_cols)
-            .arg(&t)
-            .arg(&tp)
-            .arg(&src)
-            .arg(&ss)
-            .arg(&mut dst)
-            .arg(&ds)
-            .arg(&ri)
-            .arg(&ci)
-            .arg(&r)
-            .arg(&c)
-            .arg(&mode)
-            .launch(grid_4px(rows, cols))?;
+        common::kernels::box_passes(
+            &k,
+            &s,
+            (src.device_ptr(), src.step()),
+            (tmp.device_ptr(), tmp.step()),
+            (dst.device_ptr(), dst.step()),
+            (rows, cols),
+            r,
+            (c, mode),
+        )?;
     }
     let at = |y: i64, x: i64| {
         let (y, x) = (y.clamp(0, rows as i64 - 1), x.clamp(0, cols as i64 - 1));

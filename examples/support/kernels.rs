@@ -9,7 +9,9 @@
 use std::sync::Arc;
 
 use gpu_pool::Device;
-use gpu_pool::cudarc::driver::{CudaFunction, LaunchConfig};
+use gpu_pool::cudarc::driver::{
+    CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
 use gpu_pool::cudarc::nvrtc::compile_ptx;
 
 pub const SOURCE: &str = r#"
@@ -178,6 +180,55 @@ impl Kernels {
             affine_relu: f("affine_relu"),
         }
     }
+}
+
+/// A pitched image on the device: address and bytes between rows.
+pub type Pitched = (u64, usize);
+
+/// Queues the box filter's two passes on `stream`: `src` (u8) summed by rows into `tmp` (f32),
+/// then by columns into `dst` (u8): the rounded mean (`mode` 0), or `src > mean - c ? 255 : 0`
+/// (`mode` 1).
+///
+/// # Safety
+/// The three addresses hold `rows x cols` elements of their type at their pitch, on `stream`'s
+/// device, and stay allocated until the stream has run both kernels.
+#[allow(clippy::too_many_arguments, reason = "the kernels' own parameters")]
+pub unsafe fn box_passes(
+    k: &Kernels,
+    stream: &CudaStream,
+    (src, sp): Pitched,
+    (tmp, tp): Pitched,
+    (dst, dp): Pitched,
+    (rows, cols): (usize, usize),
+    r: i32,
+    (c, mode): (i32, i32),
+) -> Result<(), DriverError> {
+    let (ri, ci, grid) = (rows as i32, cols as i32, grid_4px(rows, cols));
+    // SAFETY: the parameters match `box_rows` and `box_cols` in `SOURCE`; both stay inside
+    // rows x cols of the caller's buffers.
+    unsafe {
+        let mut rows_pass = stream.launch_builder(&k.box_rows);
+        rows_pass
+            .arg(&src)
+            .arg(&sp)
+            .arg(&tmp)
+            .arg(&tp)
+            .arg(&ri)
+            .arg(&ci)
+            .arg(&r);
+        rows_pass.launch(grid)?;
+        let mut cols_pass = stream.launch_builder(&k.box_cols);
+        cols_pass
+            .arg(&tmp)
+            .arg(&tp)
+            .arg(&src)
+            .arg(&sp)
+            .arg(&dst)
+            .arg(&dp);
+        cols_pass.arg(&ri).arg(&ci).arg(&r).arg(&c).arg(&mode);
+        cols_pass.launch(grid)?;
+    }
+    Ok(())
 }
 
 /// The launch of the byte-image kernels (`fill_pattern`, `invert`, `bgr_to_gray`, `threshold`):
