@@ -39,7 +39,7 @@ mod library {
         #[cfg(feature = "cuda")]
         fn raw(&self) -> (u64, usize) {
             match self {
-                Scratch::Pool(b) => (b.device_ptr(), b.pitch),
+                Scratch::Pool(b) => (b.device_ptr(), b.pitch()),
                 Scratch::Own(m) => (m.device_ptr(), m.step()),
             }
         }
@@ -53,7 +53,7 @@ mod library {
         ) -> Result<(), PoolError> {
             match self {
                 Scratch::Pool(b) => {
-                    let pitch = b.pitch;
+                    let pitch = b.pitch();
                     for (y, row) in b.host_bytes_mut()?.chunks_mut(pitch).take(rows).enumerate() {
                         f(y, bytemuck::cast_slice_mut(&mut row[..cols * 4]));
                     }
@@ -67,7 +67,7 @@ mod library {
         fn read_rows(&mut self, rows: usize, cols: usize) -> Result<Vec<&[f32]>, PoolError> {
             match self {
                 Scratch::Pool(b) => {
-                    let pitch = b.pitch;
+                    let pitch = b.pitch();
                     let bytes: &[u8] = b.host_bytes_mut()?;
                     Ok(bytes
                         .chunks(pitch)

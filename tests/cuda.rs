@@ -60,7 +60,11 @@ fn the_device_reports_its_texture_alignment_and_memory_pools() {
         gpu.supports_stream_ordered()
     );
     assert!(align.is_power_of_two() && align >= 256);
-    assert_eq!(gpu.fallback(), Fallback::Driver, "the test lock resets it");
+    assert_eq!(
+        gpu.fallback(),
+        Ok(Fallback::Driver),
+        "the test lock resets it"
+    );
 }
 
 #[test]
@@ -452,5 +456,123 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
         })
         .count();
     assert_eq!(wrong, 0, "pixels differing from the CPU box filter");
+    Ok(())
+}
+
+/// Keeps `stream` busy for about 0.1 s (a spinning kernel on two bytes of `tick`), so work queued
+/// after it is still pending when the host goes on: what makes a missing wait visible.
+fn stall(stream: &Stream, k: &Kernels, tick: &GpuMat<'_, u8>) -> TestResult {
+    let (src, dst) = (tick.device_ptr(), tick.device_ptr() + 1);
+    let (n, spin) = (1i32, 200_000_000i64);
+    // SAFETY: slow_copy(const u8*, u8*, int, long long) copies 1 byte within `tick`'s 2 bytes,
+    // which the caller keeps allocated until the stream is done.
+    unsafe {
+        stream
+            .cuda_stream()
+            .expect("CUDA")
+            .launch_builder(&k.slow_copy)
+            .arg(&src)
+            .arg(&dst)
+            .arg(&n)
+            .arg(&spin)
+            .launch(gpu_pool::cudarc::driver::LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn an_upload_from_page_locked_memory_is_complete_when_it_returns() -> TestResult {
+    let Some((gpu, _lock)) = gpu("upload_pinned") else {
+        return Ok(());
+    };
+    let k = Kernels::load(&gpu);
+    let stream = Stream::new(&gpu)?;
+    let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
+    let n = 4 << 20;
+    let mut mix = gpu_pool::MixMemory::new(&gpu)?;
+    mix.cpu::<u8>(n)?.fill(1); // page-locked: the driver copies from it asynchronously
+    let mut mat = GpuMat::<u8>::new(&stream, 1, n)?;
+    stall(&stream, &k, &tick)?;
+    mat.upload(mix.cpu::<u8>(n)?)?;
+    mix.cpu::<u8>(n)?.fill(2); // the slice may be reused as soon as `upload` returns
+    let seen = mat.to_vec()?;
+    let wrong = seen.iter().filter(|&&v| v != 1).count();
+    println!("upload from pinned memory: {wrong} of {n} bytes differ from what was uploaded");
+    assert_eq!(wrong, 0);
+    Ok(())
+}
+
+#[test]
+fn a_forgotten_mix_memory_has_no_copy_in_flight_into_a_wrapped_slice() -> TestResult {
+    let Some((gpu, _lock)) = gpu("mix_forget") else {
+        return Ok(());
+    };
+    let k = Kernels::load(&gpu);
+    let stream = Stream::new(&gpu)?;
+    let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
+    let n = 4 << 20;
+    let mut source = GpuMat::<u8>::new(&stream, 1, n)?;
+    source.set_to(7)?;
+    stream.synchronize()?;
+    let mut host = vec![0u8; n];
+    let mut mix = gpu_pool::MixMemory::wrap_cpu(&gpu, &mut host)?;
+    // SAFETY: `source` holds n bytes and outlives the pair, which only reads it.
+    unsafe { mix.wrap_gpu(source.device_ptr(), n)? };
+    stall(&stream, &k, &tick)?;
+    mix.copy_to_cpu_async(&stream)?;
+    std::mem::forget(mix); // ends the borrow of `host` with no drop to wait for the copy
+    let arrived = host.iter().filter(|&&v| v == 7).count();
+    println!("after forgetting the pair: {arrived} of {n} bytes of the copy are in the slice");
+    assert_eq!(
+        arrived, n,
+        "the copy into a borrowed slice finished before returning"
+    );
+    stream.synchronize()?;
+    Ok(())
+}
+
+#[test]
+fn a_copy_from_another_stream_waits_for_its_writes_and_holds_off_its_reuse() -> TestResult {
+    let Some((gpu, _lock)) = gpu("cross_stream_copy") else {
+        return Ok(());
+    };
+    let k = Kernels::load(&gpu);
+    let (a, b) = (Stream::new(&gpu)?, Stream::new(&gpu)?);
+    let (tick_a, tick_b) = (GpuMat::<u8>::new(&a, 1, 2)?, GpuMat::<u8>::new(&b, 1, 2)?);
+    let n = 4 << 20;
+    let pool = BufferPool::new(&a);
+    let mut dst = GpuMat::<u8>::new(&b, 1, n)?;
+
+    // Writes still queued on `a` when `b` copies: the copy must come after them.
+    let mut src = pool.get_buffer_1d::<u8>(n)?;
+    src.set_to(0)?;
+    a.synchronize()?;
+    stall(&a, &k, &tick_a)?;
+    src.set_to(1)?;
+    dst.copy_from(&src)?;
+    let stale = dst.to_vec()?.iter().filter(|&&v| v != 1).count();
+    println!("copy after the source stream's writes: {stale} of {n} bytes stale");
+    assert_eq!(stale, 0);
+    a.synchronize()?;
+
+    // The copy still queued on `b` when `src` goes back to `a`'s stack and is reused at once.
+    stall(&b, &k, &tick_b)?;
+    dst.copy_from(&src)?;
+    let address = src.device_ptr();
+    drop(src);
+    let mut reused = pool.get_buffer_1d::<u8>(n)?;
+    assert_eq!(
+        reused.device_ptr(),
+        address,
+        "the stack hands the memory out again"
+    );
+    reused.set_to(2)?;
+    let clobbered = dst.to_vec()?.iter().filter(|&&v| v != 1).count();
+    println!("copy before the source's memory was reused: {clobbered} of {n} bytes clobbered");
+    assert_eq!(clobbered, 0);
     Ok(())
 }

@@ -91,9 +91,10 @@ enum Exit {
 }
 
 #[pooled(stream)]
-#[expect(
+#[allow(
     clippy::never_loop,
-    reason = "the loop exists to be left by `break` and `return`"
+    reason = "the loop exists to be left by `break` and `return` (clippy may not see it: the \
+              loop's block holds a buffer, so its braces come from the macro)"
 )]
 fn early_exits(stream: &Stream, how: u8) -> Result<Exit, PoolError> {
     let _outer = buffer!(128; u32)?;
@@ -334,4 +335,108 @@ fn the_dsl_falls_back_like_the_runtime() -> Result<(), PoolError> {
         set_buffer_pool_config(device, 10 << 20, 5)?;
         Ok(())
     })
+}
+
+#[pooled(stream)]
+fn attributes_apply_to_the_whole_buffer(stream: &Stream) -> Result<usize, PoolError> {
+    #[cfg(any())]
+    let never = buffer!(1 << 20; u8)?;
+    #[cfg(test)]
+    let always = buffer!(16; u8)?;
+    #[allow(unused_mut)]
+    let mut quiet = buffer!(2, 2; u8)?;
+    Ok(always.len() + quiet.len())
+}
+
+#[test]
+fn a_buffer_disabled_by_cfg_is_not_taken() -> Result<(), PoolError> {
+    each_device("dsl_cfg", |device| {
+        let stream = Stream::new(device)?;
+        assert_eq!(attributes_apply_to_the_whole_buffer(&stream)?, 16 + 4);
+        assert_eq!(
+            stream.stats().stack_allocations,
+            2,
+            "only the two enabled buffers"
+        );
+        clean(&stream);
+        Ok(())
+    })
+}
+
+#[pooled(stream)]
+fn raw_names(stream: &Stream) -> Result<usize, PoolError> {
+    let r#type = buffer!(8; u8)?;
+    let mut r#loop = buffer!(2, 3; u16)?;
+    r#loop.set_to(5)?;
+    let r#async = gpu_scope!(stream, {
+        let r#fn = buffer!(4; u32)?;
+        r#fn.len()
+    });
+    Ok(r#type.len()
+        + r#loop
+            .to_vec()?
+            .iter()
+            .map(|&v| usize::from(v))
+            .sum::<usize>()
+        + r#async)
+}
+
+#[test]
+fn raw_identifiers_stay_raw() -> Result<(), PoolError> {
+    each_device("dsl_raw", |device| {
+        let stream = Stream::new(device)?;
+        assert_eq!(raw_names(&stream)?, 8 + 6 * 5 + 4);
+        clean(&stream);
+        Ok(())
+    })
+}
+
+#[pooled(stream)]
+fn temporaries_around_dsl_lines(stream: &Stream) -> Result<usize, PoolError> {
+    let pool = BufferPool::new(stream);
+    // A runtime-API temporary in a size: taken and released before `a` is taken.
+    let a = buffer!(pool.get_buffer_1d::<u8>(7)?.len(), pool.get_buffer::<u8>(2, 2)?.rows(); u8)?;
+    // A temporary in a block's tail: released before the block's own buffers.
+    let inner = {
+        let b = buffer!(5; u8)?;
+        b.len() + pool.get_buffer_1d::<u8>(3)?.len()
+    };
+    let scoped = gpu_scope!(stream, {
+        let c = buffer!(9; u8)?;
+        c.len() + pool.get_buffer_1d::<u16>(3)?.len()
+    });
+    Ok(a.len() + inner + scoped)
+}
+
+#[test]
+fn temporaries_in_dsl_lines_keep_lifo_order() -> Result<(), PoolError> {
+    each_device("dsl_temporaries", |device| {
+        let stream = Stream::new(device)?;
+        assert_eq!(temporaries_around_dsl_lines(&stream)?, 7 * 2 + 8 + 12);
+        clean(&stream);
+        Ok(())
+    })
+}
+
+/// Aligned above what device memory guarantees.
+#[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C, align(512))]
+struct Wide([u8; 512]);
+
+#[pooled(stream)]
+fn over_aligned(stream: &Stream) -> Result<usize, PoolError> {
+    let w = buffer!(4, 4; Wide)?;
+    Ok(w.len())
+}
+
+#[test]
+fn an_over_aligned_element_is_an_error_through_the_dsl_too() -> Result<(), PoolError> {
+    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let err = over_aligned(&stream).unwrap_err();
+    assert!(
+        matches!(err, PoolError::UnsupportedAlignment { align: 512, .. }),
+        "{err}"
+    );
+    clean(&stream);
+    Ok(())
 }

@@ -40,7 +40,12 @@ fn child_reports_what_it_sees() {
             gpu_pool::buffer_pool_usage(),
             stream.stack_index()
         ),
-        Err(e) => println!("RESULT error={e}"),
+        Err(e) => println!(
+            "RESULT error={e} stats_config_is_err={} fallback_is_err={} strict_is_err={}",
+            device.stats().config.is_err(),
+            device.fallback().is_err(),
+            device.strict_lifo().is_err(),
+        ),
     }
 }
 
@@ -51,7 +56,7 @@ fn a_valid_value_configures_every_device() {
         out.contains("stack_size: 67108864, stack_count: 2"),
         "{out}"
     );
-    assert!(out.contains("fallback=Driver"), "{out}");
+    assert!(out.contains("fallback=Ok(Driver)"), "{out}");
 }
 
 #[test]
@@ -65,6 +70,11 @@ fn a_malformed_value_is_an_error_at_first_use() {
     let out = run_child("stack_size=64MiB,stack_cnt=2");
     assert!(out.contains("RESULT error=invalid GPU_POOL_CONF"), "{out}");
     assert!(out.contains("unknown key `stack_cnt`"), "{out}");
+    // The settings the variable would have chosen are that error too, not silent defaults.
+    assert!(
+        out.contains("stats_config_is_err=true fallback_is_err=true strict_is_err=true"),
+        "{out}"
+    );
 }
 
 #[test]

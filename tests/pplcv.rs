@@ -35,15 +35,15 @@ fn blocks_take_the_first_gap_that_holds_them() -> Result<(), PoolError> {
     ppl_cuda_malloc(100, &mut a)?;
     ppl_cuda_malloc_pitch(700, 2, &mut b)?; // pitch 1024: 2048 bytes
     ppl_cuda_malloc(512, &mut c)?;
-    assert_eq!((a.offset, b.offset, c.offset), (0, 512, 2560));
-    assert_eq!((b.pitch, b.size, a.pitch), (1024, 2048, 0));
+    assert_eq!((a.offset(), b.offset(), c.offset()), (0, 512, 2560));
+    assert_eq!((b.pitch(), b.size(), a.pitch()), (1024, 2048, 0));
     ppl_cuda_free(&mut b)?;
     let mut d = GpuMemoryBlock::default();
     ppl_cuda_malloc(1000, &mut d)?;
-    assert_eq!(d.offset, 512, "the freed gap is reused first");
+    assert_eq!(d.offset(), 512, "the freed gap is reused first");
     let mut e = GpuMemoryBlock::default();
     ppl_cuda_malloc(1000, &mut e)?;
-    assert_eq!(e.offset, 1536, "the rest of the gap");
+    assert_eq!(e.offset(), 1536, "the rest of the gap");
     assert_eq!(memory_pool_in_use(), Some(100 + 512 + 1000 + 1000));
     drop((a, c, d, e)); // blocks free themselves
     assert_eq!(memory_pool_in_use(), Some(0));
@@ -136,7 +136,7 @@ fn on_the_gpu_the_pool_is_one_driver_allocation() -> Result<(), PoolError> {
     for _ in 0..1000 {
         let mut block = GpuMemoryBlock::default();
         ppl_cuda_malloc_pitch(1920 * 4, 1080, &mut block)?;
-        assert_eq!(block.pitch, 7680);
+        assert_eq!(block.pitch(), 7680);
         ppl_cuda_free(&mut block)?;
     }
     shutdown_gpu_memory_pool()?;
@@ -148,4 +148,64 @@ fn on_the_gpu_the_pool_is_one_driver_allocation() -> Result<(), PoolError> {
         gpu.id()
     );
     Ok(())
+}
+
+#[test]
+fn a_zero_byte_block_never_touches_another_blocks_record() -> Result<(), PoolError> {
+    let _g = serial();
+    activate_gpu_memory_pool_on(&Device::host_with_limit(None), 4 * 512)?;
+    let mut a = GpuMemoryBlock::default();
+    ppl_cuda_malloc(100, &mut a)?;
+    let (mut zero, mut zero_2d) = (GpuMemoryBlock::default(), GpuMemoryBlock::default());
+    ppl_cuda_malloc(0, &mut zero)?;
+    ppl_cuda_malloc_pitch(0, 7, &mut zero_2d)?;
+    assert!(zero.is_allocated() && zero_2d.is_allocated());
+    assert_eq!((zero.size(), zero_2d.size()), (0, 0));
+    assert!(zero.host_bytes_mut()?.is_empty(), "no bytes to alias");
+
+    // The next block may not land on `a`: its record is intact.
+    let mut b = GpuMemoryBlock::default();
+    ppl_cuda_malloc(100, &mut b)?;
+    assert_eq!((a.offset(), b.offset()), (0, 512));
+    a.host_bytes_mut()?.fill(0xaa);
+    b.host_bytes_mut()?.fill(0xbb);
+    assert!(a.host_bytes_mut()?.iter().all(|&x| x == 0xaa));
+
+    // Freeing the zero-byte blocks frees them, not `a`.
+    ppl_cuda_free(&mut zero)?;
+    drop(zero_2d);
+    assert_eq!(memory_pool_in_use(), Some(200));
+    drop(b);
+    let live = shutdown_gpu_memory_pool().unwrap_err();
+    assert!(
+        matches!(live, PoolError::ConfigInUse { held: 1, .. }),
+        "`a` is still live: {live}"
+    );
+    ppl_cuda_free(&mut a)?;
+
+    // A live zero-byte block keeps the pool from shutting down, like any block.
+    let mut zero = GpuMemoryBlock::default();
+    ppl_cuda_malloc(0, &mut zero)?;
+    assert!(matches!(
+        shutdown_gpu_memory_pool(),
+        Err(PoolError::ConfigInUse { held: 1, .. })
+    ));
+    drop(zero);
+    shutdown_gpu_memory_pool()
+}
+
+#[test]
+fn a_block_from_another_activation_is_refused_and_keeps_its_bytes_apart() -> Result<(), PoolError> {
+    let _g = serial();
+    let device = Device::host_with_limit(None);
+    activate_gpu_memory_pool_on(&device, 4096)?;
+    let mut old = GpuMemoryBlock::default();
+    ppl_cuda_malloc(64, &mut old)?;
+    let mut same_place = GpuMemoryBlock::default();
+    std::mem::swap(&mut same_place, &mut old); // moving a block moves its identity, nothing else
+    assert!(!old.is_allocated() && same_place.is_allocated());
+    assert_eq!((old.data(), old.device_ptr()), (0, 0));
+    ppl_cuda_free(&mut same_place)?;
+    assert!(ppl_cuda_free(&mut same_place).is_err());
+    shutdown_gpu_memory_pool()
 }

@@ -8,7 +8,7 @@ use syn::{FnArg, Ident, ItemFn, Pat};
 
 use crate::args::{ScopeArgs, StreamArg};
 use crate::error::{Errors, to_compile_errors};
-use crate::rewrite::{Rewriter, frame_ident};
+use crate::rewrite::{Rewriter, find_await, frame_ident};
 
 /// `#[pooled(STREAM)]` on `item`.
 pub(crate) fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -194,6 +194,14 @@ fn open_frame(stream: &syn::Expr) -> TokenStream {
 pub(crate) fn gpu_scope(input: TokenStream) -> TokenStream {
     let expanded = syn::parse2::<ScopeArgs>(input).and_then(|mut args| {
         let mut rewriter = Rewriter::new();
+        if let Some(await_) = find_await(args.body.to_token_stream()) {
+            rewriter.errors.push_at(
+                await_,
+                "`.await` cannot be used inside `gpu_scope!`: a future suspended here would hold \
+                 the scope's buffers, and could be dropped or forgotten while other code takes \
+                 buffers from the stream; close the scope before awaiting",
+            );
+        }
         rewriter.visit_block_mut(&mut args.body);
         rewriter.errors.finish()?;
         prepend(&mut args.body, open_frame(&args.stream))?;

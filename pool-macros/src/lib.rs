@@ -42,11 +42,18 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// fn blur_rows(stream: &Stream, src: &GpuMat<'_, u8>) -> Result<usize, PoolError> {
-///     let __gpu_pool_frame = ::gpu_pool::__private::frame(&stream);
-///     let mut __gpu_pool_owner_0 = __gpu_pool_frame.take::<u8>(src.rows(), src.cols())?;
-///     let mut tmp = __gpu_pool_owner_0.handle();
-///     let mut __gpu_pool_owner_1 = __gpu_pool_frame.take_1d::<f32>(src.rows())?;
-///     let sums = __gpu_pool_owner_1.handle();
+///     let __gpu_pool_frame = ::gpu_pool::__private::frame(&*stream);
+///     let mut tmp = {
+///         let __gpu_pool_size_0: usize = src.rows();   // sizes first: their temporaries are
+///         let __gpu_pool_size_1: usize = src.cols();   // gone before the buffer is taken
+///         __gpu_pool_frame.take::<u8>(__gpu_pool_size_0, __gpu_pool_size_1)
+///     }?;
+///     let mut tmp = tmp.handle();                       // the handle shadows its owner
+///     let mut sums = {
+///         let __gpu_pool_size_0: usize = src.rows();
+///         __gpu_pool_frame.take_1d::<f32>(__gpu_pool_size_0)
+///     }?;
+///     let sums = sums.handle();
 ///     tmp.copy_from(src)?;
 ///     Ok(tmp.step() + sums.len())
 /// }
@@ -54,10 +61,14 @@ use proc_macro::TokenStream;
 ///
 /// Each owner is a local declared where the user's `let` stands, so Rust drops the owners in reverse
 /// order on every way out: the end of a block or loop iteration, `return`, `?`, `break`, and
-/// unwinding. The handle (`Pooled`) borrows its owner and offers no `&mut GpuMat`, so a buffer can
-/// neither escape its scope nor be swapped into another owner. `buffer!` works at any depth of the
-/// body (blocks, `if`, `match`, loops, closures) but not in `async` blocks, nested functions, or
-/// inside other macros' arguments. Refused at compile time: `async fn`, `const fn`, items that are no
+/// unwinding. Attributes on the `let` (`#[cfg(..)]`, lints) apply to the owner and the handle alike,
+/// and a block that holds buffers drops its tail's temporaries before them, in every edition. The
+/// handle (`Pooled`) borrows its owner and offers no `&mut GpuMat`, so a buffer can neither escape
+/// its scope nor be swapped into another owner.
+///
+/// `buffer!` works at any depth of the body (blocks, `if`, `match`, loops, closures) but not in
+/// nested functions or inside other macros' arguments; neither it nor `gpu_scope!` may stand in an
+/// `async` block or closure. Refused at compile time: `async fn`, `const fn`, items that are no
 /// function, and a stream that names no parameter.
 #[proc_macro_attribute]
 pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -67,7 +78,9 @@ pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// Opens a frame on a stream for one block: `gpu_scope!(stream, { .. })`, usable in any function
 /// (with or without `#[pooled]`) and in closures. The block's `buffer!`s come from that stream and
 /// are given back, in reverse order, when the block ends; the block's value is the macro's value.
-/// Buffers of an enclosing frame stay usable inside.
+/// Buffers of an enclosing frame stay usable inside. An `.await` inside the block (macro arguments
+/// included) is a compile error: a future suspended there would hold the buffers while other code
+/// takes more from the stream. Close the scope, then await.
 ///
 /// ```
 /// use gpu_pool::prelude::*;
@@ -94,9 +107,10 @@ pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// ```text
 /// {
-///     let __gpu_pool_frame = ::gpu_pool::__private::frame(&a);
-///     let mut __gpu_pool_owner_0 = __gpu_pool_frame.take_1d::<u8>(16)?;
-///     let mut x = __gpu_pool_owner_0.handle();
+///     let __gpu_pool_stream = &(a);
+///     let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
+///     let mut x = { let __gpu_pool_size_0: usize = 16; __gpu_pool_frame.take_1d::<u8>(__gpu_pool_size_0) }?;
+///     let mut x = x.handle();
 ///     ...
 /// }
 /// ```

@@ -46,25 +46,44 @@ impl Rewriter {
         let args: BufferArgs = mac.parse_body()?;
         // The owner takes the user's name where there is one, shadowed at once by the handle: a
         // borrow error then reads "`name` does not live long enough" at the user's `buffer!`.
+        // Cloned, not rebuilt from its text, so a raw name (`r#type`) stays raw.
         let span = Span::mixed_site().located_at(mac.span());
         let owner = match &local.pat {
-            syn::Pat::Ident(p) if p.subpat.is_none() => Ident::new(&p.ident.to_string(), span),
+            syn::Pat::Ident(p) if p.subpat.is_none() => {
+                let mut owner = p.ident.clone();
+                owner.set_span(span);
+                owner
+            }
             _ => format_ident!("__gpu_pool_owner_{}", self.next_owner, span = span),
         };
         self.next_owner += 1;
         let frame = &self.frame;
         let elem = &args.elem;
-        // Spanned on the user's `buffer!`, so a bad size or element type is reported there.
-        let take = match args.sizes.as_slice() {
+        // The sizes are evaluated, and their temporaries dropped, before the buffer is taken: a
+        // temporary buffer in a size expression would otherwise be released after this one, out of
+        // LIFO order. Typed `usize`, so a size of another type is reported on the user's tokens.
+        let sizes: Vec<Ident> = (0..args.sizes.len())
+            .map(|i| format_ident!("__gpu_pool_size_{}", i, span = span))
+            .collect();
+        let size_exprs = &args.sizes;
+        // Spanned on the user's `buffer!`, so a bad element type is reported there.
+        let take = match sizes.as_slice() {
             [len] => quote_spanned!(mac.span()=> #frame.take_1d::<#elem>(#len)),
             [rows, cols] => quote_spanned!(mac.span()=> #frame.take::<#elem>(#rows, #cols)),
             _ => unreachable!("BufferArgs holds one or two sizes"),
         };
         let postfix = postfix.tokens();
+        // The user's attributes (`#[cfg(..)]`, lints) apply to the whole buffer: the owner that
+        // takes it and the handle alike, so a buffer disabled by `cfg` is not taken.
         let attrs = &local.attrs;
         let pat = &local.pat;
-        let owner_stmt: Stmt =
-            syn::parse2(quote_spanned! {mac.span()=> let mut #owner = #take #postfix; })?;
+        let owner_stmt: Stmt = syn::parse2(quote_spanned! {mac.span()=>
+            #(#attrs)*
+            let mut #owner = {
+                #(let #sizes: usize = #size_exprs;)*
+                #take
+            } #postfix;
+        })?;
         // Spanned on `buffer!` too: a borrow error about the handle points at the user's line.
         let handle = quote_spanned!(mac.span()=> #owner.handle());
         let handle_stmt: Stmt = syn::parse2(quote! { #(#attrs)* let #pat = #handle; })?;
@@ -123,6 +142,7 @@ const NOT_A_LET: &str = "`buffer!` must be the whole initializer of a `let`: wri
 impl VisitMut for Rewriter {
     fn visit_block_mut(&mut self, block: &mut Block) {
         let stmts = std::mem::take(&mut block.stmts);
+        let mut owners = false;
         for mut stmt in stmts {
             if let Stmt::Local(local) = &stmt
                 && let Some(init) = &local.init
@@ -136,6 +156,7 @@ impl VisitMut for Rewriter {
                     Ok((mac, postfix)) => match self.expand_let(local, mac, &postfix) {
                         Ok(pair) => {
                             block.stmts.extend(pair);
+                            owners = true;
                             continue;
                         }
                         Err(e) => self.errors.push(e),
@@ -151,28 +172,19 @@ impl VisitMut for Rewriter {
             self.visit_stmt_mut(&mut stmt);
             block.stmts.push(stmt);
         }
+        if owners {
+            drop_tail_temporaries_first(block);
+        }
     }
 
     fn visit_expr_mut(&mut self, expr: &mut Expr) {
         match expr {
             Expr::Macro(m) if is_buffer(&m.mac) => self.errors.push_at(&m.mac, NOT_A_LET),
-            Expr::Async(a) => {
-                if let Some(mac) = find_buffer(&a.block) {
-                    self.errors.push_at(
-                        mac,
-                        "`buffer!` cannot be used inside an `async` block: a future can be dropped at \
-                         any time, so its buffers would not be released in order",
-                    );
-                }
-            }
+            // Reported in place, so the rest of the function still expands: a stub body could not
+            // stand in for a function that returns the future (`impl Future`).
+            Expr::Async(a) => refuse_dsl_in(&mut a.block, "an `async` block"),
             Expr::Closure(c) if c.asyncness.is_some() => {
-                if let Some(mac) = find_buffer_in_expr(&c.body) {
-                    self.errors.push_at(
-                        mac,
-                        "`buffer!` cannot be used inside an `async` closure: its future can be dropped \
-                         at any time, so its buffers would not be released in order",
-                    );
-                }
+                refuse_dsl_in_expr(&mut c.body, "an `async` closure");
             }
             _ => visit_mut::visit_expr_mut(self, expr),
         }
@@ -189,25 +201,89 @@ impl VisitMut for Rewriter {
     }
 }
 
-/// The first `buffer!` in a block that will not be rewritten (for a precise error).
-fn find_buffer(block: &Block) -> Option<&Macro> {
-    struct Find<'a>(Option<&'a Macro>);
-    impl<'a> syn::visit::Visit<'a> for Find<'a> {
-        fn visit_macro(&mut self, mac: &'a Macro) {
-            if self.0.is_none() && is_buffer(mac) {
-                self.0 = Some(mac);
-            }
-        }
-        fn visit_item(&mut self, _: &'a syn::Item) {}
-    }
-    let mut find = Find(None);
-    syn::visit::Visit::visit_block(&mut find, block);
-    find.0
+/// Gives a block edition 2024's drop order for its tail: the tail's temporaries are dropped before
+/// the block's locals. Under edition 2021 (decided by the span of the block's braces) they outlive
+/// the locals, so a temporary buffer in the tail would be released after the owners declared in
+/// the block, out of LIFO order. The braces keep their place, so diagnostics still point at them;
+/// only their hygiene, and with it their edition, becomes this crate's. Unlike binding the tail to
+/// a local, this adds no code after a tail that diverges, so no `unreachable_code` warning. (Lints
+/// that skip macro output, such as clippy's `never_loop`, then skip such a block too.)
+fn drop_tail_temporaries_first(block: &mut Block) {
+    let braces = block.brace_token.span.join();
+    block.brace_token = syn::token::Brace(Span::mixed_site().located_at(braces));
 }
 
-fn find_buffer_in_expr(expr: &Expr) -> Option<&Macro> {
-    match expr {
-        Expr::Block(b) => find_buffer(&b.block),
-        other => as_buffer(other),
+/// `gpu_scope!`, `gpu_pool::gpu_scope!` or `::gpu_pool::gpu_scope!`.
+fn is_gpu_scope(mac: &Macro) -> bool {
+    mac.path
+        .segments
+        .last()
+        .is_some_and(|s| s.ident == "gpu_scope")
+}
+
+fn in_async(mac: &Macro, context: &str) -> String {
+    let name = if is_buffer(mac) {
+        "buffer!"
+    } else {
+        "gpu_scope!"
+    };
+    format!(
+        "`{name}` cannot be used inside {context}: a future can be suspended, dropped or forgotten \
+         at any `.await`, so its buffers would not be released in order; take buffers in the \
+         synchronous code around it"
+    )
+}
+
+/// Turns every `buffer!` and `gpu_scope!` in `block` (outside nested items) into a
+/// `compile_error!` on the user's tokens saying why it cannot be used in `context`.
+fn refuse_dsl_in(block: &mut Block, context: &str) {
+    struct Refuse<'a>(&'a str);
+    impl VisitMut for Refuse<'_> {
+        fn visit_macro_mut(&mut self, mac: &mut Macro) {
+            if is_buffer(mac) || is_gpu_scope(mac) {
+                let message = in_async(mac, self.0);
+                let span = mac.path.span();
+                mac.path = syn::parse_quote_spanned!(span=> ::core::compile_error);
+                mac.tokens = quote_spanned!(mac.delimiter.span().join()=> #message);
+            }
+        }
+        fn visit_item_mut(&mut self, _: &mut syn::Item) {}
     }
+    Refuse(context).visit_block_mut(block);
+}
+
+fn refuse_dsl_in_expr(expr: &mut Expr, context: &str) {
+    let mut block: Block = syn::parse_quote!({ #expr });
+    refuse_dsl_in(&mut block, context);
+    *expr = Expr::Block(syn::ExprBlock {
+        attrs: Vec::new(),
+        label: None,
+        block,
+    });
+}
+
+/// The first `.await` in `tokens`, at any depth, macro arguments included: inside a frame it would
+/// suspend a future that holds the frame's buffers.
+pub(crate) fn find_await(tokens: TokenStream) -> Option<TokenStream> {
+    let mut previous: Option<proc_macro2::Punct> = None;
+    for token in tokens {
+        match &token {
+            proc_macro2::TokenTree::Ident(ident) if ident == "await" => {
+                if let Some(dot) = previous.take().filter(|p| p.as_char() == '.') {
+                    return Some(quote!(#dot #ident));
+                }
+            }
+            proc_macro2::TokenTree::Group(group) => {
+                if let Some(found) = find_await(group.stream()) {
+                    return Some(found);
+                }
+            }
+            _ => {}
+        }
+        previous = match token {
+            proc_macro2::TokenTree::Punct(p) => Some(p),
+            _ => None,
+        };
+    }
+    None
 }

@@ -50,7 +50,7 @@ impl<'s> BufferPool<'s> {
     // take (measured: 20 ns against 9 ns in a crate with the default 16 codegen units).
     #[inline(always)]
     pub fn get_buffer<T: Pod>(&self, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
-        let layout = Layout::new(rows, cols, size_of::<T>(), self.stream.texture_alignment)?;
+        let layout = Layout::of::<T>(rows, cols, self.stream.texture_alignment)?;
         let (ptr, pitch, origin) = self.stream.take(&layout)?;
         Ok(GpuMat {
             ptr,
@@ -105,12 +105,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     /// long-lived data such as inputs and outputs, which need not follow the stack's LIFO order.
     /// Its pitch is the driver's choice.
     pub fn new(stream: &'s Stream, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
-        let layout = Layout::new(
-            rows,
-            cols,
-            size_of::<T>(),
-            stream.device().texture_alignment(),
-        )?;
+        let layout = Layout::of::<T>(rows, cols, stream.device().texture_alignment())?;
         let (ptr, pitch, origin) = if layout.is_empty() {
             (0, layout.pitch, Origin::Empty)
         } else {
@@ -153,6 +148,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
 
     /// Elements (`rows * cols`).
     pub fn len(&self) -> usize {
+        // Cannot wrap: every buffer's layout checked `rows * cols`, zero-sized elements included.
         self.rows * self.cols
     }
 
@@ -206,7 +202,11 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         }
     }
 
-    /// Copies `data` (`rows * cols` elements, row-major) into the buffer, on its stream.
+    /// Copies `data` (`rows * cols` elements, row-major) into the buffer, on its stream, and waits
+    /// until `data` has been read: `data` may be changed or freed as soon as this returns, even if
+    /// it is page-locked memory (such as [`MixMemory::cpu`](crate::MixMemory::cpu)'s), which the
+    /// driver copies asynchronously. For uploads that overlap other work, use
+    /// [`MixMemory::copy_to_gpu_async`](crate::MixMemory::copy_to_gpu_async), which tracks the copy.
     pub fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
         self.check_len(data.len())?;
         if self.is_empty() || size_of::<T>() == 0 {
@@ -214,7 +214,8 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         }
         let region = self.region();
         // SAFETY: `region` is this buffer's live memory (its shape is what was allocated), and
-        // `data` holds `rows` rows of `width` bytes back to back.
+        // `data` holds `rows` rows of `width` bytes back to back; it stays borrowed until the
+        // synchronize below has seen the copy finish.
         unsafe {
             self.backend().upload(
                 region,
@@ -222,7 +223,10 @@ impl<'s, T: Pod> GpuMat<'s, T> {
                 region.width,
                 &self.stream.raw,
             )
-        }
+        }?;
+        // `data` is borrowed only for this call. From pageable memory the driver returns once it
+        // has staged the bytes, but from page-locked memory the copy is still in flight.
+        self.stream.synchronize()
     }
 
     /// Copies the buffer into `out` (`rows * cols` elements, row-major) and waits for the copy.
@@ -266,7 +270,10 @@ impl<'s, T: Pod> GpuMat<'s, T> {
 
     /// Copies `src` (same shape, same device) into this buffer, on this buffer's stream.
     ///
-    /// `src` must not be in use by another stream's unfinished work.
+    /// When `src` belongs to another stream, the copy waits for the work queued on `src`'s stream
+    /// so far (so it reads what that work wrote), and `src`'s memory is not reused by its stream
+    /// until the copy is done (as after [`record_stream`](Self::record_stream)). Neither stream
+    /// blocks the host.
     pub fn copy_from(&mut self, src: &GpuMat<'_, T>) -> Result<(), PoolError> {
         if src.stream.device() != self.stream.device() {
             return Err(PoolError::DeviceMismatch {
@@ -275,20 +282,28 @@ impl<'s, T: Pod> GpuMat<'s, T> {
             });
         }
         if (src.rows, src.cols) != (self.rows, self.cols) {
-            return Err(PoolError::ShapeMismatch {
-                expected: self.len(),
-                actual: src.len(),
+            return Err(PoolError::DimensionMismatch {
+                dst: (self.rows, self.cols),
+                src: (src.rows, src.cols),
             });
         }
         if self.is_empty() || size_of::<T>() == 0 {
             return Ok(());
+        }
+        let cross_stream = !std::ptr::eq(src.stream, self.stream);
+        if cross_stream && let Some(written) = self.backend().record_event(&src.stream.raw)? {
+            self.backend().wait_event(&self.stream.raw, written)?;
         }
         // SAFETY: both regions are live buffers of this device; `&mut self` and `&src` cannot be
         // the same buffer, and live buffers never overlap.
         unsafe {
             self.backend()
                 .copy(self.region(), src.region(), &self.stream.raw)
+        }?;
+        if cross_stream {
+            src.stream.defer_wait_for(self.stream)?;
         }
+        Ok(())
     }
 
     /// Tells the pool that work queued on `user` (another stream of the same device) so far uses this
@@ -435,9 +450,12 @@ impl<'a, T: Pod> GpuView<'a, T> {
                 return &[][..];
             }
             // SAFETY: on the host backend the address is host memory of a buffer borrowed for 'a;
-            // row `r` holds `cols` initialised (zeroed or written) `T`s, aligned since stack and
-            // driver blocks are 512-aligned and the pitch is a multiple of `size_of::<T>()`; the
-            // shared borrow keeps writers out.
+            // row `r` holds `cols` initialised (zeroed or written) `T`s. It is aligned for `T`:
+            // `align_of::<T>()` is at most MAX_ELEMENT_ALIGN (checked by `Layout::of`), every
+            // buffer's address is a multiple of it (stack blocks and driver allocations are
+            // 512-aligned on the host, fallback allocations are checked by `validate`), and so is
+            // the pitch (a multiple of the texture alignment, of `size_of::<T>()`, or checked).
+            // The shared borrow keeps writers out.
             unsafe {
                 std::slice::from_raw_parts(
                     (self.ptr as usize + r * self.pitch) as *const T,
@@ -460,8 +478,9 @@ impl<T: Pod> GpuViewMut<'_, T> {
             return Ok(());
         }
         for r in 0..self.rows {
-            // SAFETY: as in `GpuView::host_rows`, and the view's exclusive borrow of the buffer makes
-            // the row ours alone; rows do not overlap since the pitch is at least the row width.
+            // SAFETY: as in `GpuView::host_rows` (address, pitch and alignment), and the view's
+            // exclusive borrow of the buffer makes the row ours alone; rows do not overlap since the
+            // pitch is at least the row width.
             let row = unsafe {
                 std::slice::from_raw_parts_mut(
                     (self.ptr as usize + r * self.pitch) as *mut T,

@@ -229,7 +229,8 @@ unsafe impl GpuAllocator for CachingPool {
         ctx: &AllocContext<'_>,
         req: &AllocRequest,
     ) -> Result<Allocation, PoolError> {
-        if ctx.device_id() != self.id {
+        // Devices, not ids, are compared: memory must never cross to another device's buffers.
+        if !std::ptr::eq(ctx.device, self.device.as_ptr()) {
             return Err(PoolError::DeviceMismatch {
                 expected: self.id,
                 actual: ctx.device_id(),
@@ -340,6 +341,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn devices_that_share_an_id_still_keep_their_memory_apart() -> Result<(), PoolError> {
+        // Ids are unique now, but the pool must not rely on that: forge two devices with one id.
+        let same = DeviceId::Host(7);
+        let host = |id| {
+            Device::from_backend(
+                id,
+                Box::new(crate::backend::host::HostBackend::new(id, None)),
+            )
+        };
+        let (a, b) = (host(same), host(same));
+        let cache = std::sync::Arc::new(CachingPool::new(&a));
+        let on_a = crate::Stream::with_allocator(&a, cache.clone())?;
+        drop(crate::BufferPool::new(&on_a).get_buffer_1d::<u8>(4096)?); // now held by the cache
+        let on_b = crate::Stream::with_allocator(&b, cache.clone())?;
+        let err = crate::BufferPool::new(&on_b)
+            .get_buffer_1d::<u8>(4096)
+            .unwrap_err();
+        assert!(matches!(err, PoolError::DeviceMismatch { .. }), "{err}");
+        assert_eq!(cache.stats().held_blocks, 1, "a's block stays a's");
+        Ok(())
     }
 
     #[test]

@@ -118,7 +118,8 @@ impl Default for PoolConfig {
 /// use pool_runtime::{Device, Fallback};
 /// let device = Device::host_with_limit(None);
 /// device.set_fallback(Fallback::Error);
-/// assert_eq!(device.fallback(), Fallback::Error);
+/// assert_eq!(device.fallback()?, Fallback::Error);
+/// # Ok::<(), pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -4,7 +4,7 @@
 //! stacks to streams and back takes the device's lock; nothing on the allocation hot path does.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use crate::backend::host::HostBackend;
@@ -15,6 +15,7 @@ use crate::error::{DeviceId, PoolError};
 use crate::stack::Stack;
 use crate::stats::{DeviceStats, Retired, StreamCounters, StreamStats, sum_streams};
 use crate::sync;
+use crate::unique::Counter;
 
 /// A device: the host backend or a CUDA GPU. Cheap to clone; clones share one pool.
 ///
@@ -85,6 +86,9 @@ impl StreamShared {
 
 static REGISTRY: Mutex<Vec<Weak<DeviceInner>>> = Mutex::new(Vec::new());
 
+/// Numbers of private host devices; 0 is [`Device::host`]'s.
+static HOST_IDS: Counter = Counter::new();
+
 /// Every device alive now, in creation order.
 pub(crate) fn all_devices() -> Vec<Device> {
     lock(&REGISTRY)
@@ -145,8 +149,7 @@ impl Device {
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn host_with_limit(limit: Option<usize>) -> Device {
-        static NEXT: AtomicU32 = AtomicU32::new(1);
-        let id = DeviceId::Host(NEXT.fetch_add(1, Relaxed));
+        let id = DeviceId::Host(HOST_IDS.next());
         Device::from_backend(id, Box::new(HostBackend::new(id, limit)))
     }
 
@@ -216,8 +219,7 @@ impl Device {
     /// assert_eq!(device.host_live_bytes(), Some(0));
     /// ```
     pub fn host_with_fault(fail_at: u64) -> Device {
-        static NEXT: AtomicU32 = AtomicU32::new(1 << 30);
-        let id = DeviceId::Host(NEXT.fetch_add(1, Relaxed));
+        let id = DeviceId::Host(HOST_IDS.next());
         Device::from_backend(id, Box::new(HostBackend::with_fault(id, None, fail_at)))
     }
 
@@ -289,16 +291,20 @@ impl Device {
     }
 
     /// The fallback new streams get: the last [`Device::set_fallback`], else `GPU_POOL_CONF`'s,
-    /// else stream-ordered where supported and the driver allocator elsewhere.
-    pub fn fallback(&self) -> Fallback {
+    /// else stream-ordered where supported and the driver allocator elsewhere. A malformed
+    /// `GPU_POOL_CONF` is its error (as for [`Stream::new`](crate::Stream::new)) unless an explicit
+    /// setting makes it irrelevant.
+    pub fn fallback(&self) -> Result<Fallback, PoolError> {
         let explicit = self.inner.lock_state().fallback;
-        explicit
-            .or_else(|| config::env_config().ok().and_then(|e| e.fallback))
-            .unwrap_or(if self.supports_stream_ordered() {
-                Fallback::StreamOrdered
-            } else {
-                Fallback::Driver
-            })
+        let chosen = match explicit {
+            Some(fallback) => Some(fallback),
+            None => config::env_config()?.fallback,
+        };
+        Ok(chosen.unwrap_or(if self.supports_stream_ordered() {
+            Fallback::StreamOrdered
+        } else {
+            Fallback::Driver
+        }))
     }
 
     /// In strict mode a stack buffer released out of LIFO order makes its explicit
@@ -308,12 +314,14 @@ impl Device {
         self.inner.lock_state().strict_lifo = Some(strict);
     }
 
-    /// Whether new streams of this device are strict about LIFO order.
-    pub fn strict_lifo(&self) -> bool {
+    /// Whether new streams of this device are strict about LIFO order; a malformed
+    /// `GPU_POOL_CONF` is its error unless [`Device::set_strict_lifo`] was called.
+    pub fn strict_lifo(&self) -> Result<bool, PoolError> {
         let explicit = self.inner.lock_state().strict_lifo;
-        explicit
-            .or_else(|| config::env_config().ok().and_then(|e| e.strict_lifo))
-            .unwrap_or(false)
+        Ok(match explicit {
+            Some(strict) => strict,
+            None => config::env_config()?.strict_lifo.unwrap_or(false),
+        })
     }
 
     /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
@@ -337,7 +345,7 @@ impl Device {
             sum_streams(&state.retired, &streams);
         DeviceStats {
             device: self.inner.id,
-            config: state.effective_config().unwrap_or_default(),
+            config: state.effective_config(),
             stacks_held: state.arena.as_ref().map_or(0, Arena::held_count),
             stacks_allocated: state.arena.is_some(),
             peak_streams_wanting_stack: state.streams_wanting_peak,

@@ -15,8 +15,9 @@ use crate::stats::FallbackReason;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeviceId {
-    /// A host-backend device; the number tells private host devices apart (`0` is [`crate::Device::host`]).
-    Host(u32),
+    /// A host-backend device; the number tells host devices apart (`0` is [`crate::Device::host`])
+    /// and is never given to two devices of one process.
+    Host(u64),
     /// A CUDA device, by ordinal.
     Cuda(usize),
 }
@@ -69,6 +70,20 @@ pub enum PoolError {
         cols: usize,
         /// `size_of::<T>()`.
         elem_size: usize,
+    },
+
+    /// The element type is aligned more strictly than device memory is guaranteed to be.
+    #[error(
+        "`{type_name}` is aligned to {align} bytes, more than the {max} bytes every device \
+         allocation guarantees; use an element type aligned to at most {max} bytes"
+    )]
+    UnsupportedAlignment {
+        /// The element type.
+        type_name: &'static str,
+        /// `align_of` the element type.
+        align: usize,
+        /// [`MAX_ELEMENT_ALIGN`](crate::MAX_ELEMENT_ALIGN).
+        max: usize,
     },
 
     /// A pool configuration that cannot work.
@@ -169,6 +184,19 @@ pub enum PoolError {
         expected: usize,
         /// Elements given.
         actual: usize,
+    },
+
+    /// Two buffers of a copy differ in rows or columns.
+    #[error(
+        "shape mismatch: the destination is {}x{} (rows x cols), the source {}x{}; copy between \
+         buffers of the same rows and cols, or through a view of the right shape",
+        dst.0, dst.1, src.0, src.1
+    )]
+    DimensionMismatch {
+        /// Rows and columns of the destination.
+        dst: (usize, usize),
+        /// Rows and columns of the source.
+        src: (usize, usize),
     },
 
     /// An operation mixed buffers of different devices.

@@ -11,6 +11,7 @@ use crate::backend::{DevPtr, RawStream};
 use crate::config::Fallback;
 use crate::device::DeviceInner;
 use crate::error::{DeviceId, PoolError};
+use crate::layout::is_aligned;
 use crate::stats::{FallbackReason, StreamCounters};
 
 /// What a buffer request needs.
@@ -31,6 +32,9 @@ pub struct AllocRequest {
     pub reason: FallbackReason,
     /// Bytes left on the stream's stack (0 without one).
     pub stack_free: usize,
+    /// `align_of::<T>()` (at most [`MAX_ELEMENT_ALIGN`](crate::MAX_ELEMENT_ALIGN)): the address
+    /// and the pitch returned must be multiples of it.
+    pub align: usize,
 }
 
 /// Memory handed out by a [`GpuAllocator`].
@@ -113,7 +117,8 @@ impl AllocContext<'_> {
 /// An implementation promises that every `Ok` [`Allocation`] of [`allocate`](Self::allocate) is device
 /// memory of the context's device, exclusively owned by the buffer until `deallocate`, with room for
 /// `request.rows` rows of `request.width_bytes` bytes at the returned pitch. Safe code writes through
-/// it, so a wrong answer is undefined behaviour.
+/// it, so a wrong answer is undefined behaviour. (A null address, a pitch below the row width, or an
+/// address or pitch that is no multiple of `request.align` is caught and refused with an error.)
 ///
 /// ```
 /// use std::sync::Arc;
@@ -262,12 +267,13 @@ pub(crate) fn validate(
     req: &AllocRequest,
     device: DeviceId,
 ) -> Result<DevPtr, PoolError> {
-    if a.ptr == 0 || a.pitch < req.width_bytes {
+    if a.ptr == 0 || a.pitch < req.width_bytes || !is_aligned(a.ptr, a.pitch, req.align) {
         return Err(PoolError::InvalidConfig {
             reason: format!(
-                "the stream's allocator on {device} returned {a:?} for a request of {} bytes per row; \
-                 an allocator must return a non-null address and a pitch of at least the row width",
-                req.width_bytes
+                "the stream's allocator on {device} returned {a:?} for a request of {} bytes per row \
+                 aligned to {}; an allocator must return a non-null address and a pitch of at least \
+                 the row width, both multiples of the alignment",
+                req.width_bytes, req.align
             ),
         });
     }

@@ -6,6 +6,12 @@ use crate::error::PoolError;
 /// Alignment of single-row and single-column buffers (OpenCV rounds their size to 64).
 pub(crate) const CONTIGUOUS_ALIGN: usize = 64;
 
+/// The strictest element alignment a buffer supports: what every source of memory guarantees.
+/// CUDA aligns every allocation to at least 256 bytes; stack blocks and 2D pitches are multiples of
+/// the texture alignment (512 on current GPUs and on the host backend). An element type aligned
+/// more strictly (`#[repr(align(512))]` and up) gets `PoolError::UnsupportedAlignment`.
+pub const MAX_ELEMENT_ALIGN: usize = 256;
+
 /// The memory a buffer of `rows x cols` elements needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
@@ -17,9 +23,28 @@ pub(crate) struct Layout {
     pub(crate) width_bytes: usize,
     /// Bytes to reserve: `pitch * rows` for 2D, rounded to 64 for a row or a column.
     pub(crate) bytes: usize,
+    /// `align_of::<T>()`: the address and the pitch of any memory for it must be multiples of it.
+    pub(crate) elem_align: usize,
 }
 
 impl Layout {
+    /// The layout of `rows x cols` elements of `T`: [`Layout::new`], after checking that `T`'s
+    /// alignment is one every source of memory guarantees (a constant test, folded away for every
+    /// `T` that passes).
+    #[inline]
+    pub(crate) fn of<T>(rows: usize, cols: usize, alignment: usize) -> Result<Layout, PoolError> {
+        if align_of::<T>() > MAX_ELEMENT_ALIGN {
+            return Err(PoolError::UnsupportedAlignment {
+                type_name: std::any::type_name::<T>(),
+                align: align_of::<T>(),
+                max: MAX_ELEMENT_ALIGN,
+            });
+        }
+        let mut layout = Layout::new(rows, cols, size_of::<T>(), alignment)?;
+        layout.elem_align = align_of::<T>();
+        Ok(layout)
+    }
+
     /// OpenCV's rule: with more than one row and more than one column the pitch is
     /// `align_up(cols * elem_size, alignment)`; a single row or column is contiguous and its size
     /// is rounded up to 64 bytes.
@@ -36,6 +61,9 @@ impl Layout {
             cols,
             elem_size,
         };
+        // The element count must fit too, even where no byte is needed (zero-sized elements):
+        // `len()` and every copy of the buffer rely on it.
+        rows.checked_mul(cols).ok_or_else(overflow)?;
         let width_bytes = cols.checked_mul(elem_size).ok_or_else(overflow)?;
         let (pitch, bytes) = if rows > 1 && cols > 1 {
             let pitch = align_up(width_bytes, alignment).ok_or_else(overflow)?;
@@ -55,7 +83,15 @@ impl Layout {
             pitch,
             width_bytes,
             bytes,
+            elem_align: 1,
         })
+    }
+
+    /// Whether memory at `ptr` with rows `pitch` apart suits the elements: both are multiples of
+    /// their alignment. Host slices of rows are built on such memory.
+    #[inline]
+    pub(crate) fn is_aligned(&self, ptr: u64, pitch: usize) -> bool {
+        is_aligned(ptr, pitch, self.elem_align)
     }
 
     /// Whether the buffer has no elements (then it takes no memory at all).
@@ -63,6 +99,12 @@ impl Layout {
     pub(crate) fn is_empty(&self) -> bool {
         self.width_bytes == 0 || self.rows == 0
     }
+}
+
+/// Whether memory at `ptr` with rows `pitch` apart holds elements aligned to `align`.
+#[inline]
+pub(crate) fn is_aligned(ptr: u64, pitch: usize, align: usize) -> bool {
+    ptr.is_multiple_of(align as u64) && pitch.is_multiple_of(align)
 }
 
 #[inline]
@@ -90,6 +132,32 @@ mod tests {
         assert_eq!((row.pitch, row.bytes), (40, 64));
         let col = Layout::new(10, 1, 4, 512).unwrap();
         assert_eq!((col.pitch, col.bytes), (4, 64));
+    }
+
+    #[test]
+    fn over_aligned_elements_are_refused() {
+        #[repr(C, align(512))]
+        struct Wide([u8; 512]);
+        assert!(matches!(
+            Layout::of::<Wide>(2, 2, 512),
+            Err(PoolError::UnsupportedAlignment {
+                align: 512,
+                max: 256,
+                ..
+            })
+        ));
+        #[repr(C, align(256))]
+        struct Widest([u8; 256]);
+        assert_eq!(Layout::of::<Widest>(2, 2, 512).unwrap().elem_align, 256);
+    }
+
+    #[test]
+    fn zero_sized_elements_still_count_their_elements() {
+        assert!(
+            Layout::new(usize::MAX, 2, 0, 512).is_err(),
+            "rows * cols overflows"
+        );
+        assert!(Layout::new(usize::MAX, 1, 0, 512).unwrap().is_empty());
     }
 
     #[test]

@@ -38,6 +38,7 @@ mod stack;
 mod stats;
 mod stream;
 mod sync;
+mod unique;
 
 pub use buffer::{BufferPool, GpuMat, GpuView, GpuViewMut};
 pub use caching::{CachingPool, CachingStats, DEFAULT_LEADING_BITS, bin_of};
@@ -52,6 +53,7 @@ pub use fallback::{
     StreamOrderedAllocator,
 };
 pub use frame::{AsStream, Element, Pooled};
+pub use layout::MAX_ELEMENT_ALIGN;
 pub use mix::MixMemory;
 pub use stats::{DeviceStats, FallbackCounts, FallbackReason, Report, StreamStats, report};
 pub use stream::{Source, Stream};

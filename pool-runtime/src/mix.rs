@@ -237,11 +237,17 @@ impl<'a> MixMemory<'a> {
     }
 
     /// Queues a copy of the host side into the device side, `min` of their sizes, on `stream`.
+    ///
+    /// With a host side of the pair's own, the copy runs while the host goes on, and every later
+    /// host access waits for it. With a wrapped host slice ([`wrap_cpu`](Self::wrap_cpu)) it is
+    /// waited for before returning: the slice is only borrowed, and `mem::forget` of the pair would
+    /// end that borrow with the copy still reading or writing it.
     pub fn copy_to_gpu_async(&mut self, stream: &Stream) -> Result<(), PoolError> {
         self.copy(stream, true)
     }
 
-    /// Queues a copy of the device side into the host side, on `stream`.
+    /// Queues a copy of the device side into the host side, on `stream`; waited for before
+    /// returning with a wrapped host slice, as in [`copy_to_gpu_async`](Self::copy_to_gpu_async).
     pub fn copy_to_cpu_async(&mut self, stream: &Stream) -> Result<(), PoolError> {
         self.copy(stream, false)
     }
@@ -261,10 +267,10 @@ impl<'a> MixMemory<'a> {
         if bytes == 0 {
             return Ok(());
         }
-        let host: *mut u8 = match &mut self.host {
+        let (host, borrowed): (*mut u8, bool) = match &mut self.host {
             Host::None => return Ok(()),
-            Host::Pinned { ptr, .. } => *ptr,
-            Host::Borrowed(slice) => slice.as_mut_ptr(),
+            Host::Pinned { ptr, .. } => (*ptr, false),
+            Host::Borrowed(slice) => (slice.as_mut_ptr(), true),
         };
         let region = Region {
             ptr,
@@ -274,8 +280,10 @@ impl<'a> MixMemory<'a> {
         };
         let backend = &self.device.inner.backend;
         // SAFETY: both sides hold at least `bytes`; the host side is owned or mutably borrowed by
-        // `self`, and `pending` makes every later host access, reallocation, release and drop wait
-        // for the copy.
+        // `self`. An owned side stays valid until `pending`, set below, is waited for: every later
+        // host access, reallocation, release and drop waits, and a forgotten `MixMemory` leaks the
+        // memory rather than freeing it. A borrowed side is waited for before returning, since
+        // `mem::forget(self)` would end the borrow with no drop to wait in.
         unsafe {
             if to_gpu {
                 let src = std::slice::from_raw_parts(host, bytes);
@@ -283,6 +291,9 @@ impl<'a> MixMemory<'a> {
             } else {
                 backend.download_async(region, host, bytes, &stream.raw)?;
             }
+        }
+        if borrowed {
+            return backend.synchronize(&stream.raw);
         }
         self.pending = Some(stream.raw.clone());
         Ok(())

@@ -24,7 +24,7 @@
 //!     if memory_pool_used() {
 //!         ppl_cuda_malloc_pitch(640 * 4, 480, &mut block)?;
 //!     }
-//!     let pitch = block.pitch;
+//!     let pitch = block.pitch();
 //!     ppl_cuda_free(&mut block)?;
 //!     Ok(pitch)
 //! }
@@ -33,13 +33,14 @@
 //! # Ok::<(), PoolError>(())
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::DevPtr;
 use crate::device::Device;
-use crate::error::PoolError;
+use crate::error::{DeviceId, PoolError};
 use crate::layout::align_up;
+use crate::unique::Counter;
 
 /// ppl.cv's `PITCH_GRANULARITY`: block starts and 2D pitches are multiples of it.
 pub const PITCH_GRANULARITY: usize = 512;
@@ -58,51 +59,82 @@ pub fn ceil_2d_volume(width: usize, height: usize) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-/// A block of the pool (ppl.cv's `GpuMemoryBlock`): kernels use `data + offset`, rows `pitch`
-/// bytes apart (0 for a 1D block). Dropping an allocated block frees it.
+/// A block of the pool (ppl.cv's `GpuMemoryBlock`): kernels use [`device_ptr`](Self::device_ptr)
+/// (ppl.cv's `data + offset`), rows [`pitch`](Self::pitch) bytes apart (0 for a 1D block). Dropping
+/// an allocated block frees it.
+///
+/// ppl.cv's public fields are accessor methods here: the pool trusts a block's identity when it
+/// frees it and when it lends its bytes, so safe code must not be able to forge one.
+///
+/// ```compile_fail
+/// let mut block = pool_runtime::pplcv::GpuMemoryBlock::default();
+/// block.size = 1 << 30; // error: `size` is private; read it with `block.size()`
+/// ```
 #[derive(Debug, Default)]
 pub struct GpuMemoryBlock {
-    /// The pool's base address (0 while unallocated).
-    pub data: u64,
-    /// Offset of the block in the pool.
-    pub offset: usize,
-    /// Bytes of the block.
-    pub size: usize,
-    /// Bytes between rows of a 2D block; 0 for a 1D block.
-    pub pitch: usize,
-    /// Which activation the block belongs to (0: none).
-    generation: u64,
-    /// Whether the pool lives in host memory (the host backend).
-    host: bool,
+    data: u64,
+    offset: usize,
+    size: usize,
+    pitch: usize,
+    /// The pool's record of this block: unique in the process, never reused; 0 while unallocated.
+    id: u64,
+    /// The device of the pool, while allocated.
+    device: Option<DeviceId>,
 }
 
 impl GpuMemoryBlock {
-    /// The block's first byte (`data + offset`).
+    /// The pool's base address (ppl.cv's `data`); 0 while unallocated.
+    pub fn data(&self) -> u64 {
+        self.data
+    }
+
+    /// Offset of the block in the pool (ppl.cv's `offset`).
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Bytes of the block (ppl.cv's `size`).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Bytes between rows of a 2D block; 0 for a 1D block (ppl.cv's `pitch`).
+    pub fn pitch(&self) -> usize {
+        self.pitch
+    }
+
+    /// The block's first byte (`data + offset`); 0 while unallocated.
     pub fn device_ptr(&self) -> u64 {
+        // No overflow: an allocated block lies inside the pool's one allocation, and an unallocated
+        // one is all zeros.
         self.data + self.offset as u64
     }
 
-    /// Whether the block holds memory of the pool.
+    /// Whether the block holds memory of the pool (a zero-byte block holds an empty range of it).
     pub fn is_allocated(&self) -> bool {
-        self.generation != 0
+        self.id != 0
     }
 
     /// The block's bytes as a host slice, on the host backend (where the pool is host memory): how
     /// CPU twins of kernels use a block. `PoolError::Unsupported` on a GPU, and an empty slice for
-    /// an unallocated block.
+    /// an unallocated or zero-byte block.
     pub fn host_bytes_mut(&mut self) -> Result<&mut [u8], PoolError> {
-        if !self.is_allocated() {
+        let Some(device) = self.device else {
             return Ok(&mut []);
-        }
-        if !self.host {
+        };
+        if !matches!(device, DeviceId::Host(_)) {
             return Err(PoolError::Unsupported {
-                device: crate::error::DeviceId::Cuda(0),
+                device,
                 what: "host access to a ppl.cv pool block on a GPU",
             });
         }
-        // SAFETY: on the host backend the pool is host memory, zeroed at activation; this block
-        // owns `size` bytes of it exclusively (live blocks never overlap) while it is allocated,
-        // and the pool cannot be shut down while a block is live; `&mut self` keeps it ours.
+        if self.size == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: the fields are private and set only by `take`, so this block owns the record
+        // `id` of the active pool: `size` bytes at `offset` of the pool's host allocation, zeroed
+        // at activation, overlapping no other live block's (zero-byte blocks hold no bytes). The
+        // pool cannot be shut down while the record lives, and `&mut self` makes the slice ours.
         Ok(unsafe {
             std::slice::from_raw_parts_mut(self.device_ptr() as usize as *mut u8, self.size)
         })
@@ -123,13 +155,37 @@ struct Pool {
     device: Device,
     base: DevPtr,
     capacity: usize,
-    generation: u64,
-    /// Live blocks: offset to size.
-    blocks: BTreeMap<usize, usize>,
+    /// Live blocks that hold bytes, by offset: (size, block id). They never overlap.
+    blocks: BTreeMap<usize, (usize, u64)>,
+    /// Live zero-byte blocks: they hold no bytes, so they stay out of the first-fit map (where one
+    /// would share an offset with a real block and replace its record).
+    empty: BTreeSet<u64>,
+}
+
+impl Pool {
+    fn live_blocks(&self) -> usize {
+        self.blocks.len() + self.empty.len()
+    }
+
+    /// First fit: the first gap between live blocks, in offset order, that holds `size` bytes, else
+    /// the tail.
+    fn first_fit(&self, size: usize) -> Option<usize> {
+        let mut start: usize = 0;
+        for (&offset, &(len, _)) in &self.blocks {
+            if start.checked_add(size).is_some_and(|end| end <= offset) {
+                return Some(start);
+            }
+            start = align_up(offset + len, PITCH_GRANULARITY)?;
+        }
+        start
+            .checked_add(size)
+            .is_some_and(|end| end <= self.capacity)
+            .then_some(start)
+    }
 }
 
 static POOL: Mutex<Option<Pool>> = Mutex::new(None);
-static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+static BLOCK_IDS: Counter = Counter::new();
 
 fn lock() -> MutexGuard<'static, Option<Pool>> {
     // Each critical section below updates the map or the option in one step after its checks.
@@ -168,8 +224,8 @@ pub fn activate_gpu_memory_pool_on(device: &Device, size: usize) -> Result<(), P
         device: device.clone(),
         base,
         capacity: size,
-        generation: GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         blocks: BTreeMap::new(),
+        empty: BTreeSet::new(),
     });
     Ok(())
 }
@@ -178,10 +234,10 @@ pub fn activate_gpu_memory_pool_on(device: &Device, size: usize) -> Result<(), P
 pub fn shutdown_gpu_memory_pool() -> Result<(), PoolError> {
     let mut guard = lock();
     let pool = guard.as_ref().ok_or_else(not_active)?;
-    if !pool.blocks.is_empty() {
+    if pool.live_blocks() > 0 {
         return Err(PoolError::ConfigInUse {
             device: pool.device.id(),
-            held: pool.blocks.len(),
+            held: pool.live_blocks(),
         });
     }
     let pool = guard.take().expect("checked above");
@@ -197,7 +253,9 @@ pub fn memory_pool_used() -> bool {
 
 /// Bytes of the pool held by live blocks, or `None` when it is not activated.
 pub fn memory_pool_in_use() -> Option<usize> {
-    lock().as_ref().map(|p| p.blocks.values().sum())
+    lock()
+        .as_ref()
+        .map(|p| p.blocks.values().map(|&(size, _)| size).sum())
 }
 
 fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
@@ -208,39 +266,26 @@ fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), Poo
     }
     let mut guard = lock();
     let pool = guard.as_mut().ok_or_else(not_active)?;
-    // First fit: the gaps between live blocks in offset order, then the tail.
-    let mut start: usize = 0;
-    let mut found = None;
-    for (&offset, &len) in &pool.blocks {
-        if start.checked_add(size).is_some_and(|end| end <= offset) {
-            found = Some(start);
-            break;
-        }
-        start = align_up(offset + len, PITCH_GRANULARITY).unwrap_or(usize::MAX);
-    }
-    let offset = match found {
-        Some(offset) => offset,
-        None if start
-            .checked_add(size)
-            .is_some_and(|end| end <= pool.capacity) =>
-        {
-            start
-        }
-        None => {
-            return Err(PoolError::OutOfMemory {
-                device: pool.device.id(),
-                requested: size,
-            });
-        }
+    let id = BLOCK_IDS.next();
+    let offset = if size == 0 {
+        pool.empty.insert(id);
+        0
+    } else {
+        let offset = pool.first_fit(size).ok_or(PoolError::OutOfMemory {
+            device: pool.device.id(),
+            requested: size,
+        })?;
+        pool.blocks.insert(offset, (size, id));
+        offset
     };
-    pool.blocks.insert(offset, size);
+    // The old value is unallocated (checked above), so dropping it frees nothing.
     *block = GpuMemoryBlock {
         data: pool.base,
         offset,
         size,
         pitch,
-        generation: pool.generation,
-        host: pool.device.is_host(),
+        id,
+        device: Some(pool.device.id()),
     };
     Ok(())
 }
@@ -279,12 +324,27 @@ pub fn ppl_cuda_free(block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
     }
     let mut guard = lock();
     let pool = guard.as_mut().ok_or_else(not_active)?;
-    if pool.generation != block.generation || pool.blocks.remove(&block.offset).is_none() {
+    let owned = if block.size == 0 {
+        pool.empty.remove(&block.id)
+    } else if pool.blocks.get(&block.offset) == Some(&(block.size, block.id)) {
+        pool.blocks.remove(&block.offset).is_some()
+    } else {
+        false
+    };
+    if !owned {
         return Err(PoolError::InvalidConfig {
             reason: "this GpuMemoryBlock is not a live block of the active pool".into(),
         });
     }
-    block.generation = 0;
-    block.data = 0;
+    // Field by field: assigning a whole block would drop the old one, whose `Drop` frees it again.
+    let GpuMemoryBlock {
+        data,
+        offset,
+        size,
+        pitch,
+        id,
+        device,
+    } = block;
+    (*data, *offset, *size, *pitch, *id, *device) = (0, 0, 0, 0, 0, None);
     Ok(())
 }

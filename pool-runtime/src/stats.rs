@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::config::PoolConfig;
-use crate::error::DeviceId;
+use crate::error::{DeviceId, PoolError};
 
 /// Why a request did not come from the stream's stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -187,8 +187,9 @@ pub struct StreamStats {
 pub struct DeviceStats {
     /// The device.
     pub device: DeviceId,
-    /// Its stack config (the one in force, or the one the next allocation will use).
-    pub config: PoolConfig,
+    /// Its stack config (the one in force, or the one the next allocation will use); the
+    /// `GPU_POOL_CONF` error where that variable is malformed and nothing explicit overrides it.
+    pub config: Result<PoolConfig, PoolError>,
     /// Stacks held by streams now.
     pub stacks_held: usize,
     /// Whether the stack memory is allocated now.
@@ -312,10 +313,12 @@ impl fmt::Display for Report {
         for d in &self.devices {
             writeln!(
                 f,
-                "{}: config {} x {} stacks ({} held, memory {}), driver calls {} alloc / {} free",
+                "{}: config {} ({} held, memory {}), driver calls {} alloc / {} free",
                 d.device,
-                mib(d.config.stack_size()),
-                d.config.stack_count(),
+                match &d.config {
+                    Ok(c) => format!("{} x {} stacks", mib(c.stack_size()), c.stack_count()),
+                    Err(e) => format!("unknown: {e}"),
+                },
                 d.stacks_held,
                 if d.stacks_allocated {
                     "allocated"

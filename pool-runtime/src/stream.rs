@@ -102,7 +102,7 @@ impl Stream {
     /// Errors: `GPU_POOL_CONF` malformed, the stack memory could not be allocated, or the backend
     /// could not make a stream.
     pub fn new(device: &Device) -> Result<Stream, PoolError> {
-        let fallback = fallback::builtin(device, device.fallback());
+        let fallback = fallback::builtin(device, device.fallback()?);
         let stream = Stream::build(device, fallback, false)?;
         if config::buffer_pool_usage()? {
             stream.claim_stack()?;
@@ -133,7 +133,7 @@ impl Stream {
                 actual: crate::error::DeviceId::Cuda(stream.context().ordinal()),
             });
         }
-        let fallback = fallback::builtin(device, device.fallback());
+        let fallback = fallback::builtin(device, device.fallback()?);
         let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
         if config::buffer_pool_usage()? {
             made.claim_stack()?;
@@ -167,9 +167,9 @@ impl Stream {
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        static STREAM_IDS: crate::unique::Counter = crate::unique::Counter::new();
         let shared = Arc::new(StreamShared {
-            id: NEXT_ID.fetch_add(1, Relaxed),
+            id: STREAM_IDS.next(),
             counters: StreamCounters::default(),
             stack_index: crate::sync::AtomicUsize::new(usize::MAX),
         });
@@ -182,7 +182,7 @@ impl Stream {
             stack: OnceCell::new(),
             allocator,
             custom_allocator,
-            strict_lifo: device.strict_lifo(),
+            strict_lifo: device.strict_lifo()?,
             wants_stack: Cell::new(false),
             deferred_waits: RefCell::new(Vec::new()),
             has_deferred_waits: Cell::new(false),
@@ -307,6 +307,7 @@ impl Stream {
             pitch: layout.pitch,
             reason,
             stack_free,
+            align: layout.elem_align,
         };
         let allocation = self.allocator.allocate(&self.alloc_context(), &request)?;
         let ptr = fallback::validate(&allocation, &request, self.device.id());
@@ -351,6 +352,16 @@ impl Stream {
                 layout.pitch,
             )
         };
+        if !layout.is_aligned(ptr, pitch) {
+            // Not seen on any driver (allocations are 256-aligned, pitches multiples of 256), but
+            // host slices of the rows would be misaligned, so it is checked, not assumed.
+            // SAFETY: allocated just above, not used, freed once.
+            unsafe { inner.driver_free(ptr, Some(self.counters())) }?;
+            return Err(PoolError::Unsupported {
+                device: self.device.id(),
+                what: "a driver allocation that is not aligned for the element type",
+            });
+        }
         Ok((ptr, pitch, Origin::Driver(ptr)))
     }
 

@@ -3,10 +3,18 @@ fn steps(stream: Stream, n: usize) -> Result<usize, PoolError> {
     let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
     let mut total = 0;
     for i in 0..n {
-        let mut t = __gpu_pool_frame.take_1d::<f32>(i + 1).expect("fits");
+        let mut t = {
+            let __gpu_pool_size_0: usize = i + 1;
+            __gpu_pool_frame.take_1d::<f32>(__gpu_pool_size_0)
+        }
+            .expect("fits");
         let t = t.handle();
         if i % 2 == 0 {
-            let mut __gpu_pool_owner_1 = __gpu_pool_frame.take::<u8>(8, 8)?;
+            let mut __gpu_pool_owner_1 = {
+                let __gpu_pool_size_0: usize = 8;
+                let __gpu_pool_size_1: usize = 8;
+                __gpu_pool_frame.take::<u8>(__gpu_pool_size_0, __gpu_pool_size_1)
+            }?;
             let _ = __gpu_pool_owner_1.handle();
             continue;
         }

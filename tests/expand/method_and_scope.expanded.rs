@@ -2,12 +2,18 @@ impl Filter {
     fn run(&mut self, other: &Stream) -> Result<u32, PoolError> {
         let __gpu_pool_stream = &(self.stream);
         let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
-        let mut x = __gpu_pool_frame.take_1d::<u32>(16)?;
+        let mut x = {
+            let __gpu_pool_size_0: usize = 16;
+            __gpu_pool_frame.take_1d::<u32>(__gpu_pool_size_0)
+        }?;
         let x = x.handle();
         let y = {
             let __gpu_pool_stream = &(other);
             let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
-            let mut y = __gpu_pool_frame.take_1d::<u32>(16)?;
+            let mut y = {
+                let __gpu_pool_size_0: usize = 16;
+                __gpu_pool_frame.take_1d::<u32>(__gpu_pool_size_0)
+            }?;
             let mut y = y.handle();
             y.copy_from(&x)?;
             y.len() as u32

@@ -194,7 +194,11 @@ pub fn run_ops(ops: &[Op]) -> Outcome {
     let arena = device.stats();
     let live = device.host_live_bytes().expect("a host device");
     let expected = if arena.stacks_allocated {
-        arena.config.total_bytes()
+        arena
+            .config
+            .clone()
+            .expect("allocated stacks have their config")
+            .total_bytes()
     } else {
         0
     };
