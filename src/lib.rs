@@ -24,13 +24,13 @@
 //! The runtime underneath ([`BufferPool`], [`GpuMat`], [`set_buffer_pool_config`], ...) follows
 //! OpenCV's `cv::cuda::BufferPool` and can be used directly.
 
-pub use pool_macros::{buffer, gpu_scope, pooled};
-pub use pool_runtime::*;
+pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
+pub use gpu_pool_runtime::*;
 
 /// The names most code needs, macros included.
 pub mod prelude {
-    pub use pool_macros::{buffer, gpu_scope, pooled};
-    pub use pool_runtime::{
+    pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
+    pub use gpu_pool_runtime::{
         BufferPool, Device, GpuMat, GpuView, GpuViewMut, PoolError, Pooled, Source, Stream,
     };
 }

@@ -518,14 +518,16 @@ fn a_forgotten_mix_memory_has_no_copy_in_flight_into_a_wrapped_slice() -> TestRe
     let mut source = GpuMat::<u8>::new(&stream, 1, n)?;
     source.set_to(7)?;
     stream.synchronize()?;
-    let mut host = vec![0u8; n];
-    let mut mix = gpu_pool::MixMemory::wrap_cpu(&gpu, &mut host)?;
+    // The wrapped slice is page-locked (another pair's host side), so the driver copies into it
+    // asynchronously; into pageable memory it would wait anyway.
+    let mut pinned = gpu_pool::MixMemory::new(&gpu)?;
+    let mut mix = gpu_pool::MixMemory::wrap_cpu(&gpu, pinned.cpu::<u8>(n)?)?;
     // SAFETY: `source` holds n bytes and outlives the pair, which only reads it.
     unsafe { mix.wrap_gpu(source.device_ptr(), n)? };
     stall(&stream, &k, &tick)?;
     mix.copy_to_cpu_async(&stream)?;
-    std::mem::forget(mix); // ends the borrow of `host` with no drop to wait for the copy
-    let arrived = host.iter().filter(|&&v| v == 7).count();
+    std::mem::forget(mix); // ends the borrow of the slice with no drop to wait for the copy
+    let arrived = pinned.cpu::<u8>(n)?.iter().filter(|&&v| v == 7).count();
     println!("after forgetting the pair: {arrived} of {n} bytes of the copy are in the slice");
     assert_eq!(
         arrived, n,
@@ -574,5 +576,244 @@ fn a_copy_from_another_stream_waits_for_its_writes_and_holds_off_its_reuse() -> 
     let clobbered = dst.to_vec()?.iter().filter(|&&v| v != 1).count();
     println!("copy before the source's memory was reused: {clobbered} of {n} bytes clobbered");
     assert_eq!(clobbered, 0);
+    Ok(())
+}
+
+#[test]
+fn capture_is_unsupported_on_the_host_backend() -> Result<(), PoolError> {
+    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let err = stream.capture(|_| Ok(())).unwrap_err();
+    assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
+    let mut after = BufferPool::new(&stream).get_buffer_1d::<u8>(8)?;
+    after.set_to(3)?;
+    assert_eq!(after.to_vec()?, vec![3; 8]);
+    drop(after);
+    assert_eq!(stream.stats().stack_in_use, 0, "no fence left behind");
+    Ok(())
+}
+
+/// A 512x512 BGR image of `pattern` with `seed`.
+fn pattern_image(seed: i32) -> Vec<[u8; 3]> {
+    (0..512 * 512)
+        .map(|i| {
+            let (x, y) = (i % 512, i / 512);
+            [
+                pattern(3 * x, y, seed),
+                pattern(3 * x + 1, y, seed),
+                pattern(3 * x + 2, y, seed),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn a_captured_pooled_pipeline_replays_1000_times_with_no_allocation() -> TestResult {
+    let Some((gpu, _lock)) = gpu("graph_replay") else {
+        return Ok(());
+    };
+    let k = Kernels::load(&gpu);
+    let stream = Stream::new(&gpu)?;
+    let src = GpuMat::from_host(&stream, 512, 512, &pattern_image(1))?;
+    let (out, eager) = (
+        GpuMat::<u8>::new(&stream, 512, 512)?,
+        GpuMat::<u8>::new(&stream, 512, 512)?,
+    );
+    let expected = |seed| -> Result<Vec<u8>, Box<dyn Error>> {
+        let input = GpuMat::from_host(&stream, 512, 512, &pattern_image(seed))?;
+        common::kernels::six_kernels(&stream, &k, &input, &eager)?;
+        Ok(eager.to_vec()?)
+    };
+    let first = expected(1)?;
+    assert!(first.contains(&0) && first.contains(&255));
+
+    let stack_before = stream.stats().stack_in_use;
+    let graph = stream.capture(|s| common::kernels::six_kernels(s, &k, &src, &out))?;
+    let held = stream.stats().stack_in_use - stack_before;
+    println!("graph: holds {held} stack bytes for its three temporaries");
+    assert!(held >= 512 * 512 * (1 + 1 + 4), "three 512x512 temporaries");
+    assert_eq!(graph.stack_bytes(), held);
+
+    let calls = gpu.stats();
+    for _ in 0..1000 {
+        graph.launch()?;
+    }
+    let replayed = out.to_vec()?; // outputs are readable between replays
+    let after = gpu.stats();
+    assert_eq!(
+        replayed, first,
+        "1000 replays compute what the eager call does"
+    );
+    assert_eq!(after.driver_alloc_calls, calls.driver_alloc_calls);
+    assert_eq!(after.driver_free_calls, calls.driver_free_calls);
+    println!(
+        "graph: 1000 replays, output equal to the eager call's, {} driver allocation calls",
+        after.driver_alloc_calls - calls.driver_alloc_calls
+    );
+
+    // Buffers taken while the graph lives never get the memory its replays write.
+    let mut other = BufferPool::new(&stream).get_buffer::<u8>(512, 512)?;
+    other.set_to(7)?;
+    graph.launch()?;
+    assert!(
+        other.to_vec()?.iter().all(|&v| v == 7),
+        "the replay left it alone"
+    );
+    drop(other);
+
+    // A replay reads its input when it runs: rewrite the input through its address, replay.
+    let input = pattern_image(2);
+    let staging = GpuMat::from_host(&stream, 512, 512, &input)?;
+    // SAFETY: both addresses hold 512x512 3-byte pixels at their steps, on this stream.
+    unsafe {
+        let cuda = stream.cuda_stream().expect("CUDA");
+        common::kernels::map_pixels(
+            &k.invert,
+            cuda,
+            (staging.device_ptr(), staging.step()),
+            (src.device_ptr(), src.step()),
+            (512, 512 * 3),
+            None,
+        )?;
+    }
+    graph.launch()?;
+    let inverted: Vec<[u8; 3]> = input.iter().map(|p| p.map(|b| 255 - b)).collect();
+    let second = {
+        let again = GpuMat::from_host(&stream, 512, 512, &inverted)?;
+        common::kernels::six_kernels(&stream, &k, &again, &eager)?;
+        eager.to_vec()?
+    };
+    assert_eq!(out.to_vec()?, second, "the replay read the new input");
+    assert_ne!(second, first);
+    drop(graph);
+    let stats = stream.stats();
+    assert_eq!(
+        stats.stack_in_use, stack_before,
+        "the graph's stack bytes are back"
+    );
+    assert_eq!(stats.lifo_violations, 0);
+    Ok(())
+}
+
+#[test]
+fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestResult {
+    let Some((gpu, _lock)) = gpu("graph_refusals") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
+    let stream = Stream::new(&gpu)?;
+    let usable = |stream: &Stream| -> Result<(), PoolError> {
+        let mut b = BufferPool::new(stream).get_buffer::<u16>(64, 64)?;
+        b.set_to(9)?;
+        assert!(b.to_vec()?.iter().all(|&v| v == 9));
+        drop(b);
+        assert_eq!(stream.stats().stack_in_use, 0, "nothing left held");
+        Ok(())
+    };
+
+    let err = stream
+        .capture(|s| {
+            let _too_big = BufferPool::new(s).get_buffer_1d::<u8>(8 * MIB)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(err, PoolError::CaptureNeedsStack { .. }), "{err}");
+    usable(&stream)?;
+
+    let err = stream
+        .capture(|s| GpuMat::<u8>::new(s, 4, 4).map(drop))
+        .unwrap_err();
+    assert!(matches!(err, PoolError::CaptureNeedsStack { .. }), "{err}");
+    usable(&stream)?;
+
+    let err = stream
+        .capture(|s| {
+            let b = BufferPool::new(s).get_buffer_1d::<u8>(64)?;
+            b.to_vec().map(drop) // a download waits for the stream: not capturable
+        })
+        .unwrap_err();
+    println!("a download inside a capture: {err}");
+    assert!(matches!(err, PoolError::Driver { .. }), "{err}");
+    usable(&stream)?;
+
+    // Keeping a buffer through `&mut` of an outer vector does not compile (the vector would stay
+    // borrowed for the stream's life); shared ownership gets past the borrow checker, and is
+    // refused at run time.
+    let kept = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let inside = kept.clone();
+    let err = stream
+        .capture(move |s| {
+            inside
+                .borrow_mut()
+                .push(BufferPool::new(s).get_buffer_1d::<u8>(64)?);
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(err, PoolError::CaptureKeptBuffers), "{err}");
+    assert_eq!(
+        kept.borrow().len(),
+        1,
+        "the kept buffer is still a valid buffer"
+    );
+    kept.borrow_mut().clear();
+    usable(&stream)?;
+
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = stream.capture(|s| {
+            let _b = BufferPool::new(s).get_buffer_1d::<u8>(64)?;
+            panic!("a kernel launch went wrong");
+        });
+    }));
+    assert!(panicked.is_err());
+    usable(&stream)?;
+    println!("capture: every refusal left the stream usable and its stack empty");
+    Ok(())
+}
+
+#[cfg(feature = "cublas")]
+#[test]
+fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResult {
+    use common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, reference};
+    let Some((gpu, _lock)) = gpu("cublas_dense") else {
+        return Ok(());
+    };
+    let stream = Stream::new(&gpu)?;
+    let (engine, described) = engine(&gpu, &stream)?;
+    assert!(matches!(engine, Engine::Gpu { .. }), "{described}");
+    let wv: Vec<f32> = (0..IN * OUT)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 400.0)
+        .collect();
+    let bv: Vec<f32> = (0..OUT).map(|c| (c % 7) as f32 / 10.0 - 0.3).collect();
+    let xv: Vec<f32> = (0..BATCH * IN)
+        .map(|i| (i % 97) as f32 / 97.0 - 0.5)
+        .collect();
+    let w = GpuMat::from_host(&stream, IN, OUT, &wv)?;
+    let b = GpuMat::from_host(&stream, 1, OUT, &bv)?;
+    let x = GpuMat::from_host(&stream, BATCH, IN, &xv)?;
+    let mut y = GpuMat::<f32>::new(&stream, BATCH, OUT)?;
+    dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
+    let calls = stream.stats().driver_alloc_calls;
+    for _ in 0..100 {
+        dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
+    }
+    let got = y.to_vec()?;
+    let worst = got
+        .iter()
+        .zip(reference(&xv, &wv, &bv))
+        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
+        .fold(0.0f32, f32::max);
+    let stats = stream.stats();
+    println!(
+        "cuBLAS dense layer: largest relative difference {worst:.2e}; 101 calls, {} stack \
+         intermediates, {} driver allocation calls after the first",
+        stats.stack_allocations,
+        stats.driver_alloc_calls - calls
+    );
+    assert!(worst < 1e-4);
+    assert!(
+        got.iter().any(|&v| v > 0.0) && got.contains(&0.0),
+        "ReLU did work"
+    );
+    assert_eq!(stats.driver_alloc_calls, calls);
+    assert_eq!(stats.fallback_allocations.total(), 0);
     Ok(())
 }

@@ -1,4 +1,5 @@
 //! The SVG charts of BENCHMARKS.md, drawn from the same run's medians.
+#![allow(dead_code, reason = "each bench draws some of the kinds of chart")]
 
 use std::path::Path;
 
@@ -29,6 +30,35 @@ pub(crate) fn log_bars(
         10f64.powf(min.log10().floor()),
         10f64.powf((max.log10() + 0.5).ceil()), // room on the right for the last label
     );
+    draw(path, title, axis, bars, (lo..hi).log_scale(), lo)
+}
+
+/// A horizontal bar per `(label, value)`, on a linear axis from 0 (values within a decade, whose
+/// ratios a log axis would hide).
+pub(crate) fn linear_bars(
+    path: &Path,
+    title: &str,
+    axis: &str,
+    bars: &[(String, f64)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(max) = bars.iter().map(|b| b.1).reduce(f64::max) else {
+        return Ok(());
+    };
+    draw(path, title, axis, bars, 0.0..max * 1.15, 0.0)
+}
+
+fn draw<X>(
+    path: &Path,
+    title: &str,
+    axis: &str,
+    bars: &[(String, f64)],
+    x: X,
+    base: f64,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    X: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
+    X::CoordDescType: plotters::coord::ranged1d::ValueFormatter<f64>,
+{
     let height = 80 + 26 * bars.len() as u32;
     let root = SVGBackend::new(path, (960, height)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -38,7 +68,7 @@ pub(crate) fn log_bars(
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(260)
-        .build_cartesian_2d((lo..hi).log_scale(), (0..rows - 1).into_segmented())?;
+        .build_cartesian_2d(x, (0..rows - 1).into_segmented())?;
     chart
         .configure_mesh()
         .disable_y_mesh()
@@ -62,7 +92,7 @@ pub(crate) fn log_bars(
         };
         let mut bar = Rectangle::new(
             [
-                (lo, SegmentValue::Exact(row)),
+                (base, SegmentValue::Exact(row)),
                 (*v, SegmentValue::Exact(row + 1)),
             ],
             color.filled(),

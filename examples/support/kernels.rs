@@ -143,6 +143,14 @@ extern "C" __global__ void affine_relu(const float* x, float* y, int n, float a,
         for (int i = i0; i < i0 + 4 && i < n; ++i) y[i] = affine_relu1(x[i], a, b);
     }
 }
+// y[r][c] = max(h[r][c] + bias[c], 0): a dense layer's bias and ReLU after its GEMM. One thread an
+// element; steps in bytes.
+extern "C" __global__ void bias_relu(const float* h, size_t hp, const float* bias, float* y, size_t yp, int rows, int cols) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
+    if (r >= rows || c >= cols) return;
+    float v = *(const float*)((const char*)h + r * hp + c * 4) + bias[c];
+    *(float*)((char*)y + r * yp + c * 4) = fmaxf(v, 0.0f);
+}
 // Waits about `spin` clock cycles, then copies: a reader that is still running when the owner
 // stream moves on.
 extern "C" __global__ void slow_copy(const unsigned char* src, unsigned char* dst, int n, long long spin) {
@@ -161,6 +169,7 @@ pub struct Kernels {
     pub box_rows: CudaFunction,
     pub box_cols: CudaFunction,
     pub affine_relu: CudaFunction,
+    pub bias_relu: CudaFunction,
 }
 
 impl Kernels {
@@ -178,6 +187,7 @@ impl Kernels {
             box_rows: f("box_rows"),
             box_cols: f("box_cols"),
             affine_relu: f("affine_relu"),
+            bias_relu: f("bias_relu"),
         }
     }
 }
@@ -273,4 +283,87 @@ pub fn threshold_of(v: u8, t: u8) -> u8 {
 /// CPU twin of `bgr_to_gray`: BT.601 luma in fixed point, as OpenCV's `cvtColor(BGR2GRAY)`.
 pub fn gray_of([b, g, r]: [u8; 3]) -> u8 {
     ((u32::from(b) * 1868 + u32::from(g) * 9617 + u32::from(r) * 4899 + (1 << 13)) >> 14) as u8
+}
+
+/// Queues one of the byte-image kernels that map `src` to `dst` (`invert`, `threshold` with
+/// `t`), or `bgr_to_gray` from 3-byte pixels, on `stream`.
+///
+/// # Safety
+/// Both addresses hold `rows x cols` pixels of the kernel's types at their pitch, on `stream`'s
+/// device, and stay allocated until the stream has run the kernel.
+pub unsafe fn map_pixels(
+    f: &CudaFunction,
+    stream: &CudaStream,
+    (src, sp): Pitched,
+    (dst, dp): Pitched,
+    (rows, cols): (usize, usize),
+    t: Option<u8>,
+) -> Result<(), DriverError> {
+    let (ri, ci) = (rows as i32, cols as i32);
+    let mut launch = stream.launch_builder(f);
+    launch
+        .arg(&src)
+        .arg(&sp)
+        .arg(&dst)
+        .arg(&dp)
+        .arg(&ri)
+        .arg(&ci);
+    if let Some(t) = &t {
+        launch.arg(t);
+    }
+    // SAFETY: the caller's contract; the parameters match the kernels in `SOURCE`.
+    unsafe { launch.launch(grid_16px(rows, cols)) }?;
+    Ok(())
+}
+
+/// A launch-bound pipeline of six kernels over three stack temporaries, what a CUDA graph saves
+/// most on: gray = luma(src); inv = 255 - gray; gray = box mean of inv (two passes through an f32
+/// intermediate); inv = threshold(gray); out = 255 - inv.
+///
+/// `out` is taken by shared reference, as graph capture needs (see `Stream::capture`): the kernels
+/// write it through its address.
+#[gpu_pool::pooled(stream)]
+pub fn six_kernels(
+    stream: &gpu_pool::Stream,
+    k: &Kernels,
+    src: &gpu_pool::GpuMat<'_, [u8; 3]>,
+    out: &gpu_pool::GpuMat<'_, u8>,
+) -> Result<(), gpu_pool::PoolError> {
+    let shape = (src.rows(), src.cols());
+    if (out.rows(), out.cols()) != shape {
+        return Err(gpu_pool::PoolError::DimensionMismatch {
+            dst: (out.rows(), out.cols()),
+            src: shape,
+        });
+    }
+    let gray = gpu_pool::buffer!(shape.0, shape.1; u8)?;
+    let inv = gpu_pool::buffer!(shape.0, shape.1; u8)?;
+    let sums = gpu_pool::buffer!(shape.0, shape.1; f32)?;
+    let cuda = stream
+        .cuda_stream()
+        .ok_or(gpu_pool::PoolError::Unsupported {
+            device: stream.device().id(),
+            what: "CUDA kernels",
+        })?;
+    let at = |m: &gpu_pool::GpuMat<'_, u8>| (m.device_ptr(), m.step());
+    let (src_at, sums_at) = (
+        (src.device_ptr(), src.step()),
+        (sums.device_ptr(), sums.step()),
+    );
+    let fail = |e: DriverError| gpu_pool::PoolError::Driver {
+        call: "cuLaunchKernel",
+        name: format!("{e:?}"),
+        description: e.to_string(),
+    };
+    // SAFETY: every buffer is `shape` of its type (checked above, or taken so), lives on
+    // `stream`'s device and outlives the queued kernels: the temporaries are released to this
+    // stream's stack, so later work of this stream alone can reuse them, after these kernels.
+    unsafe {
+        map_pixels(&k.bgr_to_gray, cuda, src_at, at(&gray), shape, None).map_err(fail)?;
+        map_pixels(&k.invert, cuda, at(&gray), at(&inv), shape, None).map_err(fail)?;
+        box_passes(k, cuda, at(&inv), sums_at, at(&gray), shape, 2, (0, 0)).map_err(fail)?;
+        map_pixels(&k.threshold, cuda, at(&gray), at(&inv), shape, Some(100)).map_err(fail)?;
+        map_pixels(&k.invert, cuda, at(&inv), at(out), shape, None).map_err(fail)?;
+    }
+    Ok(())
 }

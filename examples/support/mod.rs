@@ -5,6 +5,8 @@
     reason = "each example uses a different part"
 )]
 
+#[cfg(feature = "cublas")]
+pub mod dense;
 pub mod kernels;
 
 #[cfg(feature = "cuda")]
@@ -55,24 +57,24 @@ impl Stages {
         }
     }
 
-    /// `dst = gray(src)`, on `dst`'s stream.
+    /// `dst = gray(src)`, on `stream`.
     pub fn bgr_to_gray(
         &self,
-        src: &GpuMat<'_, [u8; 3]>,
-        dst: &mut GpuMat<'_, u8>,
+        stream: &Stream,
+        src: GpuView<'_, [u8; 3]>,
+        mut dst: GpuViewMut<'_, u8>,
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
             let (r, c, ss, ds) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
-            let stream = cuda(dst.stream());
             // SAFETY: bgr_to_gray(const u8*, size_t, u8*, size_t, int, int) reads and writes rows x
             // cols inside two pitched buffers of that shape.
             unsafe {
-                stream
+                cuda(stream)
                     .launch_builder(&k.bgr_to_gray)
-                    .arg(src)
+                    .arg(&src)
                     .arg(&ss)
-                    .arg(dst)
+                    .arg(&mut dst)
                     .arg(&ds)
                     .arg(&r)
                     .arg(&c)
@@ -81,6 +83,7 @@ impl Stages {
             .map_err(|e| launch_error("bgr_to_gray", e))?;
             return Ok(());
         }
+        let _ = stream; // the host backend runs the twin in place, at once
         let rows: Vec<&[[u8; 3]]> = src.host_rows()?.collect();
         dst.for_each_host_row_mut(|r, out| {
             for (o, &px) in out.iter_mut().zip(rows[r]) {
@@ -89,25 +92,25 @@ impl Stages {
         })
     }
 
-    /// `dst = src > t ? 255 : 0`, on `dst`'s stream.
+    /// `dst = src > t ? 255 : 0`, on `stream`.
     pub fn threshold(
         &self,
-        src: &GpuMat<'_, u8>,
-        dst: &mut GpuMat<'_, u8>,
+        stream: &Stream,
+        src: GpuView<'_, u8>,
+        mut dst: GpuViewMut<'_, u8>,
         t: u8,
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
             let (r, c, ss, ds) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
-            let stream = cuda(dst.stream());
             // SAFETY: threshold(const u8*, size_t, u8*, size_t, int, int, u8) stays inside rows x
             // cols of two pitched buffers of that shape.
             unsafe {
-                stream
+                cuda(stream)
                     .launch_builder(&k.threshold)
-                    .arg(src)
+                    .arg(&src)
                     .arg(&ss)
-                    .arg(dst)
+                    .arg(&mut dst)
                     .arg(&ds)
                     .arg(&r)
                     .arg(&c)
@@ -117,6 +120,7 @@ impl Stages {
             .map_err(|e| launch_error("threshold", e))?;
             return Ok(());
         }
+        let _ = stream;
         let rows: Vec<&[u8]> = src.host_rows()?.collect();
         dst.for_each_host_row_mut(|r, out| {
             for (o, &v) in out.iter_mut().zip(rows[r]) {

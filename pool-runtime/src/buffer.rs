@@ -2,26 +2,28 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use bytemuck::Pod;
 
 use crate::backend::{DevPtr, Region};
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
 use crate::fallback::GpuAllocator;
 use crate::layout::Layout;
 use crate::stream::{Origin, Source, Stream};
+use crate::view::{CudaOrder, GpuView, GpuViewMut, Window};
 
 /// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`).
 ///
 /// ```
-/// use pool_runtime::{BufferPool, Device, Source, Stream};
+/// use gpu_pool_runtime::{BufferPool, Device, Source, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let pool = BufferPool::new(&stream);
 /// let image = pool.get_buffer::<[u8; 3]>(480, 640)?;    // 2D, pitched
 /// let sums = pool.get_buffer_1d::<f32>(480)?;           // contiguous
 /// assert_eq!(image.step(), 2048);                        // align_up(640 * 3, 512)
 /// assert_eq!(image.source(), Source::Stack);
-/// # Ok::<(), pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct BufferPool<'s> {
@@ -84,7 +86,7 @@ impl<'s> BufferPool<'s> {
 ///
 /// A buffer borrows its stream, so it cannot outlive it or move to another thread:
 /// ```compile_fail
-/// use pool_runtime::{BufferPool, Device, Stream};
+/// use gpu_pool_runtime::{BufferPool, Device, Stream};
 /// let buf = {
 ///     let stream = Stream::new(&Device::host()).unwrap();
 ///     BufferPool::new(&stream).get_buffer_1d::<u8>(8).unwrap()
@@ -164,7 +166,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
 
     /// Whether the rows follow each other with no padding.
     pub fn is_continuous(&self) -> bool {
-        self.rows <= 1 || self.pitch == self.cols * size_of::<T>()
+        self.window().is_continuous::<T>()
     }
 
     /// Where the memory came from.
@@ -323,28 +325,95 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         self.stream.defer_wait_for(user)
     }
 
-    /// A read-only view for kernels.
-    pub fn view(&self) -> GpuView<'_, T> {
-        GpuView {
+    fn window(&self) -> Window {
+        Window {
             ptr: self.ptr,
             rows: self.rows,
             cols: self.cols,
             pitch: self.pitch,
-            device: self.stream.device().id(),
-            _borrow: PhantomData,
         }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_order(&self) -> CudaOrder<'_> {
+        self.stream.cuda_stream()
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn cuda_order(&self) -> CudaOrder<'_> {
+        PhantomData
+    }
+
+    /// A read-only view for kernels.
+    pub fn view(&self) -> GpuView<'_, T> {
+        GpuView::new(self.window(), self.stream.device().id(), self.cuda_order())
     }
 
     /// A writable view for kernels.
     pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        GpuViewMut {
-            ptr: self.ptr,
-            rows: self.rows,
-            cols: self.cols,
-            pitch: self.pitch,
-            device: self.stream.device().id(),
-            _borrow: PhantomData,
-        }
+        GpuViewMut::new(self.window(), self.stream.device().id(), self.cuda_order())
+    }
+
+    /// The region `rows x cols` (OpenCV's ROI): a view with this buffer's step, borrowing it.
+    /// `PoolError::OutOfBounds` for a range past the buffer's edge (or one that ends before it
+    /// starts).
+    pub fn roi(&self, rows: Range<usize>, cols: Range<usize>) -> Result<GpuView<'_, T>, PoolError> {
+        self.view().roi(rows, cols)
+    }
+
+    /// The writable region `rows x cols`, with this buffer's step.
+    pub fn roi_mut(
+        &mut self,
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<GpuViewMut<'_, T>, PoolError> {
+        let window = self.window().region::<T>(rows, cols)?;
+        Ok(GpuViewMut::new(
+            window,
+            self.stream.device().id(),
+            self.cuda_order(),
+        ))
+    }
+
+    /// Rows `rows`, every column (OpenCV's `rowRange`).
+    pub fn row_range(&self, rows: Range<usize>) -> Result<GpuView<'_, T>, PoolError> {
+        self.view().row_range(rows)
+    }
+
+    /// Writable rows `rows`, every column.
+    pub fn row_range_mut(&mut self, rows: Range<usize>) -> Result<GpuViewMut<'_, T>, PoolError> {
+        self.roi_mut(rows, 0..self.cols)
+    }
+
+    /// All elements as one contiguous row, for a buffer whose rows have no padding between them
+    /// ([`is_continuous`](Self::is_continuous)); `PoolError::NotContinuous` otherwise.
+    pub fn as_1d(&self) -> Result<GpuView<'_, T>, PoolError> {
+        self.view().as_1d()
+    }
+
+    /// The buffer lent to cudarc (`DeviceSlice` + `DevicePtr`): cuBLAS, cuFFT, cudarc's copies.
+    /// A 2D buffer is lent as the run from its first element to its last; its leading dimension
+    /// is [`DeviceRef::ld`](crate::DeviceRef::ld). `PoolError::Unsupported` on the host backend.
+    #[cfg(feature = "cuda")]
+    pub fn device_ref(&self) -> Result<crate::DeviceRef<'_, T>, PoolError> {
+        self.view().device_ref()
+    }
+
+    /// The buffer lent to cudarc for writing (`DevicePtrMut`); see
+    /// [`device_ref`](Self::device_ref).
+    #[cfg(feature = "cuda")]
+    pub fn device_mut(&mut self) -> Result<crate::DeviceMut<'_, T>, PoolError> {
+        crate::DeviceMut::new(self.window(), self.stream.device().id(), self.cuda_order())
+    }
+
+    /// All elements as one writable contiguous row; `PoolError::NotContinuous` for padded rows.
+    pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
+        let window = self.window().flat::<T>()?;
+        Ok(GpuViewMut::new(
+            window,
+            self.stream.device().id(),
+            self.cuda_order(),
+        ))
     }
 
     /// The rows as host slices, on the host backend (where device memory is host memory): the way
@@ -404,128 +473,3 @@ impl<T> fmt::Debug for GpuMat<'_, T> {
             .finish()
     }
 }
-
-/// A read-only view of a [`GpuMat`], for kernel arguments: the address, shape and step, valid while
-/// the buffer is borrowed. On the host backend it also reads rows as slices, for CPU twins of
-/// kernels.
-#[derive(Clone, Copy, Debug)]
-pub struct GpuView<'a, T> {
-    pub(crate) ptr: DevPtr,
-    rows: usize,
-    cols: usize,
-    pitch: usize,
-    device: DeviceId,
-    _borrow: PhantomData<&'a T>,
-}
-
-/// A writable view of a [`GpuMat`], for kernel arguments and CPU twins.
-#[derive(Debug)]
-pub struct GpuViewMut<'a, T> {
-    pub(crate) ptr: DevPtr,
-    rows: usize,
-    cols: usize,
-    pitch: usize,
-    device: DeviceId,
-    _borrow: PhantomData<&'a mut T>,
-}
-
-fn check_host(device: DeviceId) -> Result<(), PoolError> {
-    match device {
-        DeviceId::Host(_) => Ok(()),
-        DeviceId::Cuda(_) => Err(PoolError::Unsupported {
-            device,
-            what: "host access to device memory",
-        }),
-    }
-}
-
-impl<'a, T: Pod> GpuView<'a, T> {
-    /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU.
-    pub fn host_rows(self) -> Result<impl Iterator<Item = &'a [T]>, PoolError> {
-        check_host(self.device)?;
-        Ok((0..self.rows).map(move |r| {
-            if self.ptr == 0 {
-                // An empty buffer has no address, and a slice may not be built on a null one,
-                // even an empty slice (debug builds' UB check caught it).
-                return &[][..];
-            }
-            // SAFETY: on the host backend the address is host memory of a buffer borrowed for 'a;
-            // row `r` holds `cols` initialised (zeroed or written) `T`s. It is aligned for `T`:
-            // `align_of::<T>()` is at most MAX_ELEMENT_ALIGN (checked by `Layout::of`), every
-            // buffer's address is a multiple of it (stack blocks and driver allocations are
-            // 512-aligned on the host, fallback allocations are checked by `validate`), and so is
-            // the pitch (a multiple of the texture alignment, of `size_of::<T>()`, or checked).
-            // The shared borrow keeps writers out.
-            unsafe {
-                std::slice::from_raw_parts(
-                    (self.ptr as usize + r * self.pitch) as *const T,
-                    self.cols,
-                )
-            }
-        }))
-    }
-}
-
-impl<T: Pod> GpuViewMut<'_, T> {
-    /// Calls `f` with each row as a mutable host slice, on the host backend; `PoolError::Unsupported`
-    /// on a GPU.
-    pub fn for_each_host_row_mut(
-        &mut self,
-        mut f: impl FnMut(usize, &mut [T]),
-    ) -> Result<(), PoolError> {
-        check_host(self.device)?;
-        if self.ptr == 0 {
-            return Ok(());
-        }
-        for r in 0..self.rows {
-            // SAFETY: as in `GpuView::host_rows` (address, pitch and alignment), and the view's
-            // exclusive borrow of the buffer makes the row ours alone; rows do not overlap since the
-            // pitch is at least the row width.
-            let row = unsafe {
-                std::slice::from_raw_parts_mut(
-                    (self.ptr as usize + r * self.pitch) as *mut T,
-                    self.cols,
-                )
-            };
-            f(r, row);
-        }
-        Ok(())
-    }
-}
-
-macro_rules! view_accessors {
-    ($view:ident) => {
-        impl<T> $view<'_, T> {
-            /// A one-row view of `len` elements at `ptr`, memory the caller keeps borrowed for the
-            /// view's lifetime and that is aligned for `T`.
-            pub(crate) fn contiguous(ptr: DevPtr, len: usize, device: DeviceId) -> Self {
-                $view {
-                    ptr,
-                    rows: 1,
-                    cols: len,
-                    pitch: len * size_of::<T>(),
-                    device,
-                    _borrow: PhantomData,
-                }
-            }
-            /// The device address of row 0.
-            pub fn device_ptr(&self) -> u64 {
-                self.ptr
-            }
-            /// Rows.
-            pub fn rows(&self) -> usize {
-                self.rows
-            }
-            /// Columns.
-            pub fn cols(&self) -> usize {
-                self.cols
-            }
-            /// Bytes between rows.
-            pub fn step(&self) -> usize {
-                self.pitch
-            }
-        }
-    };
-}
-view_accessors!(GpuView);
-view_accessors!(GpuViewMut);

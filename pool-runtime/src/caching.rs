@@ -27,7 +27,7 @@ pub const DEFAULT_LEADING_BITS: u32 = 4;
 /// their own bin. Never overflows: the rounded size keeps the request's highest bit.
 ///
 /// ```
-/// use pool_runtime::bin_of;
+/// use gpu_pool_runtime::bin_of;
 /// assert_eq!(bin_of(1000, 4).1, 1023);          // 0b1111101000 -> 0b1111111111
 /// assert_eq!(bin_of(1024, 4).1, 1087);          // 0b10000000000 -> 0b10000111111
 /// assert_eq!(bin_of(17, 4).1, 17);              // small sizes are exact
@@ -85,7 +85,7 @@ struct State {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+/// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
 /// let device = Device::host_with_limit(None);
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;

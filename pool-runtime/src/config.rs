@@ -23,11 +23,11 @@ const MIB: usize = 1 << 20;
 /// The size and number of the stacks of one device (OpenCV's `setBufferPoolConfig` arguments).
 ///
 /// ```
-/// use pool_runtime::PoolConfig;
+/// use gpu_pool_runtime::PoolConfig;
 /// let config = PoolConfig::new(64 << 20, 2)?;
 /// assert_eq!(config.total_bytes(), 128 << 20);
 /// assert_eq!(PoolConfig::default(), PoolConfig::new(10 << 20, 5)?);
-/// # Ok::<(), pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
@@ -86,12 +86,12 @@ impl PoolConfig {
     /// This config as a `GPU_POOL_CONF` value, which parses back to it.
     ///
     /// ```
-    /// use pool_runtime::{EnvConfig, PoolConfig};
+    /// use gpu_pool_runtime::{EnvConfig, PoolConfig};
     /// let config = PoolConfig::new(12 << 20, 3)?;
     /// assert_eq!(config.env_value(), "stack_size=12MiB,stack_count=3");
     /// let parsed = EnvConfig::parse(&config.env_value())?;
     /// assert_eq!((parsed.stack_size, parsed.stack_count), (Some(12 << 20), Some(3)));
-    /// # Ok::<(), pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
     /// ```
     pub fn env_value(&self) -> String {
         let size = match self.stack_size {
@@ -115,11 +115,11 @@ impl Default for PoolConfig {
 /// Where a buffer comes from when the stack cannot serve it (OpenCV's "default allocator").
 ///
 /// ```
-/// use pool_runtime::{Device, Fallback};
+/// use gpu_pool_runtime::{Device, Fallback};
 /// let device = Device::host_with_limit(None);
 /// device.set_fallback(Fallback::Error);
 /// assert_eq!(device.fallback()?, Fallback::Error);
-/// # Ok::<(), pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -169,12 +169,12 @@ impl EnvConfig {
     /// them. Unknown keys, repeated keys and bad values are errors, never ignored.
     ///
     /// ```
-    /// use pool_runtime::{EnvConfig, Fallback};
+    /// use gpu_pool_runtime::{EnvConfig, Fallback};
     /// let conf = EnvConfig::parse("stack_size=64MiB, stack_count=2, fallback=stream_ordered")?;
     /// assert_eq!(conf.stack_size, Some(64 << 20));
     /// assert_eq!(conf.fallback, Some(Fallback::StreamOrdered));
     /// assert!(EnvConfig::parse("stack_size=lots").is_err());
-    /// # Ok::<(), pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
     /// ```
     pub fn parse(value: &str) -> Result<EnvConfig, PoolError> {
         let fail = |reason: String| PoolError::InvalidEnvConfig {
@@ -297,9 +297,9 @@ static USAGE: AtomicU8 = AtomicU8::new(UNSET);
 /// before the call) pools too.
 ///
 /// ```
-/// pool_runtime::set_buffer_pool_usage(true);
-/// assert!(pool_runtime::buffer_pool_usage()?);
-/// # Ok::<(), pool_runtime::PoolError>(())
+/// gpu_pool_runtime::set_buffer_pool_usage(true);
+/// assert!(gpu_pool_runtime::buffer_pool_usage()?);
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 pub fn set_buffer_pool_usage(on: bool) {
     USAGE.store(if on { ON } else { OFF }, Ordering::Relaxed);
@@ -323,7 +323,7 @@ pub fn buffer_pool_usage() -> Result<bool, PoolError> {
 /// allocated when a stream first needs it.
 ///
 /// ```
-/// use pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
+/// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
 /// let device = Device::host_with_limit(None);
 /// set_buffer_pool_config(&device, 64 << 20, 2)?;
 /// let stream = Stream::new(&device)?;

@@ -20,7 +20,7 @@ use crate::unique::Counter;
 /// A device: the host backend or a CUDA GPU. Cheap to clone; clones share one pool.
 ///
 /// ```
-/// use pool_runtime::Device;
+/// use gpu_pool_runtime::Device;
 /// let device = Device::host();
 /// assert_eq!(device.id().to_string(), "host");
 /// assert_eq!(device.texture_alignment(), 512);
@@ -139,7 +139,7 @@ impl Device {
     /// out-of-memory.
     ///
     /// ```
-    /// use pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
     /// let small = Device::host_with_limit(Some(1 << 20));
     /// small.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&small, 512 << 10, 1)?;
@@ -158,7 +158,7 @@ impl Device {
     /// without the `cuda` feature), `PoolError::NoSuchDevice` for an ordinal past the last.
     ///
     /// ```
-    /// use pool_runtime::{Device, PoolError};
+    /// use gpu_pool_runtime::{Device, PoolError};
     /// match Device::cuda(0) {
     ///     Ok(gpu) => assert!(gpu.texture_alignment() >= 256),
     ///     Err(PoolError::NoCudaDriver { .. }) => println!("no GPU here"),
@@ -213,7 +213,7 @@ impl Device {
     /// survived. 0 never fails.
     ///
     /// ```
-    /// use pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::host_with_fault(1); // the stack memory itself fails
     /// assert!(matches!(Stream::new(&device), Err(PoolError::OutOfMemory { .. })));
     /// assert_eq!(device.host_live_bytes(), Some(0));
@@ -263,7 +263,7 @@ impl Device {
     /// while a stream holds a stack: drop those streams first.
     ///
     /// ```
-    /// use pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::host_with_limit(None);
     /// let stream = Stream::new(&device)?;
     /// BufferPool::new(&stream).get_buffer::<u8>(4, 4)?;

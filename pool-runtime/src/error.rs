@@ -10,7 +10,7 @@ use crate::stats::FallbackReason;
 /// Which device an error or a statistic belongs to.
 ///
 /// ```
-/// use pool_runtime::DeviceId;
+/// use gpu_pool_runtime::DeviceId;
 /// assert_eq!(DeviceId::Cuda(1).to_string(), "cuda:1");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,7 +35,7 @@ impl fmt::Display for DeviceId {
 /// Everything that can go wrong in gpu-pool.
 ///
 /// ```
-/// use pool_runtime::{BufferPool, Device, PoolError, Stream};
+/// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
@@ -197,6 +197,57 @@ pub enum PoolError {
         dst: (usize, usize),
         /// Rows and columns of the source.
         src: (usize, usize),
+    },
+
+    /// A buffer the stack cannot serve was asked for while a CUDA graph was being captured.
+    #[error(
+        "a buffer of {requested} bytes does not fit the stream's stack ({available} bytes free) \
+         while a CUDA graph is captured, and an allocation from the driver would break the \
+         capture; raise stack_size with set_buffer_pool_config, or make the buffer before capturing"
+    )]
+    CaptureNeedsStack {
+        /// Bytes the buffer needs on the stack.
+        requested: usize,
+        /// Bytes free on the stack.
+        available: usize,
+    },
+
+    /// A buffer taken during a capture was still live when it ended.
+    #[error(
+        "a buffer taken while capturing a CUDA graph was still live when the capture ended; the \
+         graph reuses that memory on every replay, so release every buffer taken inside (the DSL \
+         does), and make long-lived outputs before capturing"
+    )]
+    CaptureKeptBuffers,
+
+    /// A region asked of a buffer or view does not lie inside it.
+    #[error(
+        "region {what} {start}..{end} is out of bounds of {len} {what}; ask for a range inside \
+         the buffer (start <= end <= {len})"
+    )]
+    OutOfBounds {
+        /// `"rows"` or `"cols"`.
+        what: &'static str,
+        /// Start of the range asked for.
+        start: usize,
+        /// End of the range asked for (exclusive).
+        end: usize,
+        /// Rows or columns there are.
+        len: usize,
+    },
+
+    /// A contiguous view was asked of a buffer whose rows are padded.
+    #[error(
+        "a {rows}x{cols} buffer with a step of {step} bytes has padding between its rows, so it \
+         is not one contiguous run; take a 1D buffer (`buffer!(len; T)`), or use one row at a time"
+    )]
+    NotContinuous {
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+        /// Bytes between rows.
+        step: usize,
     },
 
     /// An operation mixed buffers of different devices.

@@ -123,7 +123,7 @@ impl AllocContext<'_> {
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use pool_runtime::{AllocContext, AllocRequest, Allocation, BufferPool, Device, GpuAllocator, PoolError, Stream};
+/// use gpu_pool_runtime::{AllocContext, AllocRequest, Allocation, BufferPool, Device, GpuAllocator, PoolError, Stream};
 ///
 /// /// Plain driver allocations, counted.
 /// #[derive(Debug, Default)]

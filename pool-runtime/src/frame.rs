@@ -19,9 +19,10 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::buffer::{BufferPool, GpuMat, GpuView, GpuViewMut};
+use crate::buffer::{BufferPool, GpuMat};
 use crate::error::PoolError;
 use crate::stream::Stream;
+use crate::view::{GpuView, GpuViewMut};
 
 /// Something that names a [`Stream`]: what `#[pooled(EXPR)]` and `gpu_scope!(EXPR, ..)` accept.
 #[diagnostic::on_unimplemented(
@@ -116,7 +117,7 @@ impl<'s, T> Owner<'s, T> {
 /// below (with a hidden owner name no user code can write):
 ///
 /// ```
-/// # use pool_runtime::{Device, PoolError, Stream, __private::frame};
+/// # use gpu_pool_runtime::{Device, PoolError, Stream, __private::frame};
 /// # let stream = Stream::new(&Device::host())?;
 /// # let frame = frame(&stream);
 /// let mut owner = frame.take::<f32>(4, 4)?;
@@ -163,6 +164,34 @@ impl<'s, T: Pod> Pooled<'_, 's, T> {
     /// [`GpuMat::view`].
     pub fn view(&self) -> GpuView<'_, T> {
         self.mat.view()
+    }
+
+    /// [`GpuMat::roi_mut`]: a writable region.
+    pub fn roi_mut(
+        &mut self,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+    ) -> Result<GpuViewMut<'_, T>, PoolError> {
+        self.mat.roi_mut(rows, cols)
+    }
+
+    /// [`GpuMat::row_range_mut`].
+    pub fn row_range_mut(
+        &mut self,
+        rows: std::ops::Range<usize>,
+    ) -> Result<GpuViewMut<'_, T>, PoolError> {
+        self.mat.row_range_mut(rows)
+    }
+
+    /// [`GpuMat::device_mut`]: the buffer lent to cudarc for writing (cuBLAS and the like).
+    #[cfg(feature = "cuda")]
+    pub fn device_mut(&mut self) -> Result<crate::DeviceMut<'_, T>, PoolError> {
+        self.mat.device_mut()
+    }
+
+    /// [`GpuMat::as_1d_mut`].
+    pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
+        self.mat.as_1d_mut()
     }
 
     /// [`GpuMat::for_each_host_row_mut`].

@@ -5,12 +5,12 @@
 //! pointers, so the buffers implement its `PushKernelArg` instead.
 //!
 //! ```no_run
-//! use pool_runtime::{BufferPool, Device, Stream};
-//! use pool_runtime::cudarc::driver::{LaunchConfig, PushKernelArg};
+//! use gpu_pool_runtime::{BufferPool, Device, Stream};
+//! use gpu_pool_runtime::cudarc::driver::{LaunchConfig, PushKernelArg};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;
 //! let stream = Stream::new(&gpu)?;
-//! let ptx = pool_runtime::cudarc::nvrtc::compile_ptx(
+//! let ptx = gpu_pool_runtime::cudarc::nvrtc::compile_ptx(
 //!     r#"extern "C" __global__ void one(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = 1.0f; }"#,
 //! )?;
 //! let f = gpu.cuda_context().unwrap().load_module(ptx)?.load_function("one")?;
@@ -24,28 +24,29 @@
 
 use cudarc::driver::{LaunchArgs, PushKernelArg};
 
-use crate::buffer::{GpuMat, GpuView, GpuViewMut};
+use crate::buffer::GpuMat;
 use crate::frame::Pooled;
+use crate::view::{GpuView, GpuViewMut};
 
 macro_rules! push_address {
-    ($($ty:ty),* $(,)?) => {$(
+    ($($ty:ty => $($field:ident).+),* $(,)?) => {$(
         // SAFETY: pushes a pointer to the buffer's device address, a `u64` stored in the buffer
         // (or view), which is borrowed for 'b and so outlives the launch builder ('a). The driver
         // reads the argument at launch; the kernel receives the address by value.
         unsafe impl<'a, 'b: 'a, 's, T> PushKernelArg<$ty> for LaunchArgs<'a> {
             #[inline(always)]
             fn arg(&mut self, buffer: $ty) -> &mut Self {
-                <Self as PushKernelArg<&'b u64>>::arg(self, &buffer.ptr)
+                <Self as PushKernelArg<&'b u64>>::arg(self, &buffer.$($field).+)
             }
         }
     )*};
 }
 
 push_address!(
-    &'b GpuMat<'s, T>,
-    &'b mut GpuMat<'s, T>,
-    &'b GpuView<'s, T>,
-    &'b mut GpuViewMut<'s, T>,
+    &'b GpuMat<'s, T> => ptr,
+    &'b mut GpuMat<'s, T> => ptr,
+    &'b GpuView<'s, T> => window.ptr,
+    &'b mut GpuViewMut<'s, T> => window.ptr,
 );
 
 // SAFETY: as above; the address lives in the buffer the handle borrows for 'b.

@@ -9,10 +9,10 @@
 use bytemuck::Pod;
 
 use crate::backend::{DevPtr, RawStream, Region};
-use crate::buffer::{GpuView, GpuViewMut};
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::stream::Stream;
+use crate::view::{GpuView, GpuViewMut, Window};
 
 enum Host<'a> {
     None,
@@ -36,7 +36,7 @@ enum Gpu {
 /// A pinned-host buffer and a device buffer that grow on demand.
 ///
 /// ```
-/// use pool_runtime::{Device, MixMemory, PoolError, Stream};
+/// use gpu_pool_runtime::{Device, MixMemory, PoolError, Stream};
 /// let device = Device::host_with_limit(None);
 /// let stream = Stream::new(&device)?;
 /// let mut mix = MixMemory::new(&device)?;
@@ -145,7 +145,7 @@ impl<'a> MixMemory<'a> {
     /// flight is waited for first.
     ///
     /// ```
-    /// use pool_runtime::{Device, MixMemory, PoolError, Stream};
+    /// use gpu_pool_runtime::{Device, MixMemory, PoolError, Stream};
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
     /// let mut mix = MixMemory::new(&device)?;
@@ -158,13 +158,21 @@ impl<'a> MixMemory<'a> {
     /// ```
     pub fn gpu_view<T: Pod>(&mut self, n: usize) -> Result<GpuView<'_, T>, PoolError> {
         let ptr = self.gpu_for_view::<T>(n)?;
-        Ok(GpuView::contiguous(ptr, n, self.device.id()))
+        Ok(GpuView::new(
+            contiguous::<T>(ptr, n),
+            self.device.id(),
+            Default::default(),
+        ))
     }
 
     /// The device side as a writable one-row view of `n` elements; see [`gpu_view`](Self::gpu_view).
     pub fn gpu_view_mut<T: Pod>(&mut self, n: usize) -> Result<GpuViewMut<'_, T>, PoolError> {
         let ptr = self.gpu_for_view::<T>(n)?;
-        Ok(GpuViewMut::contiguous(ptr, n, self.device.id()))
+        Ok(GpuViewMut::new(
+            contiguous::<T>(ptr, n),
+            self.device.id(),
+            Default::default(),
+        ))
     }
 
     fn gpu_for_view<T: Pod>(&mut self, n: usize) -> Result<u64, PoolError> {
@@ -322,6 +330,16 @@ impl<'a> MixMemory<'a> {
     /// Frees both sides.
     pub fn release_all(&mut self) -> Result<(), PoolError> {
         self.release_gpu().and(self.release_cpu())
+    }
+}
+
+/// One row of `n` elements at `ptr` (whose byte length `byte_len` has checked).
+fn contiguous<T>(ptr: u64, n: usize) -> Window {
+    Window {
+        ptr,
+        rows: 1,
+        cols: n,
+        pitch: n * size_of::<T>(),
     }
 }
 

@@ -106,7 +106,7 @@ impl StreamCounters {
 /// Fallback allocations, counted by reason.
 ///
 /// ```
-/// use pool_runtime::{FallbackCounts, FallbackReason};
+/// use gpu_pool_runtime::{FallbackCounts, FallbackReason};
 /// let counts = FallbackCounts::default();
 /// assert_eq!(counts.get(FallbackReason::StackFull), 0);
 /// assert_eq!(counts.total(), 0);
@@ -133,7 +133,7 @@ impl FallbackCounts {
 /// A snapshot of one stream's counters.
 ///
 /// ```
-/// use pool_runtime::{BufferPool, Device, Stream};
+/// use gpu_pool_runtime::{BufferPool, Device, Stream};
 /// let device = Device::host_with_limit(None);
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
@@ -142,7 +142,7 @@ impl FallbackCounts {
 /// assert_eq!((stats.stack_allocations, stats.stack_in_use), (1, 4032));
 /// drop(buf);
 /// assert_eq!(stream.stats().stack_in_use, 0);
-/// # Ok::<(), pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamStats {
@@ -174,14 +174,14 @@ pub struct StreamStats {
 /// A snapshot of one device's counters: its own driver calls plus every stream it has had.
 ///
 /// ```
-/// use pool_runtime::{BufferPool, Device, Stream};
+/// use gpu_pool_runtime::{BufferPool, Device, Stream};
 /// let device = Device::host_with_limit(None);
 /// let stream = Stream::new(&device)?;
 /// BufferPool::new(&stream).get_buffer::<u8>(16, 16)?;
 /// let stats = device.stats();
 /// assert_eq!(stats.driver_alloc_calls, 1); // the one allocation that holds every stack
 /// assert_eq!(stats.streams.len(), 1);
-/// # Ok::<(), pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -294,7 +294,7 @@ impl Report {
 /// would have avoided every fallback; returns the same data.
 ///
 /// ```
-/// let report = pool_runtime::report();
+/// let report = gpu_pool_runtime::report();
 /// assert!(report.to_string().contains("gpu-pool report"));
 /// ```
 pub fn report() -> Report {

@@ -22,17 +22,17 @@ use crate::stats::{FallbackReason, StreamCounters, StreamStats};
 /// A stream of work on a device, with the stack that its temporary buffers come from.
 ///
 /// ```
-/// use pool_runtime::{Device, Stream};
+/// use gpu_pool_runtime::{Device, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// assert_eq!(stream.device(), &Device::host());
 /// stream.synchronize()?;
-/// # Ok::<(), pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 ///
 /// `Stream` is `Send` but not `Sync`:
 /// ```compile_fail
 /// fn shared<T: Sync>() {}
-/// shared::<pool_runtime::Stream>();
+/// shared::<gpu_pool_runtime::Stream>();
 /// ```
 pub struct Stream {
     device: Device,
@@ -48,9 +48,11 @@ pub struct Stream {
     wants_stack: Cell<bool>,
     /// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
     deferred_waits: RefCell<Vec<RawEvent>>,
-    has_deferred_waits: Cell<bool>,
+    pub(crate) has_deferred_waits: Cell<bool>,
     /// Bytes of live fallback buffers that a large enough stack would have held.
     overflow_live: Cell<usize>,
+    /// A CUDA graph capture is under way: nothing may reach the driver's allocator.
+    pub(crate) capturing: Cell<bool>,
 }
 
 /// Where a buffer's memory came from.
@@ -187,6 +189,7 @@ impl Stream {
             deferred_waits: RefCell::new(Vec::new()),
             has_deferred_waits: Cell::new(false),
             overflow_live: Cell::new(0),
+            capturing: Cell::new(false),
         })
     }
 
@@ -299,6 +302,12 @@ impl Stream {
         reason: FallbackReason,
         stack_free: usize,
     ) -> Result<(DevPtr, usize, Origin), PoolError> {
+        if self.capturing.get() {
+            return Err(PoolError::CaptureNeedsStack {
+                requested: layout.bytes,
+                available: stack_free,
+            });
+        }
         let request = AllocRequest {
             rows: layout.rows,
             cols: layout.cols,
@@ -343,6 +352,12 @@ impl Stream {
         &self,
         layout: &Layout,
     ) -> Result<(DevPtr, usize, Origin), PoolError> {
+        if self.capturing.get() {
+            return Err(PoolError::CaptureNeedsStack {
+                requested: layout.bytes,
+                available: 0,
+            });
+        }
         let inner = &self.device.inner;
         let (ptr, pitch) = if layout.rows > 1 && layout.cols > 1 {
             inner.driver_alloc_pitch(layout.width_bytes, layout.rows, Some(self.counters()))?
@@ -440,7 +455,7 @@ impl Stream {
     /// Makes this stream wait for every recorded use, so memory released now is reused (in this
     /// stream's order) only after that work.
     #[cold]
-    fn issue_deferred_waits(&self) -> Result<(), PoolError> {
+    pub(crate) fn issue_deferred_waits(&self) -> Result<(), PoolError> {
         let waits = std::mem::take(&mut *self.deferred_waits.borrow_mut());
         self.has_deferred_waits.set(false);
         let mut result = Ok(());
@@ -449,6 +464,78 @@ impl Stream {
             result = result.and(waited);
         }
         result
+    }
+
+    /// The stack's top, if the stream holds a stack.
+    pub(crate) fn stack_top(&self) -> Option<usize> {
+        self.stack.get().map(Stack::top)
+    }
+
+    /// Takes one byte of the stack as a fence: stack memory below it cannot be reclaimed, nor
+    /// reused, until the fence is released (what a graph's replays need of the memory above it).
+    pub(crate) fn reserve_fence(&self) -> Result<Block, PoolError> {
+        let stack = match self.stack.get() {
+            Some(stack) => Some(stack),
+            None => self.claim_stack()?,
+        };
+        let taken = stack.and_then(|s| s.take(1).map(|(_, block)| (s, block)));
+        let Some((stack, fence)) = taken else {
+            return Err(PoolError::CaptureNeedsStack {
+                requested: 1,
+                available: stack.map_or(0, Stack::free_bytes),
+            });
+        };
+        self.counters().stack_in_use.set(stack.top() as u64);
+        Ok(fence)
+    }
+
+    /// Takes the stack from its top up to `end`: what a capture's buffers used above its fence.
+    /// `None` when they used nothing.
+    pub(crate) fn reserve_up_to(&self, end: usize) -> Result<Option<Block>, PoolError> {
+        let Some(stack) = self.stack.get() else {
+            return Ok(None);
+        };
+        let start = crate::layout::align_up(stack.top(), self.texture_alignment).unwrap_or(end);
+        if end <= start {
+            return Ok(None);
+        }
+        // The same bytes the capture's buffers had: they fitted then, and the top is where it was.
+        let (_, block) = stack
+            .take(end - start)
+            .ok_or(PoolError::CaptureNeedsStack {
+                requested: end - start,
+                available: stack.free_bytes(),
+            })?;
+        self.counters().stack_in_use.set(stack.top() as u64);
+        Ok(Some(block))
+    }
+
+    /// Gives back a block of [`reserve_fence`](Self::reserve_fence) or
+    /// [`reserve_up_to`](Self::reserve_up_to).
+    pub(crate) fn release_reserved(&self, block: &Block) {
+        if let Some(stack) = self.stack.get() {
+            let release = stack.release(block);
+            self.counters().stack_in_use.set(stack.top() as u64);
+            if release == Release::OutOfOrder {
+                // Reclaimed later, as any out-of-order block; counted and logged, never an error.
+                let _ = self.lifo_violation(block.prev_top as u64);
+            }
+        }
+    }
+
+    /// Starts measuring the stack's high-water mark from `floor`; returns the mark so far.
+    pub(crate) fn start_high_water(&self, floor: usize) -> u64 {
+        let before = self.counters().stack_high_water.get();
+        self.counters().stack_high_water.set(floor as u64);
+        before
+    }
+
+    /// The mark reached since [`start_high_water`](Self::start_high_water), after which the
+    /// stream's own mark is what it would have been without the measurement.
+    pub(crate) fn end_high_water(&self, before: u64) -> usize {
+        let peak = self.counters().stack_high_water.get();
+        self.counters().stack_high_water.set(before.max(peak));
+        peak as usize
     }
 
     #[cold]

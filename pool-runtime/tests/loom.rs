@@ -5,9 +5,9 @@
 //! `RUSTFLAGS="--cfg loom" cargo test -p pool-runtime --no-default-features --release --test loom`
 #![cfg(loom)]
 
+use gpu_pool_runtime::{BufferPool, Device, Source, Stream, set_buffer_pool_config};
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use pool_runtime::{BufferPool, Device, Source, Stream, set_buffer_pool_config};
 
 /// One flag per stack: set while a stream of the model holds it.
 fn claim(flags: &[AtomicBool], stream: &Stream) -> Option<usize> {

@@ -14,6 +14,10 @@ use gpu_pool::{Device, Fallback, PoolError};
 #[path = "../../examples/support/kernels.rs"]
 pub mod kernels;
 
+#[cfg(feature = "cublas")]
+#[path = "../../examples/support/dense.rs"]
+pub mod dense;
+
 /// The GPU is one device shared by every test of a binary: its settings and stacks are global, so
 /// tests that use it take this lock.
 static GPU: Mutex<()> = Mutex::new(());

@@ -1,0 +1,166 @@
+//! CUDA graph replay of pooled code against running it eagerly, on a launch-bound pipeline: six
+//! kernels over three temporaries on a 512x512 image (`kernels::six_kernels`), in one run:
+//!
+//! - `eager_stack`: the `#[pooled]` function called each time, temporaries from the stack;
+//! - `graph_replay`: the same function captured once with `Stream::capture`, then replayed;
+//! - `eager_stream_ordered`: called each time on a stream whose temporaries come from
+//!   `cuMemAllocAsync` / `cuMemFreeAsync` (the driver's own pool, release threshold raised).
+//!
+//! Each sample queues `RUNS` pipelines and waits for the stream; the median per pipeline is
+//! reported with its ratio to graph replay, and drawn to `target/criterion/charts/C_graph.svg`.
+//! A second group times the host alone: queuing `RUNS` pipelines, with the wait left out of the
+//! timing (the CPU time a launch-bound program spends per pipeline).
+//! Every variant's output is checked against the eager one first. Without a CUDA device it says so
+//! and measures nothing.
+
+#[path = "../gpu/chart.rs"]
+mod chart;
+#[path = "../../examples/support/kernels.rs"]
+mod kernels;
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_pool::prelude::*;
+use gpu_pool::{Fallback, StreamOrderedAllocator, set_buffer_pool_config};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const GROUP: &str = "C_graph";
+const HOST: &str = "C_graph_host";
+const SIDE: usize = 512;
+const RUNS: u32 = 100;
+const IDS: [&str; 3] = ["graph_replay", "eager_stack", "eager_stream_ordered"];
+
+fn main() -> Res<()> {
+    let device = match Device::cuda(0) {
+        Ok(device) => device,
+        Err(e) => {
+            println!("no CUDA device ({e}): the graph benchmark did not run");
+            return Ok(());
+        }
+    };
+    device.set_fallback(Fallback::Error); // the stack must serve the captured temporaries
+    set_buffer_pool_config(&device, 64 << 20, 2)?;
+    let stream = Stream::new(&device)?;
+    let ordered = Stream::with_allocator(&device, Arc::new(StreamOrderedAllocator))?;
+    let k = kernels::Kernels::load(&device);
+    let image: Vec<[u8; 3]> = (0..SIDE * SIDE)
+        .map(|i| [(i % 251) as u8, (i / SIDE % 241) as u8, (i * 7 % 239) as u8])
+        .collect();
+    let src = GpuMat::from_host(&stream, SIDE, SIDE, &image)?;
+    let out = GpuMat::<u8>::new(&stream, SIDE, SIDE)?;
+    let reference = GpuMat::<u8>::new(&stream, SIDE, SIDE)?;
+    kernels::six_kernels(&stream, &k, &src, &reference)?;
+    let expected = reference.to_vec()?;
+
+    let graph = stream.capture(|s| kernels::six_kernels(s, &k, &src, &out))?;
+    let allocs = device.stats().driver_alloc_calls;
+    let run = |id: &str| -> Res<()> {
+        match id {
+            "graph_replay" => graph.launch()?,
+            "eager_stack" => kernels::six_kernels(&stream, &k, &src, &out)?,
+            _ => kernels::six_kernels(&ordered, &k, &src, &out)?,
+        }
+        Ok(())
+    };
+    for id in IDS {
+        run(id)?;
+        stream.synchronize()?;
+        ordered.synchronize()?;
+        let wrong = out
+            .to_vec()?
+            .iter()
+            .zip(&expected)
+            .filter(|(a, b)| a != b)
+            .count();
+        println!("{id}: {wrong} pixels differ from the eager run");
+        assert_eq!(wrong, 0, "{id} computes another image");
+    }
+    let graph_allocs = device.stats().driver_alloc_calls;
+    for _ in 0..1000 {
+        graph.launch()?;
+    }
+    stream.synchronize()?;
+    println!(
+        "1000 replays: {} driver allocation calls",
+        device.stats().driver_alloc_calls - graph_allocs
+    );
+    println!(
+        "stream-ordered eager run: {} driver allocation calls (3 per run)",
+        graph_allocs - allocs
+    );
+
+    let mut c = support::criterion();
+    let mut group = c.benchmark_group(GROUP);
+    for id in IDS {
+        group.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    for _ in 0..RUNS {
+                        run(id).expect("runs");
+                    }
+                    stream.synchronize().expect("synchronizes");
+                    ordered.synchronize().expect("synchronizes");
+                    total += start.elapsed() / RUNS;
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+    let mut host = c.benchmark_group(HOST);
+    for id in IDS {
+        host.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    for _ in 0..RUNS {
+                        run(id).expect("runs");
+                    }
+                    total += start.elapsed() / RUNS;
+                    stream.synchronize().expect("synchronizes");
+                    ordered.synchronize().expect("synchronizes");
+                }
+                total
+            })
+        });
+    }
+    host.finish();
+    c.final_summary();
+    support::print_table(
+        &format!(
+            "A launch-bound pooled pipeline: six kernels, three temporaries, {SIDE}x{SIDE} \
+             (time per pipeline; ratio to graph replay)"
+        ),
+        GROUP,
+        "graph_replay",
+        &IDS,
+    );
+    support::print_table(
+        "The same, host time to queue one pipeline (ratio to graph replay)",
+        HOST,
+        "graph_replay",
+        &IDS,
+    );
+    let dir = support::output_dir().join("charts");
+    std::fs::create_dir_all(&dir)?;
+    let bars: Vec<(String, f64)> = support::medians(GROUP, &IDS)
+        .into_iter()
+        .map(|(id, ns)| (id, ns / 1e3))
+        .collect();
+    chart::linear_bars(
+        &dir.join("C_graph.svg"),
+        "C: six kernels on 512x512, per pipeline (median)",
+        "microseconds",
+        &bars,
+    )?;
+    println!("\nchart: {}", dir.join("C_graph.svg").display());
+    drop(graph);
+    Ok(())
+}

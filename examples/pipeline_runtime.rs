@@ -1,0 +1,78 @@
+//! The `pipeline` example written against the runtime API instead of the DSL: the temporaries are
+//! taken with `BufferPool::get_buffer`, as OpenCV's `BufferPool` code takes them, and released in
+//! reverse order by scope (here the loop body's end). Same loop, same checks.
+//!
+//! `cargo run --release --example pipeline_runtime [-- ITERATIONS]`
+
+mod support;
+
+use gpu_pool::prelude::*;
+use gpu_pool::set_buffer_pool_config;
+use support::Stages;
+use support::kernels::{gray_of, threshold_of};
+
+const ROWS: usize = 4096;
+const COLS: usize = 4096;
+
+fn main() -> Result<(), PoolError> {
+    let iterations = support::count_arg(10);
+    let device = Device::cuda_or_host();
+    let stages = Stages::new(&device);
+    // 64 MiB holds the gray image (16 MiB) and the thresholded one (16 MiB) twice over.
+    set_buffer_pool_config(&device, 64 << 20, 1)?;
+    let stream = Stream::new(&device)?;
+    let pool = BufferPool::new(&stream);
+
+    let image: Vec<[u8; 3]> = (0..ROWS * COLS)
+        .map(|i| [(i % 251) as u8, (i / COLS % 241) as u8, (i * 7 % 239) as u8])
+        .collect();
+    let src = GpuMat::from_host(&stream, ROWS, COLS, &image)?;
+    let mut out = vec![0u8; ROWS * COLS];
+
+    let start = std::time::Instant::now();
+    let mut calls_after_first = 0;
+    for i in 0..iterations {
+        let mut gray = pool.get_buffer::<u8>(ROWS, COLS)?;
+        let mut binary = pool.get_buffer::<u8>(ROWS, COLS)?;
+        stages.bgr_to_gray(&stream, src.view(), gray.view_mut())?;
+        stages.threshold(&stream, gray.view(), binary.view_mut(), 128)?;
+        if i == iterations - 1 {
+            binary.download(&mut out)?;
+        }
+        if i == 0 {
+            calls_after_first = device.stats().driver_alloc_calls;
+        }
+    }
+    stream.synchronize()?;
+    let elapsed = start.elapsed();
+
+    let wrong = image
+        .iter()
+        .zip(&out)
+        .filter(|&(&px, &o)| threshold_of(gray_of(px), 128) != o)
+        .count();
+    let stats = stream.stats();
+    println!("device: {}", Stages::describe(&device));
+    println!(
+        "{iterations} iterations of {ROWS}x{COLS} BGR -> gray -> threshold in {:.1} ms",
+        elapsed.as_secs_f64() * 1e3
+    );
+    println!(
+        "stack buffers: {}, fallback buffers: {}, peak stack use: {:.1} MiB",
+        stats.stack_allocations,
+        stats.fallback_allocations.total(),
+        stats.stack_high_water as f64 / (1 << 20) as f64
+    );
+    println!(
+        "driver allocation calls after the first iteration: {}",
+        device.stats().driver_alloc_calls - calls_after_first
+    );
+    println!("pixels differing from the CPU reference: {wrong}");
+    if wrong != 0 {
+        std::process::exit(1);
+    }
+    drop(src);
+    drop(stream);
+    device.release_stack_memory()?; // everything freed before exit, as a leak checker wants
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! A dense layer, `y = relu(x W + b)`, as a `#[pooled]` function: the GEMM in cuBLAS (through
+//! cudarc) into a `buffer!` intermediate, then a bias + ReLU kernel; or the CPU twins of both on
+//! the host backend. Shared by the `mlp_cublas` example and the GPU tests.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "the example and the tests use different parts"
+)]
+
+use gpu_pool::prelude::*;
+
+pub const IN: usize = 256;
+pub const OUT: usize = 128;
+pub const BATCH: usize = 64;
+
+/// How the layer runs: cuBLAS and a kernel on a GPU, or CPU twins on the host backend.
+pub enum Engine {
+    Gpu {
+        blas: gpu_pool::cudarc::cublas::CudaBlas,
+        kernels: super::kernels::Kernels,
+    },
+    Cpu,
+}
+
+/// `y = relu(x W + b)` for a batch: `x` is `BATCH x IN`, `w` is `IN x OUT`, `b` is `1 x OUT`,
+/// `y` is `BATCH x OUT`, all row-major. `h = x W` is a temporary from the stream's stack.
+#[pooled(stream)]
+pub fn dense_relu(
+    stream: &Stream,
+    engine: &Engine,
+    x: &GpuMat<'_, f32>,
+    w: &GpuMat<'_, f32>,
+    b: &GpuMat<'_, f32>,
+    y: &mut GpuMat<'_, f32>,
+) -> Result<(), PoolError> {
+    let mut h = buffer!(x.rows(), w.cols(); f32)?;
+    match engine {
+        Engine::Gpu { blas, kernels } => {
+            gpu::gemm(blas, x, w, &mut h)?;
+            gpu::bias_relu(stream, kernels, &h, b, y)
+        }
+        Engine::Cpu => {
+            cpu::gemm(x, w, &mut h)?;
+            cpu::bias_relu(&h, b, y)
+        }
+    }
+}
+
+mod gpu {
+    use gpu_pool::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+    use gpu_pool::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use gpu_pool::prelude::*;
+
+    fn blas_error(e: gpu_pool::cudarc::cublas::result::CublasError) -> PoolError {
+        PoolError::Driver {
+            call: "cublasSgemm",
+            name: format!("{:?}", e.0),
+            description: e.to_string(),
+        }
+    }
+
+    /// `h = x w`, row-major. cuBLAS is column-major, and a row-major matrix read column-major is
+    /// its transpose: so it computes `h^T = w^T x^T`, with each matrix's step as its leading
+    /// dimension.
+    pub(super) fn gemm(
+        blas: &CudaBlas,
+        x: &GpuMat<'_, f32>,
+        w: &GpuMat<'_, f32>,
+        h: &mut Pooled<'_, '_, f32>,
+    ) -> Result<(), PoolError> {
+        let (xs, ws) = (x.device_ref()?, w.device_ref()?);
+        let mut hs = h.device_mut()?;
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: w.cols() as i32,
+            n: x.rows() as i32,
+            k: x.cols() as i32,
+            alpha: 1.0f32,
+            lda: ws.ld() as i32,
+            ldb: xs.ld() as i32,
+            beta: 0.0f32,
+            ldc: hs.ld() as i32,
+        };
+        // SAFETY: `w` holds k x m, `x` n x k and `h` n x m row-major f32 at the leading dimensions
+        // given (each lent whole, steps included), so every access stays inside them.
+        unsafe { blas.gemm(cfg, &ws, &xs, &mut hs) }.map_err(blas_error)
+    }
+
+    /// `y = max(h + b, 0)`, `b` broadcast over the rows.
+    pub(super) fn bias_relu(
+        stream: &Stream,
+        k: &super::super::kernels::Kernels,
+        h: &GpuMat<'_, f32>,
+        b: &GpuMat<'_, f32>,
+        y: &mut GpuMat<'_, f32>,
+    ) -> Result<(), PoolError> {
+        let cuda = stream
+            .cuda_stream()
+            .expect("a GPU engine runs on a CUDA stream");
+        let (rows, cols) = (y.rows() as i32, y.cols() as i32);
+        let (hp, yp) = (h.step(), y.step());
+        let grid = LaunchConfig {
+            grid_dim: ((cols as u32).div_ceil(32), (rows as u32).div_ceil(8), 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: bias_relu(const float*, size_t, const float*, float*, size_t, int, int) reads
+        // rows x cols of `h` and cols of `b`, writes rows x cols of `y`: all that size.
+        unsafe {
+            cuda.launch_builder(&k.bias_relu)
+                .arg(h)
+                .arg(&hp)
+                .arg(b)
+                .arg(y)
+                .arg(&yp)
+                .arg(&rows)
+                .arg(&cols)
+                .launch(grid)
+        }
+        .map(drop)
+        .map_err(|e| PoolError::Driver {
+            call: "bias_relu",
+            name: format!("{:?}", e.0),
+            description: e.to_string(),
+        })
+    }
+}
+
+mod cpu {
+    use gpu_pool::prelude::*;
+
+    /// The CPU twin of the GEMM, on the host backend's buffers.
+    pub(super) fn gemm(
+        x: &GpuMat<'_, f32>,
+        w: &GpuMat<'_, f32>,
+        h: &mut Pooled<'_, '_, f32>,
+    ) -> Result<(), PoolError> {
+        let xs: Vec<&[f32]> = x.host_rows()?.collect();
+        let ws: Vec<&[f32]> = w.host_rows()?.collect();
+        h.for_each_host_row_mut(|r, row| {
+            for (c, out) in row.iter_mut().enumerate() {
+                *out = (0..xs[r].len()).map(|i| xs[r][i] * ws[i][c]).sum();
+            }
+        })
+    }
+
+    /// The CPU twin of `bias_relu`.
+    pub(super) fn bias_relu(
+        h: &GpuMat<'_, f32>,
+        b: &GpuMat<'_, f32>,
+        y: &mut GpuMat<'_, f32>,
+    ) -> Result<(), PoolError> {
+        let hs: Vec<&[f32]> = h.host_rows()?.collect();
+        let bias = b.to_vec()?;
+        y.for_each_host_row_mut(|r, row| {
+            for (c, out) in row.iter_mut().enumerate() {
+                *out = (hs[r][c] + bias[c]).max(0.0);
+            }
+        })
+    }
+}
+
+/// The reference: the same layer in plain Rust, f64 sums.
+pub fn reference(x: &[f32], w: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut y = vec![0.0f32; BATCH * OUT];
+    for r in 0..BATCH {
+        for c in 0..OUT {
+            let dot: f64 = (0..IN)
+                .map(|i| f64::from(x[r * IN + i]) * f64::from(w[i * OUT + c]))
+                .sum();
+            y[r * OUT + c] = (dot as f32 + b[c]).max(0.0);
+        }
+    }
+    y
+}
+
+/// The engine for `stream`: cuBLAS on a CUDA stream, the CPU twins on the host backend; and where,
+/// in words.
+pub fn engine(device: &Device, stream: &Stream) -> Result<(Engine, String), PoolError> {
+    let Some(cuda) = stream.cuda_stream() else {
+        return Ok((
+            Engine::Cpu,
+            format!("{} (host backend: CPU twins)", device.id()),
+        ));
+    };
+    // SAFETY: only asks whether the library loads; cudarc would panic on its first call without it.
+    if !unsafe { gpu_pool::cudarc::cublas::sys::is_culib_present() } {
+        return Err(PoolError::Unsupported {
+            device: device.id(),
+            what: "cuBLAS (libcublas could not be loaded)",
+        });
+    }
+    let blas =
+        gpu_pool::cudarc::cublas::CudaBlas::new(cuda.clone()).map_err(|e| PoolError::Driver {
+            call: "cublasCreate",
+            name: format!("{:?}", e.0),
+            description: e.to_string(),
+        })?;
+    let kernels = super::kernels::Kernels::load(device);
+    Ok((
+        Engine::Gpu { blas, kernels },
+        format!("{} (cuBLAS GEMM + a bias/ReLU kernel)", device.id()),
+    ))
+}

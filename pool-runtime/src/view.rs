@@ -1,0 +1,320 @@
+//! Views: a buffer's memory lent for a while, whole or as a region of it (OpenCV's ROI), for
+//! kernel arguments, cudarc's device-memory traits and, on the host backend, CPU twins of kernels.
+//!
+//! A view borrows what it views, so it cannot outlive it; a region keeps its parent's step, so its
+//! rows are the parent's rows, cut.
+//!
+//! ```
+//! use gpu_pool_runtime::{BufferPool, Device, Stream};
+//! let stream = Stream::new(&Device::host())?;
+//! let mut image = BufferPool::new(&stream).get_buffer::<u8>(8, 10)?;
+//! image.set_to(0)?;
+//! image.roi_mut(2..4, 3..7)?.for_each_host_row_mut(|_, row| row.fill(9))?; // a 2x4 window
+//! let inside: usize = image.roi(2..4, 3..7)?.host_rows()?.flatten().map(|&v| usize::from(v)).sum();
+//! assert_eq!(inside, 9 * 8);
+//! assert_eq!(image.to_vec()?.iter().filter(|&&v| v == 9).count(), 8);
+//! assert!(image.roi(0..9, 0..1).is_err()); // 9 rows of 8
+//! # Ok::<(), gpu_pool_runtime::PoolError>(())
+//! ```
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use bytemuck::Pod;
+
+use crate::backend::DevPtr;
+use crate::error::{DeviceId, PoolError};
+
+/// Where a view's elements are: the shape and step of a buffer or of a region of one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Window {
+    pub(crate) ptr: DevPtr,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) pitch: usize,
+}
+
+impl Window {
+    /// The region `rows x cols` of this window, or `PoolError::OutOfBounds` naming the range that
+    /// does not fit. Its address stays inside the window, so no arithmetic below can wrap.
+    pub(crate) fn region<T>(
+        &self,
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<Window, PoolError> {
+        check_range("rows", &rows, self.rows)?;
+        check_range("cols", &cols, self.cols)?;
+        let (height, width) = (rows.end - rows.start, cols.end - cols.start);
+        let ptr = if height == 0 || width == 0 || self.ptr == 0 {
+            // Nothing to address: like an empty buffer, no address at all.
+            0
+        } else {
+            self.ptr + (rows.start * self.pitch + cols.start * size_of::<T>()) as DevPtr
+        };
+        Ok(Window {
+            ptr,
+            rows: height,
+            cols: width,
+            pitch: self.pitch,
+        })
+    }
+
+    /// The whole window as one row, if its rows follow each other with no padding.
+    pub(crate) fn flat<T>(&self) -> Result<Window, PoolError> {
+        if !self.is_continuous::<T>() {
+            return Err(PoolError::NotContinuous {
+                rows: self.rows,
+                cols: self.cols,
+                step: self.pitch,
+            });
+        }
+        // Cannot wrap: the buffer's layout checked `rows * cols` (and its bytes).
+        let len = self.rows * self.cols;
+        Ok(Window {
+            ptr: self.ptr,
+            rows: 1,
+            cols: len,
+            pitch: len * size_of::<T>(),
+        })
+    }
+
+    pub(crate) fn is_continuous<T>(&self) -> bool {
+        self.rows <= 1 || self.pitch == self.cols * size_of::<T>()
+    }
+}
+
+fn check_range(what: &'static str, range: &Range<usize>, len: usize) -> Result<(), PoolError> {
+    if range.start <= range.end && range.end <= len {
+        Ok(())
+    } else {
+        Err(PoolError::OutOfBounds {
+            what,
+            start: range.start,
+            end: range.end,
+            len,
+        })
+    }
+}
+
+/// A read-only view of a [`GpuMat`](crate::GpuMat) or of a region of one: the address, shape and
+/// step, valid while the buffer is borrowed. For kernel arguments, cudarc's device-memory traits
+/// (through [`device_ref`](GpuView::device_ref)) and, on the host backend, CPU twins of kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuView<'a, T> {
+    pub(crate) window: Window,
+    pub(crate) device: DeviceId,
+    #[cfg(feature = "cuda")]
+    pub(crate) cuda: Option<&'a std::sync::Arc<cudarc::driver::CudaStream>>,
+    _borrow: PhantomData<&'a T>,
+}
+
+/// A writable view of a [`GpuMat`](crate::GpuMat) or of a region of one, for kernel arguments,
+/// cudarc's device-memory traits and CPU twins.
+#[derive(Debug)]
+pub struct GpuViewMut<'a, T> {
+    pub(crate) window: Window,
+    pub(crate) device: DeviceId,
+    #[cfg(feature = "cuda")]
+    pub(crate) cuda: Option<&'a std::sync::Arc<cudarc::driver::CudaStream>>,
+    _borrow: PhantomData<&'a mut T>,
+}
+
+/// The cudarc stream whose order a view's memory follows, where there is one.
+#[cfg(feature = "cuda")]
+pub(crate) type CudaOrder<'a> = Option<&'a std::sync::Arc<cudarc::driver::CudaStream>>;
+/// Without the `cuda` feature no view has a cudarc stream.
+#[cfg(not(feature = "cuda"))]
+pub(crate) type CudaOrder<'a> = PhantomData<&'a ()>;
+
+fn check_host(device: DeviceId) -> Result<(), PoolError> {
+    match device {
+        DeviceId::Host(_) => Ok(()),
+        DeviceId::Cuda(_) => Err(PoolError::Unsupported {
+            device,
+            what: "host access to device memory",
+        }),
+    }
+}
+
+macro_rules! view_common {
+    ($view:ident) => {
+        impl<'a, T> $view<'a, T> {
+            /// A view of `window`: memory of `device` the caller keeps borrowed for `'a`, aligned
+            /// for `T` (address and step), whose work is ordered on `cuda` where given.
+            pub(crate) fn new(window: Window, device: DeviceId, cuda: CudaOrder<'a>) -> Self {
+                #[cfg(not(feature = "cuda"))]
+                let _ = cuda;
+                $view {
+                    window,
+                    device,
+                    #[cfg(feature = "cuda")]
+                    cuda,
+                    _borrow: PhantomData,
+                }
+            }
+
+            /// The device address of row 0 (0 for an empty view).
+            pub fn device_ptr(&self) -> u64 {
+                self.window.ptr
+            }
+            /// Rows.
+            pub fn rows(&self) -> usize {
+                self.window.rows
+            }
+            /// Columns.
+            pub fn cols(&self) -> usize {
+                self.window.cols
+            }
+            /// Elements (`rows * cols`).
+            pub fn len(&self) -> usize {
+                // Cannot wrap: a view is never larger than the buffer whose layout checked it.
+                self.window.rows * self.window.cols
+            }
+            /// Whether it has no elements.
+            pub fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
+            /// Bytes between rows (the parent's step, for a region).
+            pub fn step(&self) -> usize {
+                self.window.pitch
+            }
+            /// Whether the rows follow each other with no padding.
+            pub fn is_continuous(&self) -> bool {
+                self.window.is_continuous::<T>()
+            }
+            #[cfg(feature = "cuda")]
+            pub(crate) fn cuda_order(&self) -> CudaOrder<'a> {
+                self.cuda
+            }
+            #[cfg(not(feature = "cuda"))]
+            pub(crate) fn cuda_order(&self) -> CudaOrder<'a> {
+                PhantomData
+            }
+        }
+    };
+}
+view_common!(GpuView);
+view_common!(GpuViewMut);
+
+impl<'a, T: Pod> GpuView<'a, T> {
+    /// The region `rows x cols` of this view (OpenCV's ROI), with the same step;
+    /// `PoolError::OutOfBounds` for a range past the view's edge.
+    pub fn roi(&self, rows: Range<usize>, cols: Range<usize>) -> Result<GpuView<'a, T>, PoolError> {
+        let window = self.window.region::<T>(rows, cols)?;
+        Ok(GpuView::new(window, self.device, self.cuda_order()))
+    }
+
+    /// Rows `rows` of this view, every column.
+    pub fn row_range(&self, rows: Range<usize>) -> Result<GpuView<'a, T>, PoolError> {
+        self.roi(rows, 0..self.cols())
+    }
+
+    /// The elements as one contiguous row, for a view whose rows have no padding between them;
+    /// `PoolError::NotContinuous` otherwise.
+    pub fn as_1d(&self) -> Result<GpuView<'a, T>, PoolError> {
+        Ok(GpuView::new(
+            self.window.flat::<T>()?,
+            self.device,
+            self.cuda_order(),
+        ))
+    }
+
+    /// This view lent to cudarc (`DevicePtr`), for cuBLAS and the like; see
+    /// [`DeviceRef`](crate::DeviceRef). `PoolError::Unsupported` on the host backend.
+    #[cfg(feature = "cuda")]
+    pub fn device_ref(&self) -> Result<crate::DeviceRef<'a, T>, PoolError> {
+        crate::DeviceRef::new(self.window, self.device, self.cuda)
+    }
+
+    /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU.
+    pub fn host_rows(self) -> Result<impl Iterator<Item = &'a [T]>, PoolError> {
+        check_host(self.device)?;
+        let Window {
+            ptr,
+            rows,
+            cols,
+            pitch,
+        } = self.window;
+        Ok((0..rows).map(move |r| {
+            if ptr == 0 {
+                // An empty view has no address, and a slice may not be built on a null one, even
+                // an empty slice (debug builds' UB check caught it).
+                return &[][..];
+            }
+            // SAFETY: on the host backend the address is host memory of a buffer borrowed for 'a;
+            // row `r` of the view holds `cols` initialised (zeroed or written) `T`s inside the
+            // buffer (a region is checked against its parent's shape). It is aligned for `T`:
+            // `align_of::<T>()` is at most MAX_ELEMENT_ALIGN (checked by `Layout::of`), every
+            // buffer's address is a multiple of it (stack blocks and driver allocations are
+            // 512-aligned on the host, fallback allocations are checked by `validate`), so is the
+            // pitch (a multiple of the texture alignment, of `size_of::<T>()`, or checked), and a
+            // region starts a whole number of elements into a row. The shared borrow keeps
+            // writers out.
+            unsafe { std::slice::from_raw_parts((ptr as usize + r * pitch) as *const T, cols) }
+        }))
+    }
+}
+
+impl<'a, T: Pod> GpuViewMut<'a, T> {
+    /// A read-only view of the same elements, for as long as this one is borrowed.
+    pub fn as_view(&self) -> GpuView<'_, T> {
+        GpuView::new(self.window, self.device, self.cuda_order())
+    }
+
+    /// The writable region `rows x cols` of this view, with the same step.
+    pub fn roi_mut(
+        &mut self,
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<GpuViewMut<'_, T>, PoolError> {
+        let window = self.window.region::<T>(rows, cols)?;
+        Ok(GpuViewMut::new(window, self.device, self.cuda_order()))
+    }
+
+    /// Writable rows `rows` of this view, every column.
+    pub fn row_range_mut(&mut self, rows: Range<usize>) -> Result<GpuViewMut<'_, T>, PoolError> {
+        let cols = 0..self.cols();
+        self.roi_mut(rows, cols)
+    }
+
+    /// The elements as one writable contiguous row; `PoolError::NotContinuous` for padded rows.
+    pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
+        let window = self.window.flat::<T>()?;
+        Ok(GpuViewMut::new(window, self.device, self.cuda_order()))
+    }
+
+    /// This view lent to cudarc for writing (`DevicePtrMut`); see [`DeviceMut`](crate::DeviceMut).
+    /// `PoolError::Unsupported` on the host backend.
+    #[cfg(feature = "cuda")]
+    pub fn device_mut(&mut self) -> Result<crate::DeviceMut<'_, T>, PoolError> {
+        crate::DeviceMut::new(self.window, self.device, self.cuda)
+    }
+
+    /// Calls `f` with each row as a mutable host slice, on the host backend; `PoolError::Unsupported`
+    /// on a GPU.
+    pub fn for_each_host_row_mut(
+        &mut self,
+        mut f: impl FnMut(usize, &mut [T]),
+    ) -> Result<(), PoolError> {
+        check_host(self.device)?;
+        let Window {
+            ptr,
+            rows,
+            cols,
+            pitch,
+        } = self.window;
+        if ptr == 0 {
+            return Ok(());
+        }
+        for r in 0..rows {
+            // SAFETY: as in `GpuView::host_rows` (bounds, address, pitch and alignment), and the
+            // view's exclusive borrow of the buffer makes the row ours alone; rows do not overlap
+            // since the pitch is at least the parent's row width, which the region's fits in.
+            let row = unsafe {
+                std::slice::from_raw_parts_mut((ptr as usize + r * pitch) as *mut T, cols)
+            };
+            f(r, row);
+        }
+        Ok(())
+    }
+}
