@@ -7,7 +7,7 @@
 //!   `cuMemAllocAsync` / `cuMemFreeAsync` (the driver's own pool, release threshold raised).
 //!
 //! Each sample queues `RUNS` pipelines and waits for the stream; the median per pipeline is
-//! reported with its ratio to graph replay, and drawn to `target/criterion/charts/C_graph.svg`.
+//! reported with its ratio to graph replay, and drawn to `target/criterion/charts/E_graph.svg`.
 //! A second group times the host alone: queuing `RUNS` pipelines, with the wait left out of the
 //! timing (the CPU time a launch-bound program spends per pipeline).
 //! Every variant's output is checked against the eager one first. Without a CUDA device it says so
@@ -28,8 +28,8 @@ use gpu_pool::{Fallback, StreamOrderedAllocator, set_buffer_pool_config};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-const GROUP: &str = "C_graph";
-const HOST: &str = "C_graph_host";
+const GROUP: &str = "E_graph";
+const HOST: &str = "E_graph_host";
 const SIDE: usize = 512;
 const RUNS: u32 = 100;
 const IDS: [&str; 3] = ["graph_replay", "eager_stack", "eager_stream_ordered"];
@@ -155,12 +155,12 @@ fn main() -> Res<()> {
         .map(|(id, ns)| (id, ns / 1e3))
         .collect();
     chart::linear_bars(
-        &dir.join("C_graph.svg"),
-        "C: six kernels on 512x512, per pipeline (median)",
+        &dir.join("E_graph.svg"),
+        "E: six kernels on 512x512, per pipeline (median)",
         "microseconds",
         &bars,
     )?;
-    println!("\nchart: {}", dir.join("C_graph.svg").display());
+    println!("\nchart: {}", dir.join("E_graph.svg").display());
     drop(graph);
     Ok(())
 }
