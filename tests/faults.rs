@@ -15,12 +15,12 @@ fn every_failure_point(name: &str, workload: impl Fn(&Device) -> Result<(), Pool
     let mut failed = 0;
     for k in 1.. {
         assert!(k < 500, "{name}: the workload never finished");
-        let device = Device::host_with_fault(k);
+        let device = gpu_pool::testing::host_with_fault(k);
         let result = workload(&device);
         // Give the stack memory back, so that what is left is a leak.
         set_buffer_pool_config(&device, 1 << 20, 1).expect("no stream is left");
         assert_eq!(
-            device.host_live_bytes(),
+            gpu_pool::testing::host_live_bytes(&device),
             Some(0),
             "{name}: leak when call {k} fails"
         );
@@ -37,7 +37,7 @@ fn every_failure_point(name: &str, workload: impl Fn(&Device) -> Result<(), Pool
 
 /// Whether the workload makes fewer than `k` allocation calls (so failing call `k` never fires).
 fn ran_out(k: u64, workload: &impl Fn(&Device) -> Result<(), PoolError>) -> bool {
-    (k..k + 4).all(|later| workload(&Device::host_with_fault(later)).is_ok())
+    (k..k + 4).all(|later| workload(&gpu_pool::testing::host_with_fault(later)).is_ok())
 }
 
 #[test]
@@ -89,7 +89,7 @@ fn the_caching_pool_survives_every_failure() {
         failed, 2,
         "the first allocation and the one after free_held"
     );
-    let device = Device::host_with_fault(3);
+    let device = gpu_pool::testing::host_with_fault(3);
     let cache = Arc::new(CachingPool::new(&device));
     let stream = Stream::with_allocator(&device, cache.clone()).expect("host stream");
     let pool = BufferPool::new(&stream);

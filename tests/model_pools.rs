@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpu_pool::{BufferPool, CachingPool, Device, GpuMat, MixMemory, PoolError, Stream, bin_of};
+use gpu_pool::{BufferPool, CachingPool, Device, GpuMat, MixMemory, PoolError, Stream};
 use proptest::prelude::*;
 
 fn fail(e: PoolError) -> TestCaseError {
@@ -66,7 +66,10 @@ fn run_cache(ops: Vec<CacheOp>) -> Result<(), TestCaseError> {
         match op {
             CacheOp::Take { stream, bytes } => {
                 // The pool rounds a contiguous request to 64 bytes before binning.
-                let (bin, size) = bin_of(bytes.div_ceil(64) * 64, gpu_pool::DEFAULT_LEADING_BITS);
+                let (bin, size) = CachingPool::bin_of(
+                    bytes.div_ceil(64) * 64,
+                    gpu_pool::CachingPool::DEFAULT_LEADING_BITS,
+                );
                 match model.held.get_mut(&bin) {
                     Some(n) if *n > 0 => {
                         *n -= 1;
@@ -82,13 +85,20 @@ fn run_cache(ops: Vec<CacheOp>) -> Result<(), TestCaseError> {
             CacheOp::Release(i) if !live.is_empty() => {
                 let (mat, fill, size) = live.remove(i % live.len());
                 prop_assert!(mat.to_vec().map_err(fail)?.iter().all(|&b| b == fill));
-                let (bin, _) = bin_of(size, gpu_pool::DEFAULT_LEADING_BITS);
+                let (bin, _) =
+                    CachingPool::bin_of(size, gpu_pool::CachingPool::DEFAULT_LEADING_BITS);
                 *model.held.entry(bin).or_default() += 1;
                 mat.release().map_err(fail)?;
             }
             CacheOp::Release(_) => {}
             CacheOp::FreeHeld => {
-                cache.free_held().map_err(fail)?;
+                let freed = cache.free_held().map_err(fail)?;
+                let held: usize = model
+                    .held
+                    .iter()
+                    .map(|(&bin, &n)| size_of_bin(bin) * n)
+                    .sum();
+                prop_assert_eq!(freed, held, "free_held returns the bytes it freed");
                 model.held.clear();
             }
         }
@@ -112,14 +122,14 @@ fn run_cache(ops: Vec<CacheOp>) -> Result<(), TestCaseError> {
         prop_assert_eq!(stats.active_bytes, live.iter().map(|l| l.2).sum::<usize>());
         // Every byte the backend handed out is a held or an active block.
         prop_assert_eq!(
-            device.host_live_bytes(),
+            gpu_pool::testing::host_live_bytes(&device),
             Some(stats.held_bytes + stats.active_bytes)
         );
         prop_assert_eq!(device.stats().driver_alloc_calls, model.misses);
     }
     drop(live);
     cache.free_held().map_err(fail)?;
-    prop_assert_eq!(device.host_live_bytes(), Some(0));
+    prop_assert_eq!(gpu_pool::testing::host_live_bytes(&device), Some(0));
     Ok(())
 }
 
@@ -131,7 +141,7 @@ fn size_of_bin(bin: u64) -> usize {
         return bin as usize;
     }
     let head = (bin & 0xffff_ffff) as usize;
-    let shift = top as u32 - gpu_pool::DEFAULT_LEADING_BITS;
+    let shift = top as u32 - gpu_pool::CachingPool::DEFAULT_LEADING_BITS;
     (head << shift) | ((1usize << shift) - 1)
 }
 
@@ -172,7 +182,7 @@ struct MixModel {
 fn run_mix(ops: Vec<MixOp>) -> Result<(), TestCaseError> {
     let device = Device::host_with_limit(None);
     let stream = Stream::new(&device).map_err(fail)?;
-    let baseline = device.host_live_bytes().unwrap_or(0); // none: the stack is lazy
+    let baseline = gpu_pool::testing::host_live_bytes(&device).unwrap_or(0); // none: the stack is lazy
     let mut mix = MixMemory::new(&device).map_err(fail)?;
     let mut model = MixModel::default();
 
@@ -237,12 +247,12 @@ fn run_mix(ops: Vec<MixOp>) -> Result<(), TestCaseError> {
         prop_assert_eq!(&gpu[..], &model.gpu[..]);
         // Every byte handed out is one of the two sides.
         prop_assert_eq!(
-            device.host_live_bytes(),
+            gpu_pool::testing::host_live_bytes(&device),
             Some(baseline + host_len + gpu_len)
         );
     }
     drop(mix);
-    prop_assert_eq!(device.host_live_bytes(), Some(baseline));
+    prop_assert_eq!(gpu_pool::testing::host_live_bytes(&device), Some(baseline));
     Ok(())
 }
 

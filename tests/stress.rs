@@ -192,7 +192,7 @@ fn eight_threads_never_see_overlapping_buffers() -> Result<(), PoolError> {
     report(&host, stress(&host, secs)?);
     let arena = 6 * (4 << 20);
     assert_eq!(
-        host.host_live_bytes(),
+        gpu_pool::testing::host_live_bytes(&host),
         Some(arena),
         "only the stacks remain"
     );

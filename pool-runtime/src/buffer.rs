@@ -6,11 +6,12 @@ use std::ops::Range;
 
 use bytemuck::Pod;
 
+use crate::allocator::GpuAllocator;
 use crate::backend::{DevPtr, Region};
 use crate::error::PoolError;
-use crate::fallback::GpuAllocator;
 use crate::layout::Layout;
-use crate::stream::{Origin, Source, Stream};
+use crate::source::Source;
+use crate::stream::{Origin, Stream};
 use crate::view::{CudaOrder, GpuView, GpuViewMut, Window};
 
 /// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`).
@@ -431,7 +432,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     }
 
     fn backend(&self) -> &dyn crate::backend::Backend {
-        &*self.stream.device().inner.backend
+        &*self.stream.device().storage().backend
     }
 }
 

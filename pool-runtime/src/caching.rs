@@ -10,42 +10,12 @@
 //! fallback (`device.set_fallback(Fallback::Caching)`, one shared pool per device).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
+use crate::allocator::{AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent};
-use crate::device::{Device, DeviceInner};
 use crate::error::{DeviceId, PoolError};
-use crate::fallback::{AllocContext, AllocRequest, Allocation, GpuAllocator};
-
-/// PyOpenCL's default number of leading bits (after the first one) that name a bin.
-pub const DEFAULT_LEADING_BITS: u32 = 4;
-
-/// The bin of a request of `bytes` (non-zero) and the size every block of that bin has.
-///
-/// A size keeps its highest set bit and the `leading_bits` bits below it; the rest are set to one,
-/// which gives the largest size sharing those bits. Sizes of `leading_bits + 1` bits or fewer are
-/// their own bin. Never overflows: the rounded size keeps the request's highest bit.
-///
-/// ```
-/// use gpu_pool_runtime::bin_of;
-/// assert_eq!(bin_of(1000, 4).1, 1023);          // 0b1111101000 -> 0b1111111111
-/// assert_eq!(bin_of(1024, 4).1, 1087);          // 0b10000000000 -> 0b10000111111
-/// assert_eq!(bin_of(17, 4).1, 17);              // small sizes are exact
-/// assert_eq!(bin_of(usize::MAX, 4).1, usize::MAX);
-/// ```
-pub fn bin_of(bytes: usize, leading_bits: u32) -> (u64, usize) {
-    debug_assert!(bytes > 0);
-    let top = usize::BITS - 1 - bytes.max(1).leading_zeros();
-    if top <= leading_bits {
-        // Exact: bin numbers of this range are the sizes themselves, below every rounded bin.
-        return (bytes as u64, bytes);
-    }
-    let shift = top - leading_bits;
-    let head = bytes >> shift; // the highest bit and the leading bits below it
-    let size = (head << shift) | ((1usize << shift) - 1);
-    let bin = (u64::from(top) << 32) | head as u64;
-    (bin, size)
-}
+use crate::storage::Storage;
 
 /// Counters of a [`CachingPool`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,6 +38,8 @@ pub struct CachingStats {
 
 struct Held {
     ptr: DevPtr,
+    /// The bin's block size.
+    size: usize,
     stream: u64,
     /// Marks the freeing stream's work; `None` on the host backend, where nothing is pending.
     ready: Option<RawEvent>,
@@ -97,7 +69,8 @@ struct State {
 /// # Ok::<(), PoolError>(())
 /// ```
 pub struct CachingPool {
-    device: Weak<DeviceInner>,
+    /// The device's memory; weak, so a pool kept past its device frees nothing twice.
+    storage: Weak<Storage>,
     id: DeviceId,
     leading_bits: u32,
     state: Mutex<State>,
@@ -114,12 +87,43 @@ impl std::fmt::Debug for CachingPool {
 }
 
 impl CachingPool {
-    /// A pool for `device` with [`DEFAULT_LEADING_BITS`].
-    pub fn new(device: &Device) -> CachingPool {
+    /// PyOpenCL's default number of leading bits (after the first one) that name a bin.
+    pub const DEFAULT_LEADING_BITS: u32 = 4;
+
+    /// The bin of a request of `bytes` (non-zero) and the size every block of that bin has.
+    ///
+    /// A size keeps its highest set bit and the `leading_bits` bits below it; the rest are set to one,
+    /// which gives the largest size sharing those bits. Sizes of `leading_bits + 1` bits or fewer are
+    /// their own bin. Never overflows: the rounded size keeps the request's highest bit.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::CachingPool;
+    /// assert_eq!(CachingPool::bin_of(1000, 4).1, 1023);          // 0b1111101000 -> 0b1111111111
+    /// assert_eq!(CachingPool::bin_of(1024, 4).1, 1087);          // 0b10000000000 -> 0b10000111111
+    /// assert_eq!(CachingPool::bin_of(17, 4).1, 17);              // small sizes are exact
+    /// assert_eq!(CachingPool::bin_of(usize::MAX, 4).1, usize::MAX);
+    /// ```
+    pub fn bin_of(bytes: usize, leading_bits: u32) -> (u64, usize) {
+        debug_assert!(bytes > 0);
+        let top = usize::BITS - 1 - bytes.max(1).leading_zeros();
+        if top <= leading_bits {
+            // Exact: bin numbers of this range are the sizes themselves, below every rounded bin.
+            return (bytes as u64, bytes);
+        }
+        let shift = top - leading_bits;
+        let head = bytes >> shift; // the highest bit and the leading bits below it
+        let size = (head << shift) | ((1usize << shift) - 1);
+        let bin = (u64::from(top) << 32) | head as u64;
+        (bin, size)
+    }
+
+    /// A pool over `storage` whose bins are named by `leading_bits` bits (checked by the public
+    /// constructors, which take a [`Device`](crate::Device) and live with it in `device.rs`).
+    pub(crate) fn on_storage(storage: &Arc<Storage>, leading_bits: u32) -> CachingPool {
         CachingPool {
-            device: std::sync::Arc::downgrade(&device.inner),
-            id: device.id(),
-            leading_bits: DEFAULT_LEADING_BITS,
+            storage: Arc::downgrade(storage),
+            id: storage.id,
+            leading_bits,
             state: Mutex::new(State {
                 bins: BTreeMap::new(),
                 active: HashMap::new(),
@@ -129,66 +133,56 @@ impl CachingPool {
         }
     }
 
-    /// A pool whose bins are named by `leading_bits` bits after the highest (PyOpenCL's
-    /// `leading_bits_in_bin_id`): more bits, finer bins, less rounding, fewer hits. 0 to 16.
-    pub fn with_leading_bits(device: &Device, leading_bits: u32) -> Result<CachingPool, PoolError> {
-        if leading_bits > 16 {
-            return Err(PoolError::InvalidConfig {
-                reason: format!(
-                    "leading_bits is {leading_bits}; use 0 to 16 (PyOpenCL's default is 4)"
-                ),
-            });
-        }
-        let mut pool = CachingPool::new(device);
-        pool.leading_bits = leading_bits;
-        Ok(pool)
-    }
-
     /// A snapshot of the counters.
     pub fn stats(&self) -> CachingStats {
         self.lock().stats
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // Every update below leaves the state consistent before any step that can panic.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
-    /// Frees every held block (`cuMemFree`, which waits for the device). Returns the bytes freed.
+    /// Frees every held block (`cuMemFree`, which waits for the device) and returns the bytes
+    /// freed. If the driver refuses a free, that block stays held (and counted in
+    /// [`stats`](Self::stats)), the others are still freed, and the first error is returned.
     pub fn free_held(&self) -> Result<usize, PoolError> {
-        let held: Vec<Held> = {
+        let held: Vec<(u64, Held)> = {
             let mut state = self.lock();
-            let held: Vec<Held> = std::mem::take(&mut state.bins)
-                .into_values()
-                .flatten()
-                .collect();
-            state.stats.held_blocks = 0;
-            let bytes = std::mem::take(&mut state.stats.held_bytes);
-            drop(state);
-            if held.is_empty() {
-                return Ok(bytes);
-            }
-            held
+            std::mem::take(&mut state.bins)
+                .into_iter()
+                .flat_map(|(bin, blocks)| blocks.into_iter().map(move |h| (bin, h)))
+                .collect()
         };
-        let Some(device) = self.device.upgrade() else {
+        let Some(storage) = self.storage.upgrade() else {
             // The device is gone; its backend freed all its memory with it.
+            let mut state = self.lock();
+            (state.stats.held_blocks, state.stats.held_bytes) = (0, 0);
             return Ok(0);
         };
-        let mut result = Ok(0);
-        let mut freed = 0;
-        for block in held {
-            if let Some(event) = block.ready {
-                device.backend.drop_event(event);
+        let (mut freed, mut first_error) = (0, None);
+        for (bin, mut block) in held {
+            let size = block.size;
+            if let Some(event) = block.ready.take() {
+                storage.backend.drop_event(event);
             }
             // SAFETY: a held block is a live driver allocation of this device that no buffer uses
-            // (it was freed to the pool) and leaves the pool here, so it is freed once; the
+            // (it was freed to the pool) and is out of the bins now, so it is freed once; the
             // driver's free waits for queued work that may still use it.
-            match unsafe { device.driver_free(block.ptr, None) } {
-                Ok(()) => freed += 1,
-                Err(e) => result = Err(e),
+            match unsafe { storage.free(block.ptr, None) } {
+                Ok(()) => {
+                    freed += size;
+                    let mut state = self.lock();
+                    state.stats.held_blocks -= 1;
+                    state.stats.held_bytes -= size;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    self.lock().bins.entry(bin).or_default().push(block);
+                }
             }
         }
-        result.map(|_: usize| freed)
+        first_error.map_or(Ok(freed), Err)
     }
 
     /// Stops holding: frees what is held, and frees blocks at once from now on.
@@ -208,7 +202,7 @@ impl CachingPool {
                 list.iter().position(|h| {
                     h.ready
                         .as_ref()
-                        .is_none_or(|e| ctx.device.backend.event_done(e).unwrap_or(false))
+                        .is_none_or(|e| ctx.storage.backend.event_done(e).unwrap_or(false))
                 })
             })?;
         let held = list.swap_remove(at);
@@ -230,13 +224,13 @@ unsafe impl GpuAllocator for CachingPool {
         req: &AllocRequest,
     ) -> Result<Allocation, PoolError> {
         // Devices, not ids, are compared: memory must never cross to another device's buffers.
-        if !std::ptr::eq(ctx.device, self.device.as_ptr()) {
+        if !std::ptr::eq(ctx.storage, self.storage.as_ptr()) {
             return Err(PoolError::DeviceMismatch {
                 expected: self.id,
                 actual: ctx.device_id(),
             });
         }
-        let (bin, size) = bin_of(req.bytes.max(1), self.leading_bits);
+        let (bin, size) = CachingPool::bin_of(req.bytes.max(1), self.leading_bits);
         let mut state = self.lock();
         if let Some(held) = self.take_held(&mut state, bin, ctx) {
             state.stats.hits += 1;
@@ -247,7 +241,7 @@ unsafe impl GpuAllocator for CachingPool {
             state.active.insert(held.ptr, (bin, size));
             drop(state);
             if let Some(event) = held.ready {
-                ctx.device.backend.drop_event(event);
+                ctx.storage.backend.drop_event(event);
             }
             return Ok(Allocation {
                 ptr: held.ptr,
@@ -277,8 +271,9 @@ unsafe impl GpuAllocator for CachingPool {
     unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
         let mut state = self.lock();
         let Some((bin, size)) = state.active.remove(&a.ptr) else {
-            return Err(PoolError::InvalidConfig {
-                reason: format!("{:#x} is not a live block of this caching pool", a.ptr),
+            return Err(PoolError::UnknownBlock {
+                address: a.ptr,
+                owner: format!("the caching pool of {}", self.id),
             });
         };
         state.stats.active_blocks -= 1;
@@ -289,12 +284,13 @@ unsafe impl GpuAllocator for CachingPool {
             return unsafe { ctx.free(a.ptr) };
         }
         drop(state);
-        let ready = ctx.device.backend.record_event(ctx.stream)?;
+        let ready = ctx.storage.backend.record_event(ctx.stream)?;
         let mut state = self.lock();
         state.stats.held_blocks += 1;
         state.stats.held_bytes += size;
         state.bins.entry(bin).or_default().push(Held {
             ptr: a.ptr,
+            size,
             stream: ctx.stream_id,
             ready,
         });
@@ -327,10 +323,10 @@ mod tests {
                 usize::MAX / 3,
             ]);
             for s in sizes {
-                let (bin, size) = bin_of(s, bits);
+                let (bin, size) = CachingPool::bin_of(s, bits);
                 assert!(size >= s, "{s} rounds to {size}");
                 assert_eq!(
-                    bin_of(size, bits),
+                    CachingPool::bin_of(size, bits),
                     (bin, size),
                     "the rounded size is in its own bin"
                 );
@@ -348,7 +344,7 @@ mod tests {
         // Ids are unique now, but the pool must not rely on that: forge two devices with one id.
         let same = DeviceId::Host(7);
         let host = |id| {
-            Device::from_backend(
+            crate::Device::from_backend(
                 id,
                 Box::new(crate::backend::host::HostBackend::new(id, None)),
             )
@@ -367,10 +363,48 @@ mod tests {
     }
 
     #[test]
+    fn a_block_the_driver_will_not_free_stays_held_and_counted() -> Result<(), PoolError> {
+        let device = crate::Device::host_with_limit(None);
+        let cache = std::sync::Arc::new(CachingPool::new(&device));
+        let stream = crate::Stream::with_allocator(&device, cache.clone())?;
+        drop(crate::BufferPool::new(&stream).get_buffer_1d::<u8>(1000)?);
+        let good = cache.stats().held_bytes;
+        // A block the backend never handed out: its free is refused.
+        let (bin, size) = CachingPool::bin_of(5000, cache.leading_bits);
+        {
+            let mut state = cache.lock();
+            state.bins.entry(bin).or_default().push(Held {
+                ptr: 0xdead_0000,
+                size,
+                stream: 0,
+                ready: None,
+            });
+            state.stats.held_blocks += 1;
+            state.stats.held_bytes += size;
+        }
+        let err = cache.free_held().unwrap_err();
+        assert!(matches!(err, PoolError::UnknownBlock { .. }), "{err}");
+        let stats = cache.stats();
+        assert_eq!(
+            (stats.held_blocks, stats.held_bytes),
+            (1, size),
+            "the refused block stays"
+        );
+        assert!(good > 0);
+        assert_eq!(
+            crate::testing::host_live_bytes(&device),
+            Some(0),
+            "the good one was freed"
+        );
+        cache.lock().bins.clear(); // the forged block is no memory: forget it before drop
+        Ok(())
+    }
+
+    #[test]
     fn each_bin_wastes_at_most_its_share() {
         // With 4 leading bits a block is at most 1/16 larger than the request (plus rounding).
         for s in [100_000usize, 1 << 20, (1 << 20) + 1, 48 << 20] {
-            let (_, size) = bin_of(s, 4);
+            let (_, size) = CachingPool::bin_of(s, 4);
             assert!(size - s <= s / 16 + 1, "{s} -> {size}");
         }
     }

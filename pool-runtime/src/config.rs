@@ -1,13 +1,12 @@
 //! Global and per-device configuration, with OpenCV's names.
 //!
 //! Precedence, highest first: explicit calls ([`set_buffer_pool_usage`],
-//! [`set_buffer_pool_config`], [`Device::set_fallback`](crate::Device::set_fallback), ...), then the
+//! [`set_buffer_pool_config`](crate::set_buffer_pool_config), [`Device::set_fallback`](crate::Device::set_fallback), ...), then the
 //! `GPU_POOL_CONF` environment variable (read once, at first use), then the defaults.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::device::Device;
 use crate::error::PoolError;
 use crate::layout::align_up;
 
@@ -284,6 +283,19 @@ pub fn env_config() -> Result<&'static EnvConfig, PoolError> {
     .map_err(Clone::clone)
 }
 
+/// The one order every setting is looked up in: what the program set, else `GPU_POOL_CONF`, else
+/// the default. A malformed variable is an error only where nothing explicit overrides it.
+pub(crate) fn setting<T>(
+    explicit: Option<T>,
+    from_env: impl FnOnce(&EnvConfig) -> Result<Option<T>, PoolError>,
+    default: impl FnOnce() -> T,
+) -> Result<T, PoolError> {
+    match explicit {
+        Some(value) => Ok(value),
+        None => Ok(from_env(env_config()?)?.unwrap_or_else(default)),
+    }
+}
+
 const UNSET: u8 = 0;
 const OFF: u8 = 1;
 const ON: u8 = 2;
@@ -308,33 +320,10 @@ pub fn set_buffer_pool_usage(on: bool) {
 /// Whether stack pooling is on: the last [`set_buffer_pool_usage`], else `GPU_POOL_CONF`'s
 /// `usage`, else on. Fails only if `GPU_POOL_CONF` is malformed.
 pub fn buffer_pool_usage() -> Result<bool, PoolError> {
-    match USAGE.load(Ordering::Relaxed) {
-        ON => Ok(true),
-        OFF => Ok(false),
-        _ => Ok(env_config()?.usage.unwrap_or(true)),
-    }
-}
-
-/// Sets the stack size and count of `device` (OpenCV's `setBufferPoolConfig`).
-///
-/// `stack_size` is rounded up to a multiple of [`PoolConfig::STACK_ALIGN`]; zero sizes or counts are
-/// `PoolError::InvalidConfig`. If streams hold stacks of the device, nothing changes and the result
-/// is `PoolError::ConfigInUse`. Otherwise the old stack memory, if any, is freed, and the new one is
-/// allocated when a stream first needs it.
-///
-/// ```
-/// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
-/// let device = Device::host_with_limit(None);
-/// set_buffer_pool_config(&device, 64 << 20, 2)?;
-/// let stream = Stream::new(&device)?;
-/// let err = set_buffer_pool_config(&device, 1 << 20, 1).unwrap_err();
-/// assert!(matches!(err, PoolError::ConfigInUse { held: 1, .. }));
-/// # Ok::<(), PoolError>(())
-/// ```
-pub fn set_buffer_pool_config(
-    device: &Device,
-    stack_size: usize,
-    stack_count: usize,
-) -> Result<(), PoolError> {
-    device.set_pool_config(PoolConfig::new(stack_size, stack_count)?)
+    let explicit = match USAGE.load(Ordering::Relaxed) {
+        ON => Some(true),
+        OFF => Some(false),
+        _ => None,
+    };
+    setting(explicit, |env| Ok(env.usage), || true)
 }

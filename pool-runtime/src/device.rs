@@ -4,16 +4,18 @@
 //! stacks to streams and back takes the device's lock; nothing on the allocation hot path does.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
 use crate::backend::host::HostBackend;
-use crate::backend::{Backend, DevPtr, RawStream};
+use crate::backend::{Backend, DevPtr};
 use crate::caching::CachingPool;
 use crate::config::{self, Fallback, PoolConfig};
 use crate::error::{DeviceId, PoolError};
 use crate::stack::Stack;
 use crate::stats::{DeviceStats, Retired, StreamCounters, StreamStats, sum_streams};
+use crate::storage::Storage;
 use crate::sync;
 use crate::unique::Counter;
 
@@ -31,11 +33,9 @@ pub struct Device {
 }
 
 pub(crate) struct DeviceInner {
-    pub(crate) id: DeviceId,
-    pub(crate) backend: Box<dyn Backend>,
+    /// The device's memory, which allocators and the caching pool hold too.
+    pub(crate) storage: Arc<Storage>,
     state: sync::Mutex<DeviceState>,
-    driver_alloc_calls: AtomicU64,
-    driver_free_calls: AtomicU64,
     /// Set after the first LIFO violation was logged, so the log is not flooded.
     pub(crate) lifo_warned: AtomicBool,
     /// The pool behind `Fallback::Caching`, made at first use.
@@ -91,31 +91,22 @@ static HOST_IDS: Counter = Counter::new();
 
 /// Every device alive now, in creation order.
 pub(crate) fn all_devices() -> Vec<Device> {
-    lock(&REGISTRY)
+    sync::lock(&REGISTRY)
         .iter()
         .filter_map(Weak::upgrade)
         .map(|inner| Device { inner })
         .collect()
 }
 
-/// Locks ignoring poison: every critical section below leaves its data consistent before any step
-/// that can panic.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Device {
     pub(crate) fn from_backend(id: DeviceId, backend: Box<dyn Backend>) -> Device {
         let inner = Arc::new(DeviceInner {
-            id,
-            backend,
+            storage: Arc::new(Storage::new(id, backend)),
             state: sync::Mutex::new(DeviceState::default()),
-            driver_alloc_calls: AtomicU64::new(0),
-            driver_free_calls: AtomicU64::new(0),
             lifo_warned: AtomicBool::new(false),
             caching: OnceLock::new(),
         });
-        let mut registry = lock(&REGISTRY);
+        let mut registry = sync::lock(&REGISTRY);
         registry.retain(|d| d.strong_count() > 0);
         registry.push(Arc::downgrade(&inner));
         Device { inner }
@@ -149,8 +140,13 @@ impl Device {
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn host_with_limit(limit: Option<usize>) -> Device {
+        Device::private_host(limit, 0)
+    }
+
+    /// A new private host device with its own id, memory `limit` and fault injection.
+    pub(crate) fn private_host(limit: Option<usize>, fail_at: u64) -> Device {
         let id = DeviceId::Host(HOST_IDS.next());
-        Device::from_backend(id, Box::new(HostBackend::new(id, limit)))
+        Device::from_backend(id, Box::new(HostBackend::with_fault(id, limit, fail_at)))
     }
 
     /// The CUDA device `ordinal` (its primary context). Every call for one ordinal returns the same
@@ -170,7 +166,7 @@ impl Device {
         #[cfg(feature = "cuda")]
         {
             static CUDA: Mutex<Vec<Device>> = Mutex::new(Vec::new());
-            let mut devices = lock(&CUDA);
+            let mut devices = sync::lock(&CUDA);
             if let Some(d) = devices.iter().find(|d| d.id() == DeviceId::Cuda(ordinal)) {
                 return Ok(d.clone());
             }
@@ -205,48 +201,32 @@ impl Device {
     /// The cudarc context of a CUDA device, for loading modules and launching kernels.
     #[cfg(feature = "cuda")]
     pub fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
-        self.inner.backend.as_cuda().map(|b| b.context())
+        self.inner.storage.backend.cuda_context()
     }
 
-    /// A private host device whose allocation call number `fail_at` (1-based, every kind of
-    /// allocation counted) fails with out-of-memory: for testing that every failure point is
-    /// survived. 0 never fails.
-    ///
-    /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
-    /// let device = Device::host_with_fault(1); // the stack memory itself fails
-    /// assert!(matches!(Stream::new(&device), Err(PoolError::OutOfMemory { .. })));
-    /// assert_eq!(device.host_live_bytes(), Some(0));
-    /// ```
-    pub fn host_with_fault(fail_at: u64) -> Device {
-        let id = DeviceId::Host(HOST_IDS.next());
-        Device::from_backend(id, Box::new(HostBackend::with_fault(id, None, fail_at)))
-    }
-
-    /// On a host device, the bytes its backend has handed out and not taken back (device and
-    /// pinned memory): what a leak check compares. `None` on a GPU.
-    pub fn host_live_bytes(&self) -> Option<usize> {
-        self.inner.backend.as_host().map(HostBackend::live_bytes)
+    /// The device's memory, for the pools that allocate through it.
+    pub(crate) fn storage(&self) -> &Arc<Storage> {
+        &self.inner.storage
     }
 
     /// Which device this is.
     pub fn id(&self) -> DeviceId {
-        self.inner.id
+        self.inner.storage.id
     }
 
     /// Whether this is a host-backend device.
     pub fn is_host(&self) -> bool {
-        matches!(self.inner.id, DeviceId::Host(_))
+        matches!(self.inner.storage.id, DeviceId::Host(_))
     }
 
     /// The texture alignment: 2D buffers have a pitch that is a multiple of it.
     pub fn texture_alignment(&self) -> usize {
-        self.inner.backend.texture_alignment()
+        self.inner.storage.backend.texture_alignment()
     }
 
     /// Whether the device supports stream-ordered allocation (`cuMemAllocAsync`).
     pub fn supports_stream_ordered(&self) -> bool {
-        self.inner.backend.supports_stream_ordered()
+        self.inner.storage.backend.supports_stream_ordered()
     }
 
     /// Sets the stack size and count; see [`crate::set_buffer_pool_config`].
@@ -270,7 +250,7 @@ impl Device {
     /// assert!(device.release_stack_memory().is_err()); // `stream` holds a stack
     /// drop(stream);
     /// assert_eq!(device.release_stack_memory()?, 50 << 20); // the default 5 x 10 MiB
-    /// assert_eq!(device.host_live_bytes(), Some(0));
+    /// assert_eq!(gpu_pool_runtime::testing::host_live_bytes(&device), Some(0));
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn release_stack_memory(&self) -> Result<usize, PoolError> {
@@ -296,15 +276,27 @@ impl Device {
     /// setting makes it irrelevant.
     pub fn fallback(&self) -> Result<Fallback, PoolError> {
         let explicit = self.inner.lock_state().fallback;
-        let chosen = match explicit {
-            Some(fallback) => Some(fallback),
-            None => config::env_config()?.fallback,
-        };
-        Ok(chosen.unwrap_or(if self.supports_stream_ordered() {
-            Fallback::StreamOrdered
-        } else {
-            Fallback::Driver
-        }))
+        config::setting(
+            explicit,
+            |env| Ok(env.fallback),
+            || {
+                if self.supports_stream_ordered() {
+                    Fallback::StreamOrdered
+                } else {
+                    Fallback::Driver
+                }
+            },
+        )
+    }
+
+    /// The allocator that serves what a new stream's stack cannot: [`Device::fallback`]'s.
+    pub(crate) fn fallback_allocator(&self) -> Result<Arc<dyn GpuAllocator>, PoolError> {
+        Ok(match self.fallback()? {
+            Fallback::Driver => Arc::new(DriverAllocator),
+            Fallback::StreamOrdered => Arc::new(StreamOrderedAllocator),
+            Fallback::Caching => self.caching_pool(),
+            Fallback::Error => Arc::new(NoFallback),
+        })
     }
 
     /// In strict mode a stack buffer released out of LIFO order makes its explicit
@@ -318,10 +310,7 @@ impl Device {
     /// `GPU_POOL_CONF` is its error unless [`Device::set_strict_lifo`] was called.
     pub fn strict_lifo(&self) -> Result<bool, PoolError> {
         let explicit = self.inner.lock_state().strict_lifo;
-        Ok(match explicit {
-            Some(strict) => strict,
-            None => config::env_config()?.strict_lifo.unwrap_or(false),
-        })
+        config::setting(explicit, |env| Ok(env.strict_lifo), || false)
     }
 
     /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
@@ -339,12 +328,12 @@ impl Device {
             .live_streams
             .iter()
             .filter_map(Weak::upgrade)
-            .map(|s| s.snapshot(self.inner.id))
+            .map(|s| s.snapshot(self.inner.storage.id))
             .collect();
         let (stack_allocations, fallback_allocations, lifo_violations, stack_in_use, peak_demand) =
             sum_streams(&state.retired, &streams);
         DeviceStats {
-            device: self.inner.id,
+            device: self.inner.storage.id,
             config: state.effective_config(),
             stacks_held: state.arena.as_ref().map_or(0, Arena::held_count),
             stacks_allocated: state.arena.is_some(),
@@ -352,8 +341,8 @@ impl Device {
             stack_in_use,
             stack_allocations,
             fallback_allocations,
-            driver_alloc_calls: self.inner.driver_alloc_calls.load(Relaxed),
-            driver_free_calls: self.inner.driver_free_calls.load(Relaxed),
+            driver_alloc_calls: self.inner.storage.alloc_calls(),
+            driver_free_calls: self.inner.storage.free_calls(),
             lifo_violations,
             peak_stream_demand: peak_demand,
             streams,
@@ -364,7 +353,7 @@ impl Device {
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Device")
-            .field("id", &self.inner.id)
+            .field("id", &self.inner.storage.id)
             .finish()
     }
 }
@@ -382,10 +371,11 @@ impl DeviceState {
         if let Some(arena) = &self.arena {
             return Ok(arena.config);
         }
-        match self.explicit_config {
-            Some(config) => Ok(config),
-            None => config::env_config()?.pool_config(PoolConfig::default()),
-        }
+        config::setting(
+            self.explicit_config,
+            |env| env.pool_config(PoolConfig::default()).map(Some),
+            PoolConfig::default,
+        )
     }
 }
 
@@ -402,7 +392,7 @@ impl DeviceInner {
         let held = arena.held_count();
         if held > 0 {
             return Err(PoolError::ConfigInUse {
-                device: self.id,
+                device: self.storage.id,
                 held,
             });
         }
@@ -410,7 +400,7 @@ impl DeviceInner {
         // SAFETY: no stack is held, so no stream can hand out or use stack memory; streams
         // synchronize before giving their stack back, so no queued work uses it either. The arena
         // is dropped right after, so the address is freed once.
-        unsafe { self.driver_free(base, None) }?;
+        unsafe { self.storage.free(base, None) }?;
         state.arena = None;
         Ok(bytes)
     }
@@ -421,7 +411,7 @@ impl DeviceInner {
         let mut state = self.lock_state();
         let config = state.effective_config()?;
         if state.arena.is_none() {
-            let base = self.driver_alloc(config.total_bytes(), None)?;
+            let base = self.storage.alloc(config.total_bytes(), None)?;
             state.arena = Some(Arena {
                 base,
                 config,
@@ -439,7 +429,7 @@ impl DeviceInner {
             index,
             arena.base + (index * size) as DevPtr,
             size,
-            self.backend.texture_alignment(),
+            self.storage.backend.texture_alignment(),
         )))
     }
 
@@ -471,7 +461,7 @@ impl DeviceInner {
     }
 
     pub(crate) fn retire_stream(&self, shared: &StreamShared, wanted_stack: bool) {
-        let snapshot = shared.snapshot(self.id);
+        let snapshot = shared.snapshot(self.storage.id);
         let mut state = self.lock_state();
         state.retired.absorb(&snapshot);
         state
@@ -488,90 +478,61 @@ impl DeviceInner {
         state.streams_wanting += 1;
         state.streams_wanting_peak = state.streams_wanting_peak.max(state.streams_wanting);
     }
-
-    fn count_alloc(&self, stream: Option<&StreamCounters>) {
-        self.driver_alloc_calls.fetch_add(1, Relaxed);
-        if let Some(s) = stream {
-            s.driver_alloc_calls.add(1);
-        }
-    }
-
-    fn count_free(&self, stream: Option<&StreamCounters>) {
-        self.driver_free_calls.fetch_add(1, Relaxed);
-        if let Some(s) = stream {
-            s.driver_free_calls.add(1);
-        }
-    }
-
-    /// `cuMemAlloc`, counted.
-    pub(crate) fn driver_alloc(
-        &self,
-        bytes: usize,
-        stream: Option<&StreamCounters>,
-    ) -> Result<DevPtr, PoolError> {
-        self.count_alloc(stream);
-        self.backend.alloc(bytes)
-    }
-
-    /// `cuMemAllocPitch`, counted.
-    pub(crate) fn driver_alloc_pitch(
-        &self,
-        width: usize,
-        rows: usize,
-        stream: Option<&StreamCounters>,
-    ) -> Result<(DevPtr, usize), PoolError> {
-        self.count_alloc(stream);
-        self.backend.alloc_pitch(width, rows)
-    }
-
-    /// `cuMemFree`, counted.
-    ///
-    /// # Safety
-    /// As [`Backend::free`].
-    pub(crate) unsafe fn driver_free(
-        &self,
-        ptr: DevPtr,
-        stream: Option<&StreamCounters>,
-    ) -> Result<(), PoolError> {
-        self.count_free(stream);
-        // SAFETY: forwarded to the caller.
-        unsafe { self.backend.free(ptr) }
-    }
-
-    /// `cuMemAllocAsync`, counted.
-    pub(crate) fn driver_alloc_async(
-        &self,
-        bytes: usize,
-        raw: &RawStream,
-        stream: Option<&StreamCounters>,
-    ) -> Result<DevPtr, PoolError> {
-        self.count_alloc(stream);
-        self.backend.alloc_async(bytes, raw)
-    }
-
-    /// `cuMemFreeAsync`, counted.
-    ///
-    /// # Safety
-    /// As [`Backend::free_async`].
-    pub(crate) unsafe fn driver_free_async(
-        &self,
-        ptr: DevPtr,
-        raw: &RawStream,
-        stream: Option<&StreamCounters>,
-    ) -> Result<(), PoolError> {
-        self.count_free(stream);
-        // SAFETY: forwarded to the caller.
-        unsafe { self.backend.free_async(ptr, raw) }
-    }
 }
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
         if let Some(arena) = self.lock_state().arena.take() {
             // SAFETY: the last handle is gone, and streams hold one, so no stream uses the stacks.
-            if let Err(e) = unsafe { self.backend.free(arena.base) } {
-                tracing::error!(device = %self.id, error = %e, "freeing the stack memory failed");
+            if let Err(e) = unsafe { self.storage.backend.free(arena.base) } {
+                tracing::error!(device = %self.storage.id, error = %e, "freeing the stack memory failed");
             }
         }
+    }
+}
+
+/// Sets the stack size and count of `device` (OpenCV's `setBufferPoolConfig`).
+///
+/// `stack_size` is rounded up to a multiple of [`PoolConfig::STACK_ALIGN`]; zero sizes or counts are
+/// `PoolError::InvalidConfig`. If streams hold stacks of the device, nothing changes and the result
+/// is `PoolError::ConfigInUse`. Otherwise the old stack memory, if any, is freed, and the new one is
+/// allocated when a stream first needs it.
+///
+/// ```
+/// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
+/// let device = Device::host_with_limit(None);
+/// set_buffer_pool_config(&device, 64 << 20, 2)?;
+/// let stream = Stream::new(&device)?;
+/// let err = set_buffer_pool_config(&device, 1 << 20, 1).unwrap_err();
+/// assert!(matches!(err, PoolError::ConfigInUse { held: 1, .. }));
+/// # Ok::<(), PoolError>(())
+/// ```
+pub fn set_buffer_pool_config(
+    device: &Device,
+    stack_size: usize,
+    stack_count: usize,
+) -> Result<(), PoolError> {
+    device.set_pool_config(PoolConfig::new(stack_size, stack_count)?)
+}
+
+/// The caching pool's public constructors: they take a device, and the device composes every pool
+/// (`caching.rs` itself sees only the device's storage).
+impl CachingPool {
+    /// A pool for `device` with [`DEFAULT_LEADING_BITS`](Self::DEFAULT_LEADING_BITS).
+    pub fn new(device: &Device) -> CachingPool {
+        CachingPool::on_storage(device.storage(), CachingPool::DEFAULT_LEADING_BITS)
+    }
+
+    /// A pool whose bins are named by `leading_bits` bits after the highest (PyOpenCL's
+    /// `leading_bits_in_bin_id`): more bits, finer bins, less rounding, fewer hits. 0 to 16.
+    pub fn with_leading_bits(device: &Device, leading_bits: u32) -> Result<CachingPool, PoolError> {
+        if leading_bits > 16 {
+            return Err(PoolError::InvalidConfig {
+                reason: format!(
+                    "leading_bits is {leading_bits}; use 0 to 16 (PyOpenCL's default is 4)"
+                ),
+            });
+        }
+        Ok(CachingPool::on_storage(device.storage(), leading_bits))
     }
 }

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::stats::FallbackReason;
+use crate::source::FallbackReason;
 
 /// Which device an error or a statistic belongs to.
 ///
@@ -91,6 +91,45 @@ pub enum PoolError {
     InvalidConfig {
         /// What is wrong and how to fix it.
         reason: String,
+    },
+
+    /// A [`GpuAllocator`](crate::GpuAllocator) answered against its contract (a null address, a
+    /// pitch below the row width, or memory not aligned for the element type). Its answer was
+    /// given back, not used.
+    #[error("allocator contract broken: {reason}")]
+    AllocatorContract {
+        /// What the allocator answered and what it must answer.
+        reason: String,
+    },
+
+    /// Memory given back to a pool or backend that did not hand it out (or already took it back).
+    #[error("{address:#x} is not a live block of {owner}; give back only what it handed out, once")]
+    UnknownBlock {
+        /// The address given back.
+        address: u64,
+        /// Which pool or backend, in words.
+        owner: String,
+    },
+
+    /// Memory the caller supplied is not aligned for the element type asked of it.
+    #[error(
+        "memory at {address:#x} is not aligned for `{type_name}`; supply memory aligned to {align} \
+         bytes"
+    )]
+    Misaligned {
+        /// The address.
+        address: u64,
+        /// `align_of` the element type.
+        align: usize,
+        /// The element type.
+        type_name: &'static str,
+    },
+
+    /// A ppl.cv pool call made in a state where ppl.cv only logs an error.
+    #[error("ppl.cv memory pool: {reason}")]
+    PplPoolState {
+        /// What is wrong and what to call first.
+        reason: &'static str,
     },
 
     /// `GPU_POOL_CONF` could not be parsed.

@@ -66,6 +66,7 @@ impl Layout {
         rows.checked_mul(cols).ok_or_else(overflow)?;
         let width_bytes = cols.checked_mul(elem_size).ok_or_else(overflow)?;
         let (pitch, bytes) = if rows > 1 && cols > 1 {
+            // The one place the rule is written; `is_pitched` reads it back.
             let pitch = align_up(width_bytes, alignment).ok_or_else(overflow)?;
             (pitch, pitch.checked_mul(rows).ok_or_else(overflow)?)
         } else {
@@ -92,6 +93,13 @@ impl Layout {
     #[inline]
     pub(crate) fn is_aligned(&self, ptr: u64, pitch: usize) -> bool {
         is_aligned(ptr, pitch, self.elem_align)
+    }
+
+    /// Whether the buffer is pitched: more than one row and more than one column. A single row or
+    /// column is contiguous.
+    #[inline]
+    pub(crate) fn is_pitched(&self) -> bool {
+        self.rows > 1 && self.cols > 1
     }
 
     /// Whether the buffer has no elements (then it takes no memory at all).

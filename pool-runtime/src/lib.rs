@@ -20,7 +20,30 @@
 //! - Live buffers never overlap, whatever order safe code releases them in: a block released out of
 //!   LIFO order is reclaimed once the blocks above it are released, and counted as a violation.
 //! - Every bad input is a [`PoolError`]; no input panics.
+//!
+//! # Layers
+//! Each module uses only modules of the layers below it (none imports one above, so there is no
+//! import cycle). A buffer's path, stream -> frame -> stack -> buffer -> release, reads in files
+//! named for each step.
+//!
+//! 1. Vocabulary, depending on nothing of the crate: `source` (where memory came from and why:
+//!    [`Source`], [`FallbackReason`]), `unique` (ids that never repeat), `sync` (the one lock).
+//! 2. `error` ([`PoolError`]), then `layout` (how a shape becomes bytes: the one home of the
+//!    pitch and alignment rules), `config` ([`PoolConfig`], `GPU_POOL_CONF`, the one settings
+//!    lookup), `stats` (counters and their snapshots).
+//! 3. Storage, which knows memory and not policy: `backend` (host and CUDA: allocate, copy, fill,
+//!    streams and events), and `storage` (one device's backend and its counted driver calls).
+//! 4. Pools, built on storage: `stack` (one stream's bump stack), `allocator` (the [`GpuAllocator`]
+//!    API and the built-in fallbacks, on [`AllocContext`]), `caching` ([`CachingPool`]).
+//! 5. `device`: the composition root. A [`Device`] holds its storage, its stack arena, its settings
+//!    and its caching pool, and chooses each new stream's fallback.
+//! 6. `stream` ([`Stream`]: takes from its stack, else from its allocator), then what users hold:
+//!    `buffer` ([`GpuMat`], [`BufferPool`]), `view` (views and regions), `frame` (what the DSL
+//!    expands to), `mix` ([`MixMemory`]), `pplcv`, and, with CUDA, `graph`, `device_memory` and
+//!    `kernel_args`.
+//! 7. `report` (every device's stats) and `testing` (hooks for tests), over everything.
 
+mod allocator;
 mod backend;
 mod buffer;
 mod caching;
@@ -29,7 +52,6 @@ mod device;
 #[cfg(feature = "cuda")]
 mod device_memory;
 mod error;
-mod fallback;
 mod frame;
 #[cfg(feature = "cuda")]
 pub mod graph;
@@ -38,34 +60,39 @@ mod kernel_args;
 mod layout;
 mod mix;
 pub mod pplcv;
+mod report;
+mod source;
 mod stack;
 mod stats;
+mod storage;
 mod stream;
 mod sync;
+pub mod testing;
 mod unique;
 mod view;
 
-pub use buffer::{BufferPool, GpuMat};
-pub use caching::{CachingPool, CachingStats, DEFAULT_LEADING_BITS, bin_of};
-pub use config::{
-    ENV_VAR, EnvConfig, Fallback, PoolConfig, buffer_pool_usage, env_config,
-    set_buffer_pool_config, set_buffer_pool_usage,
-};
-pub use device::Device;
-#[cfg(feature = "cuda")]
-pub use device_memory::{DeviceMut, DeviceRef};
-pub use error::{DeviceId, PoolError};
-pub use fallback::{
+pub use allocator::{
     AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
     StreamOrderedAllocator,
 };
+pub use buffer::{BufferPool, GpuMat};
+pub use caching::{CachingPool, CachingStats};
+pub use config::{
+    ENV_VAR, EnvConfig, Fallback, PoolConfig, buffer_pool_usage, env_config, set_buffer_pool_usage,
+};
+pub use device::{Device, set_buffer_pool_config};
+#[cfg(feature = "cuda")]
+pub use device_memory::{DeviceMut, DeviceRef};
+pub use error::{DeviceId, PoolError};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
 pub use layout::MAX_ELEMENT_ALIGN;
 pub use mix::MixMemory;
-pub use stats::{DeviceStats, FallbackCounts, FallbackReason, Report, StreamStats, report};
-pub use stream::{Source, Stream};
+pub use report::{Report, report};
+pub use source::{FallbackReason, Source};
+pub use stats::{DeviceStats, FallbackCounts, StreamStats};
+pub use stream::Stream;
 pub use view::{GpuView, GpuViewMut};
 
 /// The crate README's example, compiled and run as a doctest so it stays true.

@@ -71,7 +71,7 @@ impl MixMemory<'static> {
     pub fn new(device: &Device) -> Result<MixMemory<'static>, PoolError> {
         Ok(MixMemory {
             device: device.clone(),
-            own: device.inner.backend.new_stream()?,
+            own: device.storage().backend.new_stream()?,
             host: Host::None,
             gpu: Gpu::None,
             pending: None,
@@ -103,7 +103,7 @@ impl<'a> MixMemory<'a> {
     /// Waits for a copy still in flight.
     pub fn synchronize(&mut self) -> Result<(), PoolError> {
         if let Some(stream) = self.pending.take() {
-            self.device.inner.backend.synchronize(&stream)?;
+            self.device.storage().backend.synchronize(&stream)?;
         }
         Ok(())
     }
@@ -123,8 +123,8 @@ impl<'a> MixMemory<'a> {
             _ => {}
         }
         self.release_gpu()?;
-        let inner = &self.device.inner;
-        let ptr = inner.driver_alloc(bytes, None)?;
+        let storage = self.device.storage();
+        let ptr = storage.alloc(bytes, None)?;
         self.gpu = Gpu::Owned { ptr, bytes };
         self.reallocations += 1;
         let region = Region {
@@ -134,8 +134,8 @@ impl<'a> MixMemory<'a> {
             rows: 1,
         };
         // SAFETY: `ptr` is a fresh allocation of `bytes` bytes, the region exactly that.
-        unsafe { inner.backend.fill(region, &[0], &self.own) }?;
-        inner.backend.synchronize(&self.own)?;
+        unsafe { storage.backend.fill(region, &[0], &self.own) }?;
+        storage.backend.synchronize(&self.own)?;
         Ok(ptr)
     }
 
@@ -181,13 +181,10 @@ impl<'a> MixMemory<'a> {
         }
         let ptr = self.gpu::<T>(n)?;
         if ptr % align_of::<T>() as u64 != 0 {
-            return Err(PoolError::InvalidConfig {
-                reason: format!(
-                    "the wrapped device memory at {ptr:#x} is not aligned for {}; wrap memory \
-                     aligned to {} bytes",
-                    std::any::type_name::<T>(),
-                    align_of::<T>()
-                ),
+            return Err(PoolError::Misaligned {
+                address: ptr,
+                align: align_of::<T>(),
+                type_name: std::any::type_name::<T>(),
             });
         }
         Ok(ptr)
@@ -200,7 +197,7 @@ impl<'a> MixMemory<'a> {
         let bytes = byte_len::<T>(n)?;
         if self.host_bytes() < bytes {
             self.release_cpu()?;
-            let ptr = self.device.inner.backend.alloc_pinned(bytes)?;
+            let ptr = self.device.storage().backend.alloc_pinned(bytes)?;
             self.host = Host::Pinned { ptr, bytes };
             self.reallocations += 1;
         }
@@ -211,11 +208,11 @@ impl<'a> MixMemory<'a> {
             Host::Pinned { ptr, bytes } => unsafe { std::slice::from_raw_parts_mut(*ptr, *bytes) },
             Host::Borrowed(slice) => slice,
         };
-        bytemuck::try_cast_slice_mut(&mut all[..bytes]).map_err(|e| PoolError::InvalidConfig {
-            reason: format!(
-                "the wrapped host memory cannot hold {}: {e}",
-                std::any::type_name::<T>()
-            ),
+        let address = all.as_ptr() as u64;
+        bytemuck::try_cast_slice_mut(&mut all[..bytes]).map_err(|_| PoolError::Misaligned {
+            address,
+            align: align_of::<T>(),
+            type_name: std::any::type_name::<T>(),
         })
     }
 
@@ -286,7 +283,7 @@ impl<'a> MixMemory<'a> {
             width: bytes,
             rows: 1,
         };
-        let backend = &self.device.inner.backend;
+        let backend = &self.device.storage().backend;
         // SAFETY: both sides hold at least `bytes`; the host side is owned or mutably borrowed by
         // `self`. An owned side stays valid until `pending`, set below, is waited for: every later
         // host access, reallocation, release and drop waits, and a forgotten `MixMemory` leaks the
@@ -312,7 +309,7 @@ impl<'a> MixMemory<'a> {
         self.synchronize()?;
         if let Gpu::Owned { ptr, .. } = std::mem::replace(&mut self.gpu, Gpu::None) {
             // SAFETY: our own allocation, taken out of `self.gpu` so freed once; copies waited for.
-            unsafe { self.device.inner.driver_free(ptr, None) }?;
+            unsafe { self.device.storage().free(ptr, None) }?;
         }
         Ok(())
     }
@@ -322,7 +319,7 @@ impl<'a> MixMemory<'a> {
         self.synchronize()?;
         if let Host::Pinned { ptr, bytes } = std::mem::replace(&mut self.host, Host::None) {
             // SAFETY: our own pinned allocation, taken out of `self.host` so freed once.
-            unsafe { self.device.inner.backend.free_pinned(ptr, bytes) }?;
+            unsafe { self.device.storage().backend.free_pinned(ptr, bytes) }?;
         }
         Ok(())
     }
@@ -358,6 +355,6 @@ impl Drop for MixMemory<'_> {
             tracing::error!(error = %e, "releasing MixMemory failed");
         }
         let own = std::mem::replace(&mut self.own, RawStream::Host);
-        self.device.inner.backend.drop_stream(own);
+        self.device.storage().backend.drop_stream(own);
     }
 }

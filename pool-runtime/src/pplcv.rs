@@ -189,14 +189,12 @@ static BLOCK_IDS: Counter = Counter::new();
 
 fn lock() -> MutexGuard<'static, Option<Pool>> {
     // Each critical section below updates the map or the option in one step after its checks.
-    POOL.lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(&POOL)
 }
 
 fn not_active() -> PoolError {
-    PoolError::InvalidConfig {
-        reason:
-            "the ppl.cv memory pool is not activated; call activate_gpu_memory_pool(size) first"
-                .into(),
+    PoolError::PplPoolState {
+        reason: "not activated; call activate_gpu_memory_pool(size) first",
     }
 }
 
@@ -210,16 +208,16 @@ pub fn activate_gpu_memory_pool(size: usize) -> Result<(), PoolError> {
 pub fn activate_gpu_memory_pool_on(device: &Device, size: usize) -> Result<(), PoolError> {
     let mut pool = lock();
     if pool.is_some() {
-        return Err(PoolError::InvalidConfig {
-            reason: "the ppl.cv memory pool is already activated; shut it down first".into(),
+        return Err(PoolError::PplPoolState {
+            reason: "already activated; shut it down first",
         });
     }
     if size == 0 {
-        return Err(PoolError::InvalidConfig {
-            reason: "a ppl.cv memory pool of 0 bytes holds nothing; size it with ceil_1d_volume / ceil_2d_volume".into(),
+        return Err(PoolError::PplPoolState {
+            reason: "a pool of 0 bytes holds nothing; size it with ceil_1d_volume / ceil_2d_volume",
         });
     }
-    let base = device.inner.driver_alloc(size, None)?;
+    let base = device.storage().alloc(size, None)?;
     *pool = Some(Pool {
         device: device.clone(),
         base,
@@ -243,7 +241,7 @@ pub fn shutdown_gpu_memory_pool() -> Result<(), PoolError> {
     let pool = guard.take().expect("checked above");
     // SAFETY: the pool's one allocation, freed once (the pool is taken out); no block is live, and
     // the driver's free waits for queued work.
-    unsafe { pool.device.inner.driver_free(pool.base, None) }
+    unsafe { pool.device.storage().free(pool.base, None) }
 }
 
 /// Whether the pool is activated (ppl.cv's `memoryPoolUsed`).
@@ -260,8 +258,8 @@ pub fn memory_pool_in_use() -> Option<usize> {
 
 fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
     if block.is_allocated() {
-        return Err(PoolError::InvalidConfig {
-            reason: "this GpuMemoryBlock already holds memory; free it or use another".into(),
+        return Err(PoolError::PplPoolState {
+            reason: "this GpuMemoryBlock already holds memory; free it or use another",
         });
     }
     let mut guard = lock();
@@ -318,8 +316,8 @@ pub fn ppl_cuda_malloc_pitch(
 /// Returns a block to the pool (ppl.cv's `pplCudaFree`); the block is reset.
 pub fn ppl_cuda_free(block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
     if !block.is_allocated() {
-        return Err(PoolError::InvalidConfig {
-            reason: "this GpuMemoryBlock holds no memory of the pool".into(),
+        return Err(PoolError::PplPoolState {
+            reason: "this GpuMemoryBlock holds no memory of the pool",
         });
     }
     let mut guard = lock();
@@ -332,8 +330,9 @@ pub fn ppl_cuda_free(block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
         false
     };
     if !owned {
-        return Err(PoolError::InvalidConfig {
-            reason: "this GpuMemoryBlock is not a live block of the active pool".into(),
+        return Err(PoolError::UnknownBlock {
+            address: block.device_ptr(),
+            owner: "the active ppl.cv pool".into(),
         });
     }
     // Field by field: assigning a whole block would drop the old one, whose `Drop` frees it again.

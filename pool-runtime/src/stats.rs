@@ -1,51 +1,14 @@
-//! Counters per stream and per device, and the sizing report.
+//! Counters per stream and the snapshots of them that streams and devices hand out.
 //!
 //! A stream's counters are written only by the thread that owns the stream, so they are relaxed
 //! atomics updated with a load and a store: plain moves on x86, no locked instruction on the hot
 //! path, yet readable from any thread (the device and [`report`] read them while the stream lives).
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::config::PoolConfig;
 use crate::error::{DeviceId, PoolError};
-
-/// Why a request did not come from the stream's stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FallbackReason {
-    /// The stack has a buffer-sized hole only after releases; it is too full now.
-    StackFull,
-    /// The stream holds no stack: every stack of the device is taken by other streams.
-    NoStack,
-    /// The request is larger than a whole stack.
-    TooLarge,
-    /// Pooling is off ([`crate::set_buffer_pool_usage`]`(false)`), or the stream has a custom allocator.
-    Disabled,
-}
-
-impl FallbackReason {
-    pub(crate) const ALL: [FallbackReason; 4] = [
-        FallbackReason::StackFull,
-        FallbackReason::NoStack,
-        FallbackReason::TooLarge,
-        FallbackReason::Disabled,
-    ];
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl fmt::Display for FallbackReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            FallbackReason::StackFull => "stack full",
-            FallbackReason::NoStack => "no stack left for this stream",
-            FallbackReason::TooLarge => "request larger than a stack",
-            FallbackReason::Disabled => "pooling off for this stream",
-        })
-    }
-}
+use crate::source::FallbackReason;
 
 /// One counter with a single writer: a relaxed load and store, no read-modify-write.
 #[derive(Debug, Default)]
@@ -117,7 +80,7 @@ pub struct FallbackCounts([u64; 4]);
 impl FallbackCounts {
     /// Allocations that fell back for `reason`.
     pub fn get(&self, reason: FallbackReason) -> u64 {
-        self.0[reason.index()]
+        self.0[reason as usize]
     }
     /// All fallback allocations.
     pub fn total(&self) -> u64 {
@@ -269,103 +232,4 @@ pub(crate) fn sum_streams(
         demand = demand.max(s.peak_demand);
     }
     (stack, fallback, violations, in_use, demand)
-}
-
-/// Every device's stats, printable as the sizing report.
-#[derive(Clone, Debug)]
-pub struct Report {
-    /// One entry per device that has been used.
-    pub devices: Vec<DeviceStats>,
-}
-
-impl Report {
-    /// Collects the report without printing it.
-    pub fn collect() -> Report {
-        Report {
-            devices: crate::device::all_devices()
-                .iter()
-                .map(|d| d.stats())
-                .collect(),
-        }
-    }
-}
-
-/// Prints, per device and per live stream, stack use, fallbacks and driver calls, and the config that
-/// would have avoided every fallback; returns the same data.
-///
-/// ```
-/// let report = gpu_pool_runtime::report();
-/// assert!(report.to_string().contains("gpu-pool report"));
-/// ```
-pub fn report() -> Report {
-    let report = Report::collect();
-    println!("{report}");
-    report
-}
-
-fn mib(bytes: usize) -> String {
-    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
-}
-
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "gpu-pool report")?;
-        for d in &self.devices {
-            writeln!(
-                f,
-                "{}: config {} ({} held, memory {}), driver calls {} alloc / {} free",
-                d.device,
-                match &d.config {
-                    Ok(c) => format!("{} x {} stacks", mib(c.stack_size()), c.stack_count()),
-                    Err(e) => format!("unknown: {e}"),
-                },
-                d.stacks_held,
-                if d.stacks_allocated {
-                    "allocated"
-                } else {
-                    "not allocated"
-                },
-                d.driver_alloc_calls,
-                d.driver_free_calls,
-            )?;
-            writeln!(
-                f,
-                "  buffers: {} from stacks, {} from the fallback; {} LIFO violations",
-                d.stack_allocations,
-                d.fallback_allocations.total(),
-                d.lifo_violations
-            )?;
-            for reason in FallbackReason::ALL {
-                let n = d.fallback_allocations.get(reason);
-                if n > 0 {
-                    writeln!(f, "    {n} fell back: {reason}")?;
-                }
-            }
-            for s in &d.streams {
-                writeln!(
-                    f,
-                    "  stream {} (stack {}): peak stack use {}, peak demand {}, {} stack / {} fallback buffers",
-                    s.stream,
-                    s.stack_index.map_or("none".into(), |i| i.to_string()),
-                    mib(s.stack_high_water),
-                    mib(s.peak_demand),
-                    s.stack_allocations,
-                    s.fallback_allocations.total(),
-                )?;
-            }
-            match d.recommended_config() {
-                Some(rec) if d.fallback_allocations.total() > 0 => writeln!(
-                    f,
-                    "  to avoid every fallback: set_buffer_pool_config(&device, {} << 20, {}) \
-                     or GPU_POOL_CONF={}",
-                    rec.stack_size() >> 20,
-                    rec.stack_count(),
-                    rec.env_value(),
-                )?,
-                Some(_) => writeln!(f, "  no fallbacks: the config is large enough")?,
-                None => writeln!(f, "  no buffers requested yet")?,
-            }
-        }
-        Ok(())
-    }
 }

@@ -10,14 +10,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
+use crate::allocator::{self, AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent, RawStream};
 use crate::config;
 use crate::device::{Device, StreamShared};
 use crate::error::PoolError;
-use crate::fallback::{self, AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::layout::Layout;
+use crate::source::{FallbackReason, Source};
 use crate::stack::{Block, Release, Stack};
-use crate::stats::{FallbackReason, StreamCounters, StreamStats};
+use crate::stats::{StreamCounters, StreamStats};
 
 /// A stream of work on a device, with the stack that its temporary buffers come from.
 ///
@@ -53,19 +54,6 @@ pub struct Stream {
     overflow_live: Cell<usize>,
     /// A CUDA graph capture is under way: nothing may reach the driver's allocator.
     pub(crate) capturing: Cell<bool>,
-}
-
-/// Where a buffer's memory came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The stream's stack.
-    Stack,
-    /// The stream's fallback allocator, and why.
-    Fallback(FallbackReason),
-    /// A driver allocation of its own ([`GpuMat::new`](crate::GpuMat::new)): for long-lived data.
-    Driver,
-    /// Nothing: the buffer has no elements.
-    Empty,
 }
 
 /// What a buffer must give back, and to whom.
@@ -104,8 +92,7 @@ impl Stream {
     /// Errors: `GPU_POOL_CONF` malformed, the stack memory could not be allocated, or the backend
     /// could not make a stream.
     pub fn new(device: &Device) -> Result<Stream, PoolError> {
-        let fallback = fallback::builtin(device, device.fallback()?);
-        let stream = Stream::build(device, fallback, false)?;
+        let stream = Stream::build(device, device.fallback_allocator()?, false)?;
         if config::buffer_pool_usage()? {
             stream.claim_stack()?;
         }
@@ -135,7 +122,7 @@ impl Stream {
                 actual: crate::error::DeviceId::Cuda(stream.context().ordinal()),
             });
         }
-        let fallback = fallback::builtin(device, device.fallback()?);
+        let fallback = device.fallback_allocator()?;
         let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
         if config::buffer_pool_usage()? {
             made.claim_stack()?;
@@ -158,7 +145,7 @@ impl Stream {
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
-        let raw = device.inner.backend.new_stream()?;
+        let raw = device.storage().backend.new_stream()?;
         Stream::build_on(device, raw, allocator, custom_allocator)
     }
 
@@ -217,7 +204,7 @@ impl Stream {
 
     /// Waits until all work queued on the stream is done.
     pub fn synchronize(&self) -> Result<(), PoolError> {
-        self.device.inner.backend.synchronize(&self.raw)
+        self.device.storage().backend.synchronize(&self.raw)
     }
 
     /// A snapshot of this stream's counters.
@@ -312,6 +299,7 @@ impl Stream {
             rows: layout.rows,
             cols: layout.cols,
             width_bytes: layout.width_bytes,
+            pitched: layout.is_pitched(),
             bytes: layout.bytes,
             pitch: layout.pitch,
             reason,
@@ -319,7 +307,7 @@ impl Stream {
             align: layout.elem_align,
         };
         let allocation = self.allocator.allocate(&self.alloc_context(), &request)?;
-        let ptr = fallback::validate(&allocation, &request, self.device.id());
+        let ptr = allocator::validate(&allocation, &request, self.device.id());
         let ptr = match ptr {
             Ok(ptr) => ptr,
             Err(e) => {
@@ -358,12 +346,12 @@ impl Stream {
                 available: 0,
             });
         }
-        let inner = &self.device.inner;
-        let (ptr, pitch) = if layout.rows > 1 && layout.cols > 1 {
-            inner.driver_alloc_pitch(layout.width_bytes, layout.rows, Some(self.counters()))?
+        let storage = self.device.storage();
+        let (ptr, pitch) = if layout.is_pitched() {
+            storage.alloc_pitch(layout.width_bytes, layout.rows, Some(self.counters()))?
         } else {
             (
-                inner.driver_alloc(layout.bytes, Some(self.counters()))?,
+                storage.alloc(layout.bytes, Some(self.counters()))?,
                 layout.pitch,
             )
         };
@@ -371,7 +359,7 @@ impl Stream {
             // Not seen on any driver (allocations are 256-aligned, pitches multiples of 256), but
             // host slices of the rows would be misaligned, so it is checked, not assumed.
             // SAFETY: allocated just above, not used, freed once.
-            unsafe { inner.driver_free(ptr, Some(self.counters())) }?;
+            unsafe { storage.free(ptr, Some(self.counters())) }?;
             return Err(PoolError::Unsupported {
                 device: self.device.id(),
                 what: "a driver allocation that is not aligned for the element type",
@@ -382,7 +370,7 @@ impl Stream {
 
     fn alloc_context(&self) -> AllocContext<'_> {
         AllocContext {
-            device: &self.device.inner,
+            storage: self.device.storage(),
             stream: &self.raw,
             stream_id: self.shared.id,
             counters: self.counters(),
@@ -437,7 +425,7 @@ impl Stream {
             &Origin::Driver(ptr) => {
                 // SAFETY: forwarded: `ptr` came from `take_from_driver`, once; the driver's free
                 // synchronizes, so queued work using it is done.
-                unsafe { self.device.inner.driver_free(ptr, Some(self.counters())) }
+                unsafe { self.device.storage().free(ptr, Some(self.counters())) }
             }
         }
     }
@@ -445,7 +433,7 @@ impl Stream {
     /// Records that work queued on `user` so far uses memory of this stream: before that memory is
     /// handed out again, this stream waits for that work.
     pub(crate) fn defer_wait_for(&self, user: &Stream) -> Result<(), PoolError> {
-        if let Some(event) = self.device.inner.backend.record_event(&user.raw)? {
+        if let Some(event) = self.device.storage().backend.record_event(&user.raw)? {
             self.deferred_waits.borrow_mut().push(event);
             self.has_deferred_waits.set(true);
         }
@@ -460,12 +448,33 @@ impl Stream {
         self.has_deferred_waits.set(false);
         let mut result = Ok(());
         for event in waits {
-            let waited = self.device.inner.backend.wait_event(&self.raw, event);
+            let waited = self.device.storage().backend.wait_event(&self.raw, event);
             result = result.and(waited);
         }
         result
     }
 
+    #[cold]
+    fn lifo_violation(&self, offset: u64) -> Result<(), PoolError> {
+        self.counters().lifo_violations.add(1);
+        let error = PoolError::LifoViolation {
+            device: self.device.id(),
+            offset: offset as usize,
+        };
+        if !self.device.inner.lifo_warned.swap(true, Relaxed) {
+            tracing::warn!(
+                stream = self.id(),
+                "{error} (logged once per device; see lifo_violations in the stats)"
+            );
+        }
+        if self.strict_lifo { Err(error) } else { Ok(()) }
+    }
+}
+
+/// What CUDA graph capture (`graph.rs`) needs of a stream's stack: a fence, a reservation of what
+/// the captured buffers used, and the high-water mark they reached.
+#[cfg(feature = "cuda")]
+impl Stream {
     /// The stack's top, if the stream holds a stack.
     pub(crate) fn stack_top(&self) -> Option<usize> {
         self.stack.get().map(Stack::top)
@@ -537,22 +546,6 @@ impl Stream {
         self.counters().stack_high_water.set(before.max(peak));
         peak as usize
     }
-
-    #[cold]
-    fn lifo_violation(&self, offset: u64) -> Result<(), PoolError> {
-        self.counters().lifo_violations.add(1);
-        let error = PoolError::LifoViolation {
-            device: self.device.id(),
-            offset: offset as usize,
-        };
-        if !self.device.inner.lifo_warned.swap(true, Relaxed) {
-            tracing::warn!(
-                stream = self.id(),
-                "{error} (logged once per device; see lifo_violations in the stats)"
-            );
-        }
-        if self.strict_lifo { Err(error) } else { Ok(()) }
-    }
 }
 
 impl Drop for Stream {
@@ -574,7 +567,7 @@ impl Drop for Stream {
             .inner
             .retire_stream(&self.shared, self.wants_stack.get());
         let raw = std::mem::replace(&mut self.raw, RawStream::Host);
-        self.device.inner.backend.drop_stream(raw);
+        self.device.storage().backend.drop_stream(raw);
     }
 }
 

@@ -192,7 +192,7 @@ pub fn run_ops(ops: &[Op]) -> Outcome {
     // Streams, buffers and the MixMemory are gone: only the stacks and the cache's blocks remain.
     let _ = cache.free_held();
     let arena = device.stats();
-    let live = device.host_live_bytes().expect("a host device");
+    let live = gpu_pool::testing::host_live_bytes(&device).expect("a host device");
     let expected = if arena.stacks_allocated {
         arena
             .config

@@ -154,8 +154,15 @@ impl CudaBackend {
         })
     }
 
-    pub(crate) fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    fn cu_stream(&self, stream: &RawStream) -> Result<sys::CUstream, PoolError> {
+        match stream {
+            RawStream::Cuda(s) => Ok(s.cu_stream()),
+            // Streams are made by their device's backend, so this is a caller's mix-up.
+            RawStream::Host => Err(PoolError::Unsupported {
+                device: self.id,
+                what: "a host stream on a CUDA device",
+            }),
+        }
     }
 
     fn guard(&self) -> Result<ContextGuard, PoolError> {
@@ -177,7 +184,7 @@ impl CudaBackend {
         let _guard = self.guard()?;
         // SAFETY: the caller of the `Backend` method guarantees both sides of `copy` are valid for
         // its width and height; the stream belongs to this context.
-        unsafe { sys::cuMemcpy2DAsync_v2(copy, cu_stream(stream)?) }
+        unsafe { sys::cuMemcpy2DAsync_v2(copy, self.cu_stream(stream)?) }
             .result()
             .map_err(|e| driver_error("cuMemcpy2DAsync", e))
     }
@@ -212,16 +219,6 @@ fn create_mem_pool(ordinal: usize) -> Result<sys::CUmemoryPool, PoolError> {
     }
     .map_err(|e| driver_error("cuMemPoolSetAttribute", e))?;
     Ok(pool)
-}
-
-fn cu_stream(stream: &RawStream) -> Result<sys::CUstream, PoolError> {
-    match stream {
-        RawStream::Cuda(s) => Ok(s.cu_stream()),
-        RawStream::Host => Err(PoolError::Unsupported {
-            device: DeviceId::Host(0),
-            what: "a host stream on a CUDA device",
-        }),
-    }
 }
 
 fn copy2d(width: usize, rows: usize) -> sys::CUDA_MEMCPY2D {
@@ -265,14 +262,14 @@ impl Backend for CudaBackend {
     fn synchronize(&self, stream: &RawStream) -> Result<(), PoolError> {
         let _guard = self.guard()?;
         // SAFETY: the stream belongs to this context and is alive (the RawStream holds it).
-        unsafe { result::stream::synchronize(cu_stream(stream)?) }
+        unsafe { result::stream::synchronize(self.cu_stream(stream)?) }
             .map_err(|e| driver_error("cuStreamSynchronize", e))
     }
 
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError> {
         let _guard = self.guard()?;
         let RawStream::Cuda(s) = stream else {
-            return Err(cu_stream(stream).unwrap_err());
+            return Err(self.cu_stream(stream).unwrap_err());
         };
         let event = self
             .ctx
@@ -289,7 +286,7 @@ impl Backend for CudaBackend {
         let RawEvent::Cuda(event) = event;
         let s = match stream {
             RawStream::Cuda(s) => s,
-            RawStream::Host => return Err(cu_stream(stream).unwrap_err()),
+            RawStream::Host => return Err(self.cu_stream(stream).unwrap_err()),
         };
         // The event is destroyed here, under the guard: cudarc binds its context to destroy it.
         s.wait(&event)
@@ -316,8 +313,8 @@ impl Backend for CudaBackend {
         drop(guard);
     }
 
-    fn as_cuda(&self) -> Option<&CudaBackend> {
-        Some(self)
+    fn cuda_context(&self) -> Option<&Arc<CudaContext>> {
+        Some(&self.ctx)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError> {
@@ -376,7 +373,7 @@ impl Backend for CudaBackend {
         };
         let _guard = self.guard()?;
         // SAFETY: our pool belongs to this device; the stream to this context.
-        unsafe { result::mem_pool::alloc_async(pool, bytes.max(1), cu_stream(stream)?) }
+        unsafe { result::mem_pool::alloc_async(pool, bytes.max(1), self.cu_stream(stream)?) }
             .map_err(self.oom_or("cuMemAllocFromPoolAsync", bytes))
     }
 
@@ -387,7 +384,7 @@ impl Backend for CudaBackend {
         }
         let _guard = self.guard()?;
         // SAFETY: forwarded contract: from `alloc_async`, freed once, uses ordered before.
-        unsafe { result::free_async(ptr, cu_stream(stream)?) }
+        unsafe { result::free_async(ptr, self.cu_stream(stream)?) }
             .map_err(|e| driver_error("cuMemFreeAsync", e))
     }
 
@@ -398,7 +395,7 @@ impl Backend for CudaBackend {
         stream: &RawStream,
     ) -> Result<(), PoolError> {
         let _guard = self.guard()?;
-        let s = cu_stream(stream)?;
+        let s = self.cu_stream(stream)?;
         let Region {
             ptr,
             pitch,

@@ -52,13 +52,7 @@ impl HostBackend {
     fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
         // A panic while the lock was held cannot leave `Live` half-updated: each update is one
         // insert or remove plus one addition, done after every fallible step.
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Bytes allocated and not freed (device and pinned memory alike).
-    pub(crate) fn live_bytes(&self) -> usize {
-        let live = self.lock();
-        live.bytes + live.pinned
+        crate::sync::lock(&self.live)
     }
 
     /// Counts an allocation call; `Err` if it is the one chosen to fail.
@@ -108,8 +102,10 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    fn as_host(&self) -> Option<&HostBackend> {
-        Some(self)
+    /// Bytes allocated and not freed (device and pinned memory alike).
+    fn live_bytes(&self) -> Option<usize> {
+        let live = self.lock();
+        Some(live.bytes + live.pinned)
     }
 
     fn event_done(&self, _event: &RawEvent) -> Result<bool, PoolError> {
@@ -176,10 +172,9 @@ impl Backend for HostBackend {
     unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError> {
         let mut live = self.lock();
         let Some(layout) = live.blocks.remove(&ptr) else {
-            return Err(PoolError::Driver {
-                call: "free",
-                name: "CUDA_ERROR_INVALID_VALUE".into(),
-                description: format!("{ptr:#x} is not a live allocation of {}", self.id),
+            return Err(PoolError::UnknownBlock {
+                address: ptr,
+                owner: format!("the host backend of {}", self.id),
             });
         };
         live.bytes -= layout.size(); // added by `alloc` with this very layout

@@ -79,13 +79,14 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn drop_stream(&self, stream: RawStream) {
         drop(stream);
     }
-    /// The host backend, for its test hooks.
-    fn as_host(&self) -> Option<&host::HostBackend> {
+    /// Bytes handed out and not taken back, where the backend keeps count (the host backend's
+    /// leak check).
+    fn live_bytes(&self) -> Option<usize> {
         None
     }
-    /// The CUDA backend, for CUDA-only operations.
+    /// The cudarc context, on a CUDA device.
     #[cfg(feature = "cuda")]
-    fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
+    fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
         None
     }
 

@@ -1,18 +1,18 @@
-//! Allocators that serve what the stack does not (OpenCV's `GpuMat::Allocator`).
+//! The allocator API: what serves the buffers a stack does not (OpenCV's `GpuMat::Allocator`),
+//! built on the device's storage, never on the device itself.
 //!
 //! The built-in fallbacks are [`DriverAllocator`], [`StreamOrderedAllocator`] and [`NoFallback`];
 //! a user can give a stream an allocator of their own with
 //! [`Stream::with_allocator`](crate::Stream::with_allocator).
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::backend::{DevPtr, RawStream};
-use crate::config::Fallback;
-use crate::device::DeviceInner;
 use crate::error::{DeviceId, PoolError};
 use crate::layout::is_aligned;
-use crate::stats::{FallbackReason, StreamCounters};
+use crate::source::FallbackReason;
+use crate::stats::StreamCounters;
+use crate::storage::Storage;
 
 /// What a buffer request needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +23,9 @@ pub struct AllocRequest {
     pub cols: usize,
     /// Bytes of one row's elements (`cols * size_of::<T>()`).
     pub width_bytes: usize,
+    /// Whether the buffer is pitched (more than one row and column): a driver allocation for it is
+    /// `cuMemAllocPitch`; a single row or column is contiguous.
+    pub pitched: bool,
     /// Bytes the stack would have reserved (OpenCV's layout); enough for any pitch of its own
     /// choosing only if `pitch <= ` the stack pitch.
     pub bytes: usize,
@@ -48,7 +51,7 @@ pub struct Allocation {
 
 /// The counted driver operations an allocator may use, bound to one stream.
 pub struct AllocContext<'a> {
-    pub(crate) device: &'a DeviceInner,
+    pub(crate) storage: &'a Storage,
     pub(crate) stream: &'a RawStream,
     pub(crate) stream_id: u64,
     pub(crate) counters: &'a StreamCounters,
@@ -57,7 +60,7 @@ pub struct AllocContext<'a> {
 impl AllocContext<'_> {
     /// The device allocations are made on.
     pub fn device_id(&self) -> DeviceId {
-        self.device.id
+        self.storage.id
     }
 
     /// The stream the allocation is for ([`Stream::id`](crate::Stream::id)).
@@ -67,18 +70,17 @@ impl AllocContext<'_> {
 
     /// Whether [`alloc_async`](Self::alloc_async) is truly stream-ordered on this device.
     pub fn supports_stream_ordered(&self) -> bool {
-        self.device.backend.supports_stream_ordered()
+        self.storage.backend.supports_stream_ordered()
     }
 
     /// `cuMemAlloc`.
     pub fn alloc(&self, bytes: usize) -> Result<u64, PoolError> {
-        self.device.driver_alloc(bytes, Some(self.counters))
+        self.storage.alloc(bytes, Some(self.counters))
     }
 
     /// `cuMemAllocPitch`: the address and the pitch.
     pub fn alloc_pitch(&self, width: usize, rows: usize) -> Result<(u64, usize), PoolError> {
-        self.device
-            .driver_alloc_pitch(width, rows, Some(self.counters))
+        self.storage.alloc_pitch(width, rows, Some(self.counters))
     }
 
     /// `cuMemFree`.
@@ -88,13 +90,13 @@ impl AllocContext<'_> {
     /// is freed once, and is not used afterwards.
     pub unsafe fn free(&self, ptr: u64) -> Result<(), PoolError> {
         // SAFETY: forwarded to the caller.
-        unsafe { self.device.driver_free(ptr, Some(self.counters)) }
+        unsafe { self.storage.free(ptr, Some(self.counters)) }
     }
 
     /// `cuMemAllocAsync` on the context's stream.
     pub fn alloc_async(&self, bytes: usize) -> Result<u64, PoolError> {
-        self.device
-            .driver_alloc_async(bytes, self.stream, Some(self.counters))
+        self.storage
+            .alloc_async(bytes, self.stream, Some(self.counters))
     }
 
     /// `cuMemFreeAsync` on the context's stream.
@@ -105,8 +107,8 @@ impl AllocContext<'_> {
     pub unsafe fn free_async(&self, ptr: u64) -> Result<(), PoolError> {
         // SAFETY: forwarded to the caller.
         unsafe {
-            self.device
-                .driver_free_async(ptr, self.stream, Some(self.counters))
+            self.storage
+                .free_async(ptr, self.stream, Some(self.counters))
         }
     }
 }
@@ -179,7 +181,7 @@ unsafe impl GpuAllocator for DriverAllocator {
         ctx: &AllocContext<'_>,
         req: &AllocRequest,
     ) -> Result<Allocation, PoolError> {
-        if req.rows > 1 && req.cols > 1 {
+        if req.pitched {
             let (ptr, pitch) = ctx.alloc_pitch(req.width_bytes, req.rows)?;
             Ok(Allocation { ptr, pitch })
         } else {
@@ -251,15 +253,6 @@ unsafe impl GpuAllocator for NoFallback {
     }
 }
 
-pub(crate) fn builtin(device: &crate::Device, fallback: Fallback) -> Arc<dyn GpuAllocator> {
-    match fallback {
-        Fallback::Driver => Arc::new(DriverAllocator),
-        Fallback::StreamOrdered => Arc::new(StreamOrderedAllocator),
-        Fallback::Caching => device.caching_pool(),
-        Fallback::Error => Arc::new(NoFallback),
-    }
-}
-
 /// Checks an allocator's answer against the request, so that a buggy allocator yields an error
 /// instead of a buffer whose rows overlap.
 pub(crate) fn validate(
@@ -268,7 +261,7 @@ pub(crate) fn validate(
     device: DeviceId,
 ) -> Result<DevPtr, PoolError> {
     if a.ptr == 0 || a.pitch < req.width_bytes || !is_aligned(a.ptr, a.pitch, req.align) {
-        return Err(PoolError::InvalidConfig {
+        return Err(PoolError::AllocatorContract {
             reason: format!(
                 "the stream's allocator on {device} returned {a:?} for a request of {} bytes per row \
                  aligned to {}; an allocator must return a non-null address and a pitch of at least \

@@ -1,0 +1,103 @@
+//! The sizing report: every live device's stats, and the config that avoids every fallback.
+
+use std::fmt;
+
+use crate::device::all_devices;
+use crate::source::FallbackReason;
+use crate::stats::DeviceStats;
+
+/// Every device's stats, printable as the sizing report.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// One entry per device that has been used.
+    pub devices: Vec<DeviceStats>,
+}
+
+impl Report {
+    /// Collects the report without printing it.
+    pub fn collect() -> Report {
+        Report {
+            devices: all_devices().iter().map(|d| d.stats()).collect(),
+        }
+    }
+}
+
+/// Prints, per device and per live stream, stack use, fallbacks and driver calls, and the config that
+/// would have avoided every fallback; returns the same data.
+///
+/// ```
+/// let report = gpu_pool_runtime::report();
+/// assert!(report.to_string().contains("gpu-pool report"));
+/// ```
+pub fn report() -> Report {
+    let report = Report::collect();
+    println!("{report}");
+    report
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "gpu-pool report")?;
+        for d in &self.devices {
+            writeln!(
+                f,
+                "{}: config {} ({} held, memory {}), driver calls {} alloc / {} free",
+                d.device,
+                match &d.config {
+                    Ok(c) => format!("{} x {} stacks", mib(c.stack_size()), c.stack_count()),
+                    Err(e) => format!("unknown: {e}"),
+                },
+                d.stacks_held,
+                if d.stacks_allocated {
+                    "allocated"
+                } else {
+                    "not allocated"
+                },
+                d.driver_alloc_calls,
+                d.driver_free_calls,
+            )?;
+            writeln!(
+                f,
+                "  buffers: {} from stacks, {} from the fallback; {} LIFO violations",
+                d.stack_allocations,
+                d.fallback_allocations.total(),
+                d.lifo_violations
+            )?;
+            for reason in FallbackReason::ALL {
+                let n = d.fallback_allocations.get(reason);
+                if n > 0 {
+                    writeln!(f, "    {n} fell back: {reason}")?;
+                }
+            }
+            for s in &d.streams {
+                writeln!(
+                    f,
+                    "  stream {} (stack {}): peak stack use {}, peak demand {}, {} stack / {} fallback buffers",
+                    s.stream,
+                    s.stack_index.map_or("none".into(), |i| i.to_string()),
+                    mib(s.stack_high_water),
+                    mib(s.peak_demand),
+                    s.stack_allocations,
+                    s.fallback_allocations.total(),
+                )?;
+            }
+            match d.recommended_config() {
+                Some(rec) if d.fallback_allocations.total() > 0 => writeln!(
+                    f,
+                    "  to avoid every fallback: set_buffer_pool_config(&device, {} << 20, {}) \
+                     or GPU_POOL_CONF={}",
+                    rec.stack_size() >> 20,
+                    rec.stack_count(),
+                    rec.env_value(),
+                )?,
+                Some(_) => writeln!(f, "  no fallbacks: the config is large enough")?,
+                None => writeln!(f, "  no buffers requested yet")?,
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! Device memory: one backend and the counted driver calls made on it.
+//!
+//! This is the layer the pools allocate through: the device's stack arena, the allocators behind
+//! the stacks (through [`AllocContext`](crate::AllocContext)), the caching pool, ppl.cv's pool and
+//! `MixMemory`. It knows memory, not policy: no stacks, no fallbacks, no settings. Every driver
+//! allocation and free is counted here, per device and, where a stream asked, per stream, so tests
+//! can prove that the hot path makes none.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::backend::{Backend, DevPtr, RawStream};
+use crate::error::{DeviceId, PoolError};
+use crate::stats::StreamCounters;
+
+/// A device's memory: its backend and the driver calls made on it.
+pub(crate) struct Storage {
+    pub(crate) id: DeviceId,
+    pub(crate) backend: Box<dyn Backend>,
+    alloc_calls: AtomicU64,
+    free_calls: AtomicU64,
+}
+
+impl Storage {
+    pub(crate) fn new(id: DeviceId, backend: Box<dyn Backend>) -> Storage {
+        Storage {
+            id,
+            backend,
+            alloc_calls: AtomicU64::new(0),
+            free_calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Driver allocation calls so far (every kind).
+    pub(crate) fn alloc_calls(&self) -> u64 {
+        self.alloc_calls.load(Relaxed)
+    }
+
+    /// Driver free calls so far (every kind).
+    pub(crate) fn free_calls(&self) -> u64 {
+        self.free_calls.load(Relaxed)
+    }
+
+    fn count_alloc(&self, stream: Option<&StreamCounters>) {
+        self.alloc_calls.fetch_add(1, Relaxed);
+        if let Some(s) = stream {
+            s.driver_alloc_calls.add(1);
+        }
+    }
+
+    fn count_free(&self, stream: Option<&StreamCounters>) {
+        self.free_calls.fetch_add(1, Relaxed);
+        if let Some(s) = stream {
+            s.driver_free_calls.add(1);
+        }
+    }
+
+    /// `cuMemAlloc`, counted.
+    pub(crate) fn alloc(
+        &self,
+        bytes: usize,
+        stream: Option<&StreamCounters>,
+    ) -> Result<DevPtr, PoolError> {
+        self.count_alloc(stream);
+        self.backend.alloc(bytes)
+    }
+
+    /// `cuMemAllocPitch`, counted.
+    pub(crate) fn alloc_pitch(
+        &self,
+        width: usize,
+        rows: usize,
+        stream: Option<&StreamCounters>,
+    ) -> Result<(DevPtr, usize), PoolError> {
+        self.count_alloc(stream);
+        self.backend.alloc_pitch(width, rows)
+    }
+
+    /// `cuMemFree`, counted.
+    ///
+    /// # Safety
+    /// As [`Backend::free`].
+    pub(crate) unsafe fn free(
+        &self,
+        ptr: DevPtr,
+        stream: Option<&StreamCounters>,
+    ) -> Result<(), PoolError> {
+        self.count_free(stream);
+        // SAFETY: forwarded to the caller.
+        unsafe { self.backend.free(ptr) }
+    }
+
+    /// `cuMemAllocAsync`, counted.
+    pub(crate) fn alloc_async(
+        &self,
+        bytes: usize,
+        raw: &RawStream,
+        stream: Option<&StreamCounters>,
+    ) -> Result<DevPtr, PoolError> {
+        self.count_alloc(stream);
+        self.backend.alloc_async(bytes, raw)
+    }
+
+    /// `cuMemFreeAsync`, counted.
+    ///
+    /// # Safety
+    /// As [`Backend::free_async`].
+    pub(crate) unsafe fn free_async(
+        &self,
+        ptr: DevPtr,
+        raw: &RawStream,
+        stream: Option<&StreamCounters>,
+    ) -> Result<(), PoolError> {
+        self.count_free(stream);
+        // SAFETY: forwarded to the caller.
+        unsafe { self.backend.free_async(ptr, raw) }
+    }
+}

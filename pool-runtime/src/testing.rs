@@ -1,0 +1,25 @@
+//! Hooks for tests of code built on gpu-pool: fault injection and leak checks on the host
+//! backend. Not needed in production code, so not on [`Device`] itself.
+//!
+//! ```
+//! use gpu_pool_runtime::testing::{host_live_bytes, host_with_fault};
+//! use gpu_pool_runtime::{PoolError, Stream};
+//! let device = host_with_fault(1); // the stack memory itself fails
+//! assert!(matches!(Stream::new(&device), Err(PoolError::OutOfMemory { .. })));
+//! assert_eq!(host_live_bytes(&device), Some(0));
+//! ```
+
+use crate::device::Device;
+
+/// A private host device whose allocation call number `fail_at` (1-based, every kind of
+/// allocation counted) fails with out-of-memory: for testing that every failure point is
+/// survived. 0 never fails.
+pub fn host_with_fault(fail_at: u64) -> Device {
+    Device::private_host(None, fail_at)
+}
+
+/// On a host device, the bytes its backend has handed out and not taken back (device and pinned
+/// memory): what a leak check compares. `None` on a GPU.
+pub fn host_live_bytes(device: &Device) -> Option<usize> {
+    device.storage().backend.live_bytes()
+}
