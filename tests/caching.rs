@@ -156,7 +156,6 @@ fn a_block_freed_on_one_stream_reaches_another_only_when_its_work_is_done() -> R
 
 #[cfg(feature = "cuda")]
 fn gpu_cross_stream() -> Result<(), PoolError> {
-    use gpu_pool::cudarc::driver::{LaunchConfig, PushKernelArg};
     let Some((gpu, _lock)) = common::gpu("caching_cross_stream") else {
         return Ok(());
     };
@@ -168,24 +167,12 @@ fn gpu_cross_stream() -> Result<(), PoolError> {
     );
     let n = 1 << 20;
     let src = gpu_pool::GpuMat::<u8>::new(&a, 1, n)?;
-    let mut x = BufferPool::new(&a).get_buffer_1d::<u8>(n)?;
+    let x = BufferPool::new(&a).get_buffer_1d::<u8>(n)?;
     let address = x.device_ptr();
-    let (len, spin) = (n as i32, 200_000_000i64);
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: slow_copy(const u8*, u8*, int, long long) copies n bytes between n-byte buffers.
+    // SAFETY: `src` and `x` hold n bytes each; `x` is what the test watches being reused.
     unsafe {
-        a.cuda_stream()
-            .expect("CUDA")
-            .launch_builder(&k.slow_copy)
-            .arg(&src)
-            .arg(&mut x)
-            .arg(&len)
-            .arg(&spin)
-            .launch(cfg)
+        let cuda = a.cuda_stream().expect("CUDA");
+        common::kernels::slow_copy(&k, cuda, (src.device_ptr(), x.device_ptr()), n, 200_000_000)
     }
     .map_err(|e| PoolError::Driver {
         call: "slow_copy",

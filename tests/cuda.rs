@@ -9,8 +9,8 @@ use std::error::Error;
 use std::sync::Arc;
 
 use common::gpu;
-use common::kernels::{Kernels, gray_of, grid_16px, pattern};
-use gpu_pool::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
+use common::kernels::{self, Kernels, gray_of, pattern};
+use gpu_pool::cudarc::driver::{CudaContext, result as cu};
 use gpu_pool::{
     BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
     set_buffer_pool_config,
@@ -77,32 +77,16 @@ fn kernels_round_trip_through_pitched_pool_buffers() -> TestResult {
     let cu_stream = stream.cuda_stream().expect("a CUDA stream").clone();
     let pool = BufferPool::new(&stream);
     let (rows, cols) = (300usize, 700usize);
-    let mut a = pool.get_buffer::<u8>(rows, cols)?;
-    let mut b = pool.get_buffer::<u8>(rows, cols)?;
+    let a = pool.get_buffer::<u8>(rows, cols)?;
+    let b = pool.get_buffer::<u8>(rows, cols)?;
     assert_eq!(a.source(), Source::Stack);
     assert_eq!(a.step(), cols.next_multiple_of(gpu.texture_alignment()));
-    let (r, c, seed) = (rows as i32, cols as i32, 5i32);
-    let (sa, sb) = (a.step(), b.step());
-    // SAFETY: the kernels take (u8*, size_t, int, int, int) and (u8*, size_t, u8*, size_t, int,
-    // int) and stay inside rows x cols of pitched buffers that hold them.
+    let seed = 5;
+    let (pa, pb) = ((a.device_ptr(), a.step()), (b.device_ptr(), b.step()));
+    // SAFETY: `a` and `b` hold rows x cols bytes at their steps, on this stream, and outlive it.
     unsafe {
-        cu_stream
-            .launch_builder(&k.fill_pattern)
-            .arg(&mut a)
-            .arg(&sa)
-            .arg(&r)
-            .arg(&c)
-            .arg(&seed)
-            .launch(grid_16px(rows, cols))?;
-        cu_stream
-            .launch_builder(&k.invert)
-            .arg(&a)
-            .arg(&sa)
-            .arg(&mut b)
-            .arg(&sb)
-            .arg(&r)
-            .arg(&c)
-            .launch(grid_16px(rows, cols))?;
+        kernels::fill_pattern(&k, &cu_stream, pa, (rows, cols), seed)?;
+        kernels::invert(&k, &cu_stream, pa, pb, (rows, cols))?;
     }
     let out = b.to_vec()?;
     for y in 0..rows {
@@ -135,36 +119,25 @@ fn pipeline_case(gpu: &Device, k: &Kernels, rows: usize, cols: usize) -> TestRes
         .map(|i| [(i % 251) as u8, (i / cols % 241) as u8, (i * 7 % 239) as u8])
         .collect();
     let src = GpuMat::from_host(&stream, rows, cols, &image)?;
-    let (r, c, t) = (rows as i32, cols as i32, 128u8);
+    let (_r, _c, t) = (rows as i32, cols as i32, 128u8);
     let mut calls_after_first = 0;
     let mut out = vec![0u8; rows * cols];
     for i in 0..20 {
-        let mut gray = pool.get_buffer::<u8>(rows, cols)?;
-        let mut binary = pool.get_buffer::<u8>(rows, cols)?;
+        let gray = pool.get_buffer::<u8>(rows, cols)?;
+        let binary = pool.get_buffer::<u8>(rows, cols)?;
         assert_eq!(
             (gray.source(), binary.source()),
             (Source::Stack, Source::Stack)
         );
-        let (ss, gs, bs) = (src.step(), gray.step(), binary.step());
-        // SAFETY: both kernels read and write rows x cols inside pitched buffers of that shape.
+        let (ps, pg, pb) = (
+            (src.device_ptr(), src.step()),
+            (gray.device_ptr(), gray.step()),
+            (binary.device_ptr(), binary.step()),
+        );
+        // SAFETY: all three hold rows x cols pixels of their types at their steps, on this stream.
         unsafe {
-            s.launch_builder(&k.bgr_to_gray)
-                .arg(&src)
-                .arg(&ss)
-                .arg(&mut gray)
-                .arg(&gs)
-                .arg(&r)
-                .arg(&c)
-                .launch(grid_16px(rows, cols))?;
-            s.launch_builder(&k.threshold)
-                .arg(&gray)
-                .arg(&gs)
-                .arg(&mut binary)
-                .arg(&bs)
-                .arg(&r)
-                .arg(&c)
-                .arg(&t)
-                .launch(grid_16px(rows, cols))?;
+            kernels::bgr_to_gray(k, &s, ps, pg, (rows, cols))?;
+            kernels::threshold(k, &s, pg, pb, (rows, cols), t)?;
         }
         if i == 19 {
             binary.download(&mut out)?;
@@ -198,27 +171,18 @@ fn reuse_while_another_stream_reads(
     let owner = Stream::new(gpu)?;
     let user = Stream::new(gpu)?;
     let n = 1 << 20;
-    let mut seen = GpuMat::<u8>::new(&user, 1, n)?;
+    let seen = GpuMat::<u8>::new(&user, 1, n)?;
     let pool = BufferPool::new(&owner);
     let mut lent = pool.get_buffer_1d::<u8>(n)?;
     lent.set_to(1)?;
     owner.synchronize()?;
     let address = lent.device_ptr();
-    let (len, spin) = (n as i32, 200_000_000i64); // about 0.1 s at H100 clocks
-    // SAFETY: slow_copy(const u8*, u8*, int, long long) copies n bytes between buffers of n bytes.
+    let spin = 200_000_000; // about 0.1 s at H100 clocks
+    // SAFETY: `lent` and `seen` hold n bytes each and outlive the kernel (the reader's result is
+    // read back after it; `lent`'s memory is what the test watches being reused).
     unsafe {
-        user.cuda_stream()
-            .expect("CUDA")
-            .launch_builder(&k.slow_copy)
-            .arg(&lent)
-            .arg(&mut seen)
-            .arg(&len)
-            .arg(&spin)
-            .launch(gpu_pool::cudarc::driver::LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })?;
+        let cuda = user.cuda_stream().expect("CUDA");
+        kernels::slow_copy(k, cuda, (lent.device_ptr(), seen.device_ptr()), n, spin)?;
     }
     if record {
         lent.record_stream(&user)?;
@@ -355,19 +319,9 @@ fn a_stream_of_the_users_own_carries_pool_buffers_and_kernels() -> TestResult {
     let theirs = ctx.new_stream()?;
     let stream = Stream::from_cuda(&gpu, theirs.clone())?;
     let k = Kernels::load(&gpu);
-    let mut a = BufferPool::new(&stream).get_buffer::<u8>(16, 600)?;
-    let (step, r, c, seed) = (a.step(), 16i32, 600i32, 1i32);
-    // SAFETY: fill_pattern writes rows x cols of a pitched buffer of that shape.
-    unsafe {
-        theirs
-            .launch_builder(&k.fill_pattern)
-            .arg(&mut a)
-            .arg(&step)
-            .arg(&r)
-            .arg(&c)
-            .arg(&seed)
-            .launch(grid_16px(16, 600))?
-    };
+    let a = BufferPool::new(&stream).get_buffer::<u8>(16, 600)?;
+    // SAFETY: `a` holds 16 x 600 bytes at its step, on `theirs`, and outlives the kernel.
+    unsafe { kernels::fill_pattern(&k, &theirs, (a.device_ptr(), a.step()), (16, 600), 1)? };
     let out = a.to_vec()?;
     assert_eq!(out[600 + 3], pattern(3, 1, 1));
     Ok(())
@@ -463,24 +417,17 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
 /// after it is still pending when the host goes on: what makes a missing wait visible.
 fn stall(stream: &Stream, k: &Kernels, tick: &GpuMat<'_, u8>) -> TestResult {
     let (src, dst) = (tick.device_ptr(), tick.device_ptr() + 1);
-    let (n, spin) = (1i32, 200_000_000i64);
-    // SAFETY: slow_copy(const u8*, u8*, int, long long) copies 1 byte within `tick`'s 2 bytes,
-    // which the caller keeps allocated until the stream is done.
+    // SAFETY: copies 1 byte within `tick`'s 2 bytes, which the caller keeps allocated until the
+    // stream is done.
     unsafe {
-        stream
-            .cuda_stream()
-            .expect("CUDA")
-            .launch_builder(&k.slow_copy)
-            .arg(&src)
-            .arg(&dst)
-            .arg(&n)
-            .arg(&spin)
-            .launch(gpu_pool::cudarc::driver::LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: 0,
-            })?;
-    }
+        kernels::slow_copy(
+            k,
+            stream.cuda_stream().expect("CUDA"),
+            (src, dst),
+            1,
+            200_000_000,
+        )?
+    };
     Ok(())
 }
 
@@ -666,13 +613,12 @@ fn a_captured_pooled_pipeline_replays_1000_times_with_no_allocation() -> TestRes
     // SAFETY: both addresses hold 512x512 3-byte pixels at their steps, on this stream.
     unsafe {
         let cuda = stream.cuda_stream().expect("CUDA");
-        common::kernels::map_pixels(
-            &k.invert,
+        common::kernels::invert(
+            &k,
             cuda,
             (staging.device_ptr(), staging.step()),
             (src.device_ptr(), src.step()),
             (512, 512 * 3),
-            None,
         )?;
     }
     graph.launch()?;

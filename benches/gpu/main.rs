@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion};
 use driver::{Competitor, Driver};
-use gpu_pool::cudarc::driver::{CudaStream, PushKernelArg, result, sys};
+use gpu_pool::cudarc::driver::{CudaStream, result, sys};
 use gpu_pool::prelude::*;
 use gpu_pool::{CachingPool, Fallback, set_buffer_pool_config};
 
@@ -227,28 +227,12 @@ struct Pipeline<'a> {
 impl Pipeline<'_> {
     fn launch(&self, gray: (u64, usize), binary: (u64, usize)) -> Res<()> {
         let cs: &Arc<CudaStream> = &self.drv.stream;
-        let (r, c, sp) = (ROWS as i32, COLS as i32, self.src.step());
-        let grid = kernels::grid_16px(ROWS, COLS);
+        let src = (self.src.device_ptr(), self.src.step());
         // SAFETY: bgr_to_gray and threshold read and write ROWS x COLS pixels of pitched buffers
         // of that shape (the image, and two temporaries of at least ROWS rows of `pitch` bytes).
         unsafe {
-            cs.launch_builder(&self.k.bgr_to_gray)
-                .arg(&self.src)
-                .arg(&sp)
-                .arg(&gray.0)
-                .arg(&gray.1)
-                .arg(&r)
-                .arg(&c)
-                .launch(grid)?;
-            cs.launch_builder(&self.k.threshold)
-                .arg(&gray.0)
-                .arg(&gray.1)
-                .arg(&binary.0)
-                .arg(&binary.1)
-                .arg(&r)
-                .arg(&c)
-                .arg(&128u8)
-                .launch(grid)?;
+            kernels::bgr_to_gray(self.k, cs, src, gray, (ROWS, COLS))?;
+            kernels::threshold(self.k, cs, gray, binary, (ROWS, COLS), 128)?;
         }
         Ok(())
     }
@@ -418,12 +402,11 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         owners.push((src, gray, binary));
     }
     let (ss, gs) = (owners[0].0.step(), owners[0].1.step());
-    let (r, c, half) = (ROWS as i32, COLS as i32, (ROWS / 2) as i32);
     let px = (ROWS * COLS) as f64;
     // The box filter's f32 intermediate for half the image lives in the BGR buffer (48 MB).
     let tp = COLS * 4;
     let floats = (ROWS * COLS / 4) as i32; // a gray buffer as f32s
-    let (zero, radius, mode_box) = (0i32, 2i32, 0i32);
+    let radius = 2;
 
     let time = |f: &mut dyn FnMut(usize) -> Res<()>| -> Res<f64> {
         f(0)?; // warm
@@ -435,7 +418,6 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         let end = cs.record_event(flags)?;
         Ok(f64::from(start.elapsed_ms(&end)?) / 1e3 / REPS as f64)
     };
-    let g16 = kernels::grid_16px(ROWS, COLS);
     // Every launch below: the kernels' parameters are as in `kernels::SOURCE`; each
     // stays inside the ROWS x COLS (or ROWS/2 x COLS) pitched buffers of its set, which `owners`
     // keeps alive, and the f32 views of gray and BGR buffers fit in their bytes.
@@ -446,11 +428,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (src, gray, _) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe {
-                let mut l = cs.launch_builder(&k.bgr_to_gray);
-                l.arg(&src).arg(&ss).arg(&gray).arg(&gs).arg(&r).arg(&c);
-                l.launch(g16)?
-            };
+            unsafe { kernels::bgr_to_gray(k, &cs, (src, ss), (gray, gs), (ROWS, COLS))? };
             Ok(())
         })?,
     ));
@@ -460,17 +438,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (_, gray, bin) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe {
-                let mut l = cs.launch_builder(&k.threshold);
-                l.arg(&gray)
-                    .arg(&gs)
-                    .arg(&bin)
-                    .arg(&gs)
-                    .arg(&r)
-                    .arg(&c)
-                    .arg(&128u8);
-                l.launch(g16)?
-            };
+            unsafe { kernels::threshold(k, &cs, (gray, gs), (bin, gs), (ROWS, COLS), 128)? };
             Ok(())
         })?,
     ));
@@ -480,11 +448,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (_, gray, bin) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe {
-                let mut l = cs.launch_builder(&k.invert);
-                l.arg(&gray).arg(&gs).arg(&bin).arg(&gs).arg(&r).arg(&c);
-                l.launch(g16)?
-            };
+            unsafe { kernels::invert(k, &cs, (gray, gs), (bin, gs), (ROWS, COLS))? };
             Ok(())
         })?,
     ));
@@ -494,11 +458,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let bin = sets[i].2;
             // SAFETY: as the note above `rows` says.
-            unsafe {
-                let mut l = cs.launch_builder(&k.fill_pattern);
-                l.arg(&bin).arg(&gs).arg(&r).arg(&c).arg(&zero);
-                l.launch(g16)?
-            };
+            unsafe { kernels::fill_pattern(k, &cs, (bin, gs), (ROWS, COLS), 0)? };
             Ok(())
         })?,
     ));
@@ -508,15 +468,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (_, gray, bin) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe {
-                let mut l = cs.launch_builder(&k.affine_relu);
-                l.arg(&gray)
-                    .arg(&bin)
-                    .arg(&floats)
-                    .arg(&1.5f32)
-                    .arg(&-0.25f32);
-                l.launch(kernels::line4(floats as usize))?
-            };
+            unsafe { kernels::affine_relu(k, &cs, (gray, bin), floats as usize, (1.5, -0.25))? };
             Ok(())
         })?,
     ));
@@ -526,17 +478,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (tmp, gray, _) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe {
-                let mut l = cs.launch_builder(&k.box_rows);
-                l.arg(&gray)
-                    .arg(&gs)
-                    .arg(&tmp)
-                    .arg(&tp)
-                    .arg(&half)
-                    .arg(&c)
-                    .arg(&radius);
-                l.launch(kernels::grid_4px(ROWS / 2, COLS))?
-            };
+            unsafe { kernels::box_rows(k, &cs, (gray, gs), (tmp, tp), (ROWS / 2, COLS), radius)? };
             Ok(())
         })?,
     ));
@@ -547,10 +489,16 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
             let (tmp, gray, bin) = sets[i];
             // SAFETY: as the note above `rows` says.
             unsafe {
-                let mut l = cs.launch_builder(&k.box_cols);
-                l.arg(&tmp).arg(&tp).arg(&gray).arg(&gs).arg(&bin).arg(&gs);
-                l.arg(&half).arg(&c).arg(&radius).arg(&zero).arg(&mode_box);
-                l.launch(kernels::grid_4px(ROWS / 2, COLS))?
+                kernels::box_cols(
+                    k,
+                    &cs,
+                    (tmp, tp),
+                    (gray, gs),
+                    (bin, gs),
+                    (ROWS / 2, COLS),
+                    radius,
+                    (0, 0),
+                )?
             };
             Ok(())
         })?,

@@ -48,7 +48,6 @@ pub fn dense_relu(
 
 mod gpu {
     use gpu_pool::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-    use gpu_pool::cudarc::driver::{LaunchConfig, PushKernelArg};
     use gpu_pool::prelude::*;
 
     fn blas_error(e: gpu_pool::cudarc::cublas::result::CublasError) -> PoolError {
@@ -98,27 +97,19 @@ mod gpu {
         let cuda = stream
             .cuda_stream()
             .expect("a GPU engine runs on a CUDA stream");
-        let (rows, cols) = (y.rows() as i32, y.cols() as i32);
-        let (hp, yp) = (h.step(), y.step());
-        let grid = LaunchConfig {
-            grid_dim: ((cols as u32).div_ceil(32), (rows as u32).div_ceil(8), 1),
-            block_dim: (32, 8, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: bias_relu(const float*, size_t, const float*, float*, size_t, int, int) reads
-        // rows x cols of `h` and cols of `b`, writes rows x cols of `y`: all that size.
+        let shape = (y.rows(), y.cols());
+        // SAFETY: `h` and `y` hold `shape` floats at their steps and `b` holds `cols`, on this
+        // stream's device; `h` is a stack buffer this stream alone reuses, after the kernel.
         unsafe {
-            cuda.launch_builder(&k.bias_relu)
-                .arg(h)
-                .arg(&hp)
-                .arg(b)
-                .arg(y)
-                .arg(&yp)
-                .arg(&rows)
-                .arg(&cols)
-                .launch(grid)
+            super::super::kernels::bias_relu(
+                k,
+                cuda,
+                (h.device_ptr(), h.step()),
+                b.device_ptr(),
+                (y.device_ptr(), y.step()),
+                shape,
+            )
         }
-        .map(drop)
         .map_err(|e| PoolError::Driver {
             call: "bias_relu",
             name: format!("{:?}", e.0),

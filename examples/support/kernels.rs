@@ -195,50 +195,234 @@ impl Kernels {
 /// A pitched image on the device: address and bytes between rows.
 pub type Pitched = (u64, usize);
 
-/// Queues the box filter's two passes on `stream`: `src` (u8) summed by rows into `tmp` (f32),
-/// then by columns into `dst` (u8): the rounded mean (`mode` 0), or `src > mean - c ? 255 : 0`
-/// (`mode` 1).
+// One typed launcher per kernel, shared by the examples, the GPU tests and the benches: each takes
+// the kernel's own parameters as Rust types, and its launch configuration is chosen here.
+//
+// # Safety (every launcher)
+// Each address holds what the kernel reads or writes there (`rows x cols` elements of its type at
+// its pitch, or `n` elements), on `stream`'s device, and stays allocated until the stream has run
+// the kernel. The parameters passed match the kernel's signature in `SOURCE`.
+
+/// `dst[y][x] = pattern(x, y, seed)` over `rows x cols` bytes.
 ///
 /// # Safety
-/// The three addresses hold `rows x cols` elements of their type at their pitch, on `stream`'s
-/// device, and stay allocated until the stream has run both kernels.
-#[allow(clippy::too_many_arguments, reason = "the kernels' own parameters")]
-pub unsafe fn box_passes(
+/// See the note above the launchers.
+pub unsafe fn fill_pattern(
+    k: &Kernels,
+    stream: &CudaStream,
+    (dst, dp): Pitched,
+    (rows, cols): (usize, usize),
+    seed: i32,
+) -> Result<(), DriverError> {
+    let (r, c) = (rows as i32, cols as i32);
+    let mut l = stream.launch_builder(&k.fill_pattern);
+    l.arg(&dst).arg(&dp).arg(&r).arg(&c).arg(&seed);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(grid_16px(rows, cols)) }.map(drop)
+}
+
+/// `dst = 255 - src` over `rows x cols` bytes.
+///
+/// # Safety
+/// See the note above the launchers.
+pub unsafe fn invert(
+    k: &Kernels,
+    stream: &CudaStream,
+    (src, sp): Pitched,
+    (dst, dp): Pitched,
+    (rows, cols): (usize, usize),
+) -> Result<(), DriverError> {
+    let (r, c) = (rows as i32, cols as i32);
+    let mut l = stream.launch_builder(&k.invert);
+    l.arg(&src).arg(&sp).arg(&dst).arg(&dp).arg(&r).arg(&c);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(grid_16px(rows, cols)) }.map(drop)
+}
+
+/// `dst = gray(src)`: 3-byte BGR pixels in, bytes out, `rows x cols` pixels.
+///
+/// # Safety
+/// See the note above the launchers.
+pub unsafe fn bgr_to_gray(
+    k: &Kernels,
+    stream: &CudaStream,
+    (src, sp): Pitched,
+    (dst, dp): Pitched,
+    (rows, cols): (usize, usize),
+) -> Result<(), DriverError> {
+    let (r, c) = (rows as i32, cols as i32);
+    let mut l = stream.launch_builder(&k.bgr_to_gray);
+    l.arg(&src).arg(&sp).arg(&dst).arg(&dp).arg(&r).arg(&c);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(grid_16px(rows, cols)) }.map(drop)
+}
+
+/// `dst = src > t ? 255 : 0` over `rows x cols` bytes.
+///
+/// # Safety
+/// See the note above the launchers.
+pub unsafe fn threshold(
+    k: &Kernels,
+    stream: &CudaStream,
+    (src, sp): Pitched,
+    (dst, dp): Pitched,
+    (rows, cols): (usize, usize),
+    t: u8,
+) -> Result<(), DriverError> {
+    let (r, c) = (rows as i32, cols as i32);
+    let mut l = stream.launch_builder(&k.threshold);
+    l.arg(&src)
+        .arg(&sp)
+        .arg(&dst)
+        .arg(&dp)
+        .arg(&r)
+        .arg(&c)
+        .arg(&t);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(grid_16px(rows, cols)) }.map(drop)
+}
+
+/// The box filter's first pass: `tmp` (f32) = sums of `2r+1` bytes of `src` along each row.
+///
+/// # Safety
+/// See the note above the launchers.
+pub unsafe fn box_rows(
     k: &Kernels,
     stream: &CudaStream,
     (src, sp): Pitched,
     (tmp, tp): Pitched,
+    (rows, cols): (usize, usize),
+    radius: i32,
+) -> Result<(), DriverError> {
+    let (r, c) = (rows as i32, cols as i32);
+    let mut l = stream.launch_builder(&k.box_rows);
+    l.arg(&src)
+        .arg(&sp)
+        .arg(&tmp)
+        .arg(&tp)
+        .arg(&r)
+        .arg(&c)
+        .arg(&radius);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(grid_4px(rows, cols)) }.map(drop)
+}
+
+/// The box filter's second pass: sums of `2r+1` rows of `tmp` into `dst`, as the rounded mean
+/// (`mode` 0) or `src > mean - c ? 255 : 0` (`mode` 1).
+///
+/// # Safety
+/// See the note above the launchers.
+#[allow(clippy::too_many_arguments, reason = "the kernel's own parameters")]
+pub unsafe fn box_cols(
+    k: &Kernels,
+    stream: &CudaStream,
+    (tmp, tp): Pitched,
+    (src, sp): Pitched,
     (dst, dp): Pitched,
     (rows, cols): (usize, usize),
-    r: i32,
+    radius: i32,
     (c, mode): (i32, i32),
 ) -> Result<(), DriverError> {
-    let (ri, ci, grid) = (rows as i32, cols as i32, grid_4px(rows, cols));
-    // SAFETY: the parameters match `box_rows` and `box_cols` in `SOURCE`; both stay inside
-    // rows x cols of the caller's buffers.
+    let (ri, ci) = (rows as i32, cols as i32);
+    let mut l = stream.launch_builder(&k.box_cols);
+    l.arg(&tmp).arg(&tp).arg(&src).arg(&sp).arg(&dst).arg(&dp);
+    l.arg(&ri).arg(&ci).arg(&radius).arg(&c).arg(&mode);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(grid_4px(rows, cols)) }.map(drop)
+}
+
+/// Both box filter passes: `src` (u8) through `tmp` (f32) into `dst` (u8).
+///
+/// # Safety
+/// See the note above the launchers.
+#[allow(clippy::too_many_arguments, reason = "the kernels' own parameters")]
+pub unsafe fn box_passes(
+    k: &Kernels,
+    stream: &CudaStream,
+    src: Pitched,
+    tmp: Pitched,
+    dst: Pitched,
+    shape: (usize, usize),
+    radius: i32,
+    c_mode: (i32, i32),
+) -> Result<(), DriverError> {
+    // SAFETY: the caller's contract covers both passes.
     unsafe {
-        let mut rows_pass = stream.launch_builder(&k.box_rows);
-        rows_pass
-            .arg(&src)
-            .arg(&sp)
-            .arg(&tmp)
-            .arg(&tp)
-            .arg(&ri)
-            .arg(&ci)
-            .arg(&r);
-        rows_pass.launch(grid)?;
-        let mut cols_pass = stream.launch_builder(&k.box_cols);
-        cols_pass
-            .arg(&tmp)
-            .arg(&tp)
-            .arg(&src)
-            .arg(&sp)
-            .arg(&dst)
-            .arg(&dp);
-        cols_pass.arg(&ri).arg(&ci).arg(&r).arg(&c).arg(&mode);
-        cols_pass.launch(grid)?;
+        box_rows(k, stream, src, tmp, shape, radius)?;
+        box_cols(k, stream, tmp, src, dst, shape, radius, c_mode)
     }
-    Ok(())
+}
+
+/// `y = max(a * x + b, 0)` over `n` floats.
+///
+/// # Safety
+/// See the note above the launchers.
+pub unsafe fn affine_relu(
+    k: &Kernels,
+    stream: &CudaStream,
+    (x, y): (u64, u64),
+    n: usize,
+    (a, b): (f32, f32),
+) -> Result<(), DriverError> {
+    let ni = n as i32;
+    let mut l = stream.launch_builder(&k.affine_relu);
+    l.arg(&x).arg(&y).arg(&ni).arg(&a).arg(&b);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(line4(n)) }.map(drop)
+}
+
+/// `y[r][c] = max(h[r][c] + bias[c], 0)` over `rows x cols` floats.
+///
+/// # Safety
+/// See the note above the launchers.
+pub unsafe fn bias_relu(
+    k: &Kernels,
+    stream: &CudaStream,
+    (h, hp): Pitched,
+    bias: u64,
+    (y, yp): Pitched,
+    (rows, cols): (usize, usize),
+) -> Result<(), DriverError> {
+    let (r, c) = (rows as i32, cols as i32);
+    let grid = LaunchConfig {
+        grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(8) as u32, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = stream.launch_builder(&k.bias_relu);
+    l.arg(&h)
+        .arg(&hp)
+        .arg(&bias)
+        .arg(&y)
+        .arg(&yp)
+        .arg(&r)
+        .arg(&c);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(grid) }.map(drop)
+}
+
+/// Waits about `spin` clock cycles on the GPU, then copies `n` bytes: one block of 256 threads.
+/// Work queued after it on `stream` is still pending when the host goes on.
+///
+/// # Safety
+/// See the note above the launchers.
+pub unsafe fn slow_copy(
+    k: &Kernels,
+    stream: &CudaStream,
+    (src, dst): (u64, u64),
+    n: usize,
+    spin: i64,
+) -> Result<(), DriverError> {
+    let ni = n as i32;
+    let mut l = stream.launch_builder(&k.slow_copy);
+    l.arg(&src).arg(&dst).arg(&ni).arg(&spin);
+    let one_block = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(one_block) }.map(drop)
 }
 
 /// The launch of the byte-image kernels (`fill_pattern`, `invert`, `bgr_to_gray`, `threshold`):
@@ -285,37 +469,6 @@ pub fn gray_of([b, g, r]: [u8; 3]) -> u8 {
     ((u32::from(b) * 1868 + u32::from(g) * 9617 + u32::from(r) * 4899 + (1 << 13)) >> 14) as u8
 }
 
-/// Queues one of the byte-image kernels that map `src` to `dst` (`invert`, `threshold` with
-/// `t`), or `bgr_to_gray` from 3-byte pixels, on `stream`.
-///
-/// # Safety
-/// Both addresses hold `rows x cols` pixels of the kernel's types at their pitch, on `stream`'s
-/// device, and stay allocated until the stream has run the kernel.
-pub unsafe fn map_pixels(
-    f: &CudaFunction,
-    stream: &CudaStream,
-    (src, sp): Pitched,
-    (dst, dp): Pitched,
-    (rows, cols): (usize, usize),
-    t: Option<u8>,
-) -> Result<(), DriverError> {
-    let (ri, ci) = (rows as i32, cols as i32);
-    let mut launch = stream.launch_builder(f);
-    launch
-        .arg(&src)
-        .arg(&sp)
-        .arg(&dst)
-        .arg(&dp)
-        .arg(&ri)
-        .arg(&ci);
-    if let Some(t) = &t {
-        launch.arg(t);
-    }
-    // SAFETY: the caller's contract; the parameters match the kernels in `SOURCE`.
-    unsafe { launch.launch(grid_16px(rows, cols)) }?;
-    Ok(())
-}
-
 /// A launch-bound pipeline of six kernels over three stack temporaries, what a CUDA graph saves
 /// most on: gray = luma(src); inv = 255 - gray; gray = box mean of inv (two passes through an f32
 /// intermediate); inv = threshold(gray); out = 255 - inv.
@@ -359,11 +512,11 @@ pub fn six_kernels(
     // `stream`'s device and outlives the queued kernels: the temporaries are released to this
     // stream's stack, so later work of this stream alone can reuse them, after these kernels.
     unsafe {
-        map_pixels(&k.bgr_to_gray, cuda, src_at, at(&gray), shape, None).map_err(fail)?;
-        map_pixels(&k.invert, cuda, at(&gray), at(&inv), shape, None).map_err(fail)?;
+        bgr_to_gray(k, cuda, src_at, at(&gray), shape).map_err(fail)?;
+        invert(k, cuda, at(&gray), at(&inv), shape).map_err(fail)?;
         box_passes(k, cuda, at(&inv), sums_at, at(&gray), shape, 2, (0, 0)).map_err(fail)?;
-        map_pixels(&k.threshold, cuda, at(&gray), at(&inv), shape, Some(100)).map_err(fail)?;
-        map_pixels(&k.invert, cuda, at(&inv), at(out), shape, None).map_err(fail)?;
+        threshold(k, cuda, at(&gray), at(&inv), shape, 100).map_err(fail)?;
+        invert(k, cuda, at(&inv), at(out), shape).map_err(fail)?;
     }
     Ok(())
 }

@@ -9,8 +9,6 @@
 pub mod dense;
 pub mod kernels;
 
-#[cfg(feature = "cuda")]
-use gpu_pool::cudarc::driver::PushKernelArg;
 use gpu_pool::prelude::*;
 
 /// The example's first argument as a count (iterations, batches, frames), else `default`.
@@ -66,21 +64,11 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let (r, c, ss, ds) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
-            // SAFETY: bgr_to_gray(const u8*, size_t, u8*, size_t, int, int) reads and writes rows x
-            // cols inside two pitched buffers of that shape.
-            unsafe {
-                cuda(stream)
-                    .launch_builder(&k.bgr_to_gray)
-                    .arg(&src)
-                    .arg(&ss)
-                    .arg(&mut dst)
-                    .arg(&ds)
-                    .arg(&r)
-                    .arg(&c)
-                    .launch(kernels::grid_16px(src.rows(), src.cols()))
-            }
-            .map_err(|e| launch_error("bgr_to_gray", e))?;
+            let shape = (src.rows(), src.cols());
+            // SAFETY: both views hold `shape` pixels of the kernel's types at their steps, and
+            // borrow buffers this stream's later work alone reuses.
+            unsafe { kernels::bgr_to_gray(k, cuda(stream), at(&src), at_mut(&dst), shape) }
+                .map_err(|e| launch_error("bgr_to_gray", e))?;
             return Ok(());
         }
         let _ = stream; // the host backend runs the twin in place, at once
@@ -102,22 +90,10 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let (r, c, ss, ds) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
-            // SAFETY: threshold(const u8*, size_t, u8*, size_t, int, int, u8) stays inside rows x
-            // cols of two pitched buffers of that shape.
-            unsafe {
-                cuda(stream)
-                    .launch_builder(&k.threshold)
-                    .arg(&src)
-                    .arg(&ss)
-                    .arg(&mut dst)
-                    .arg(&ds)
-                    .arg(&r)
-                    .arg(&c)
-                    .arg(&t)
-                    .launch(kernels::grid_16px(src.rows(), src.cols()))
-            }
-            .map_err(|e| launch_error("threshold", e))?;
+            let shape = (src.rows(), src.cols());
+            // SAFETY: as in `bgr_to_gray`.
+            unsafe { kernels::threshold(k, cuda(stream), at(&src), at_mut(&dst), shape, t) }
+                .map_err(|e| launch_error("threshold", e))?;
             return Ok(());
         }
         let _ = stream;
@@ -140,21 +116,10 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let (r, c, p) = (dst.rows() as i32, dst.cols() as i32, dst.step());
-            let cfg = kernels::grid_16px(dst.rows(), dst.cols());
-            // SAFETY: fill_pattern(u8*, size_t, int, int, int) writes rows x cols of a pitched
-            // buffer of that shape.
-            unsafe {
-                cuda(stream)
-                    .launch_builder(&k.fill_pattern)
-                    .arg(&mut dst)
-                    .arg(&p)
-                    .arg(&r)
-                    .arg(&c)
-                    .arg(&seed)
-                    .launch(cfg)
-            }
-            .map_err(|e| launch_error("fill_pattern", e))?;
+            let shape = (dst.rows(), dst.cols());
+            // SAFETY: as in `bgr_to_gray`.
+            unsafe { kernels::fill_pattern(k, cuda(stream), at_mut(&dst), shape, seed) }
+                .map_err(|e| launch_error("fill_pattern", e))?;
             return Ok(());
         }
         let _ = stream; // the host backend runs the twin in place, at once
@@ -174,22 +139,10 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let (r, c, sp, dp) = (src.rows() as i32, src.cols() as i32, src.step(), dst.step());
-            let cfg = kernels::grid_16px(src.rows(), src.cols());
-            // SAFETY: invert(const u8*, size_t, u8*, size_t, int, int) stays inside rows x cols of
-            // two pitched buffers of that shape.
-            unsafe {
-                cuda(stream)
-                    .launch_builder(&k.invert)
-                    .arg(&src)
-                    .arg(&sp)
-                    .arg(&mut dst)
-                    .arg(&dp)
-                    .arg(&r)
-                    .arg(&c)
-                    .launch(cfg)
-            }
-            .map_err(|e| launch_error("invert", e))?;
+            let shape = (src.rows(), src.cols());
+            // SAFETY: as in `bgr_to_gray`.
+            unsafe { kernels::invert(k, cuda(stream), at(&src), at_mut(&dst), shape) }
+                .map_err(|e| launch_error("invert", e))?;
             return Ok(());
         }
         let _ = stream;
@@ -212,20 +165,10 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let n = x.cols() as i32;
-            // SAFETY: affine_relu(const float*, float*, int, float, float) touches n floats of
-            // each, which both views hold.
-            unsafe {
-                cuda(stream)
-                    .launch_builder(&k.affine_relu)
-                    .arg(&x)
-                    .arg(&mut y)
-                    .arg(&n)
-                    .arg(&a)
-                    .arg(&b)
-                    .launch(kernels::line4(x.cols()))
-            }
-            .map_err(|e| launch_error("affine_relu", e))?;
+            let xy = (x.device_ptr(), y.device_ptr());
+            // SAFETY: both views hold `x.cols()` floats, as in `bgr_to_gray`.
+            unsafe { kernels::affine_relu(k, cuda(stream), xy, x.cols(), (a, b)) }
+                .map_err(|e| launch_error("affine_relu", e))?;
             return Ok(());
         }
         let _ = stream;
@@ -236,6 +179,17 @@ impl Stages {
             }
         })
     }
+}
+
+/// A view's address and step, as the launchers take them.
+#[cfg(feature = "cuda")]
+fn at<T>(view: &GpuView<'_, T>) -> kernels::Pitched {
+    (view.device_ptr(), view.step())
+}
+
+#[cfg(feature = "cuda")]
+fn at_mut<T>(view: &GpuViewMut<'_, T>) -> kernels::Pitched {
+    (view.device_ptr(), view.step())
 }
 
 /// The cudarc stream of a stream on a CUDA device.
