@@ -59,6 +59,14 @@ pub fn gpu(test: &str) -> Option<(Device, GpuLock)> {
     }
 }
 
+/// ppl.cv's pool is one per process: every test that activates it holds this lock.
+static PPL_POOL: Mutex<()> = Mutex::new(());
+
+/// The ppl.cv pool's lock.
+pub fn ppl_pool_lock() -> MutexGuard<'static, ()> {
+    PPL_POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Says so on stderr past libtest's capture, so every run's log shows what did not run.
 pub fn skipped(line: &str) {
     use std::io::Write;

@@ -1,11 +1,9 @@
 //! The binned caching pool (PyOpenCL's `MemoryPool`): standalone, as the stack's fallback, on out
 //! of memory, and across streams. On a private host device, and on the GPU where there is one.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::each_device;
+use crate::common::each_device;
 use gpu_pool::{
     BufferPool, CachingPool, Device, Fallback, FallbackReason, PoolError, Source, Stream,
     set_buffer_pool_config,
@@ -156,10 +154,10 @@ fn a_block_freed_on_one_stream_reaches_another_only_when_its_work_is_done() -> R
 
 #[cfg(feature = "cuda")]
 fn gpu_cross_stream() -> Result<(), PoolError> {
-    let Some((gpu, _lock)) = common::gpu("caching_cross_stream") else {
+    let Some((gpu, _lock)) = crate::common::gpu("caching_cross_stream") else {
         return Ok(());
     };
-    let k = common::kernels::Kernels::load(&gpu);
+    let k = crate::common::kernels::Kernels::load(&gpu);
     let cache = Arc::new(CachingPool::new(&gpu));
     let (a, b) = (
         Stream::with_allocator(&gpu, cache.clone())?,
@@ -172,7 +170,13 @@ fn gpu_cross_stream() -> Result<(), PoolError> {
     // SAFETY: `src` and `x` hold n bytes each; `x` is what the test watches being reused.
     unsafe {
         let cuda = a.cuda_stream().expect("CUDA");
-        common::kernels::slow_copy(&k, cuda, (src.device_ptr(), x.device_ptr()), n, 200_000_000)
+        crate::common::kernels::slow_copy(
+            &k,
+            cuda,
+            (src.device_ptr(), x.device_ptr()),
+            n,
+            200_000_000,
+        )
     }
     .map_err(|e| PoolError::Driver {
         call: "slow_copy",

@@ -2,13 +2,11 @@
 //! on a private host device and again on the GPU where there is one; after each, every stack is
 //! empty and no LIFO violation was counted.
 
-mod common;
-
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use common::each_device;
+use crate::common::each_device;
 use gpu_pool::prelude::*;
 use gpu_pool::{Fallback, FallbackReason, set_buffer_pool_config};
 

@@ -1,9 +1,7 @@
 //! MixMemory: lazy growth, zero fill, round trips on a stream, wrapped memory, release, and the
 //! device guard. On a private host device and on the GPU where there is one.
 
-mod common;
-
-use common::each_device;
+use crate::common::each_device;
 use gpu_pool::{Device, GpuMat, MixMemory, PoolError, Stream};
 
 #[test]
@@ -102,7 +100,7 @@ fn wrapped_memory_is_used_in_place_and_never_freed() -> Result<(), PoolError> {
 fn it_allocates_on_its_own_device_and_restores_the_callers_context()
 -> Result<(), Box<dyn std::error::Error>> {
     use gpu_pool::cudarc::driver::{CudaContext, result as cu};
-    let Some((gpu, _lock)) = common::gpu("mix_device_guard") else {
+    let Some((gpu, _lock)) = crate::common::gpu("mix_device_guard") else {
         return Ok(());
     };
     let other = CudaContext::new_non_primary(0, 0)?;

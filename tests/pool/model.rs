@@ -2,8 +2,6 @@
 //! plain model: live buffers never overlap and keep their contents, the stack's use is the end of
 //! its highest live buffer, counters add up, and everything returns to zero at the end.
 
-mod common;
-
 use gpu_pool::{
     BufferPool, Device, Fallback, GpuMat, PoolError, Source, Stream, set_buffer_pool_config,
 };
@@ -155,7 +153,7 @@ proptest! {
 
 #[test]
 fn random_sequences_match_the_model_on_the_gpu() {
-    let Some((gpu, _lock)) = common::gpu("model") else {
+    let Some((gpu, _lock)) = crate::common::gpu("model") else {
         return;
     };
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(32));

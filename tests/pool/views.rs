@@ -1,9 +1,7 @@
 //! Regions of interest and views: shape, step and bounds on every device; and buffers lent to
 //! cudarc's own device-memory functions on the GPU.
 
-mod common;
-
-use common::each_device;
+use crate::common::each_device;
 use gpu_pool::prelude::*;
 
 #[test]
@@ -152,7 +150,7 @@ fn buffers_lent_to_cudarc_need_a_cuda_stream() -> Result<(), PoolError> {
 #[test]
 fn cudarc_copies_pool_buffers_and_regions() -> Result<(), Box<dyn std::error::Error>> {
     use gpu_pool::cudarc::driver::DeviceSlice;
-    let Some((gpu, _lock)) = common::gpu("device_ref") else {
+    let Some((gpu, _lock)) = crate::common::gpu("device_ref") else {
         return Ok(());
     };
     let stream = Stream::new(&gpu)?;

@@ -3,13 +3,11 @@
 //! when it skipped for want of a driver.
 #![cfg(feature = "cuda")]
 
-mod common;
-
 use std::error::Error;
 use std::sync::Arc;
 
-use common::gpu;
-use common::kernels::{self, Kernels, gray_of, pattern};
+use crate::common::gpu;
+use crate::common::kernels::{self, Kernels, gray_of, pattern};
 use gpu_pool::cudarc::driver::{CudaContext, result as cu};
 use gpu_pool::{
     BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
@@ -334,7 +332,7 @@ fn each_device_allocates_in_its_own_context() -> TestResult {
     };
     let count = Device::cuda_device_count()?;
     if count < 2 {
-        common::skipped(&format!(
+        crate::common::skipped(&format!(
             "several_devices: skipped: {count} CUDA device(s), 2 needed"
         ));
         return Ok(());
@@ -380,7 +378,7 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
     // SAFETY: the three pitched buffers hold rows x cols of their element and outlive the kernels
     // (`to_vec` below waits for the stream).
     unsafe {
-        common::kernels::box_passes(
+        crate::common::kernels::box_passes(
             &k,
             &s,
             (src.device_ptr(), src.step()),
@@ -567,14 +565,14 @@ fn a_captured_pooled_pipeline_replays_1000_times_with_no_allocation() -> TestRes
     );
     let expected = |seed| -> Result<Vec<u8>, Box<dyn Error>> {
         let input = GpuMat::from_host(&stream, 512, 512, &pattern_image(seed))?;
-        common::kernels::six_kernels(&stream, &k, &input, &eager)?;
+        crate::common::kernels::six_kernels(&stream, &k, &input, &eager)?;
         Ok(eager.to_vec()?)
     };
     let first = expected(1)?;
     assert!(first.contains(&0) && first.contains(&255));
 
     let stack_before = stream.stats().stack_in_use;
-    let graph = stream.capture(|s| common::kernels::six_kernels(s, &k, &src, &out))?;
+    let graph = stream.capture(|s| crate::common::kernels::six_kernels(s, &k, &src, &out))?;
     let held = stream.stats().stack_in_use - stack_before;
     println!("graph: holds {held} stack bytes for its three temporaries");
     assert!(held >= 512 * 512 * (1 + 1 + 4), "three 512x512 temporaries");
@@ -613,7 +611,7 @@ fn a_captured_pooled_pipeline_replays_1000_times_with_no_allocation() -> TestRes
     // SAFETY: both addresses hold 512x512 3-byte pixels at their steps, on this stream.
     unsafe {
         let cuda = stream.cuda_stream().expect("CUDA");
-        common::kernels::invert(
+        crate::common::kernels::invert(
             &k,
             cuda,
             (staging.device_ptr(), staging.step()),
@@ -625,7 +623,7 @@ fn a_captured_pooled_pipeline_replays_1000_times_with_no_allocation() -> TestRes
     let inverted: Vec<[u8; 3]> = input.iter().map(|p| p.map(|b| 255 - b)).collect();
     let second = {
         let again = GpuMat::from_host(&stream, 512, 512, &inverted)?;
-        common::kernels::six_kernels(&stream, &k, &again, &eager)?;
+        crate::common::kernels::six_kernels(&stream, &k, &again, &eager)?;
         eager.to_vec()?
     };
     assert_eq!(out.to_vec()?, second, "the replay read the new input");
@@ -718,7 +716,7 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
 #[cfg(feature = "cublas")]
 #[test]
 fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResult {
-    use common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, reference};
+    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, reference};
     let Some((gpu, _lock)) = gpu("cublas_dense") else {
         return Ok(());
     };

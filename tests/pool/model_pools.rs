@@ -2,8 +2,6 @@
 //! sequences: live blocks never overlap and keep their contents, every byte the backend hands out
 //! is accounted for, the counters add up, and the state equals the model's.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

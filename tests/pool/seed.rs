@@ -1,9 +1,7 @@
 //! OpenCV's `BufferPool` documentation (`shared/seeds/000_*.txt`), example by example: on a private
 //! host device, then again on the GPU where there is one.
 
-mod common;
-
-use common::each_device;
+use crate::common::each_device;
 use gpu_pool::{
     BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
     set_buffer_pool_config,

@@ -121,6 +121,7 @@ fn mix_memory_survives_every_failure() {
 
 #[test]
 fn the_ppl_cv_pool_survives_every_failure() {
+    let _pool = crate::common::ppl_pool_lock();
     let failed = every_failure_point("pplcv", |device| {
         let _ = pplcv::shutdown_gpu_memory_pool();
         let stream = Stream::new(device)?;

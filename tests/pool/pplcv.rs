@@ -1,17 +1,11 @@
-//! ppl.cv's memory pool API. The pool is process-wide, so this is its own test binary and every
-//! test holds `GLOBAL`.
-
-mod common;
-
-use std::sync::Mutex;
+//! ppl.cv's memory pool API. The pool is process-wide, so every test that activates it holds
+//! `common::ppl_pool_lock` (the fault-injection test of `faults.rs` too).
 
 use gpu_pool::pplcv::*;
 use gpu_pool::{Device, PoolError};
 
-static GLOBAL: Mutex<()> = Mutex::new(());
-
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    let guard = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = crate::common::ppl_pool_lock();
     let _ = shutdown_gpu_memory_pool();
     guard
 }
@@ -128,7 +122,7 @@ fn misuse_is_refused_where_ppl_cv_only_logs() -> Result<(), PoolError> {
 #[test]
 fn on_the_gpu_the_pool_is_one_driver_allocation() -> Result<(), PoolError> {
     let _g = serial();
-    let Some((gpu, _lock)) = common::gpu("pplcv") else {
+    let Some((gpu, _lock)) = crate::common::gpu("pplcv") else {
         return Ok(());
     };
     let before = gpu.stats();

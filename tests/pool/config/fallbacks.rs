@@ -1,0 +1,153 @@
+//! What serves the buffers a stack does not: each built-in fallback, a failed fallback, and custom
+//! allocators, well-behaved or broken.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::common::each_device;
+use gpu_pool::{
+    AllocContext, AllocRequest, Allocation, BufferPool, Device, DriverAllocator, Fallback,
+    FallbackReason, GpuAllocator, PoolError, Source, Stream, set_buffer_pool_config,
+};
+
+use super::{MIB, private};
+
+#[test]
+fn each_fallback_kind_behaves_as_documented() -> Result<(), PoolError> {
+    each_device("fallback_kinds", fallback_kinds)
+}
+
+fn fallback_kinds(device: &Device) -> Result<(), PoolError> {
+    set_buffer_pool_config(device, MIB, 1)?;
+    for fallback in [Fallback::Driver, Fallback::StreamOrdered, Fallback::Error] {
+        device.set_fallback(fallback);
+        let stream = Stream::new(device)?;
+        let pool = BufferPool::new(&stream);
+        let result = pool.get_buffer::<u8>(2048, 1024); // 2 MiB: larger than the stack
+        match fallback {
+            Fallback::Error => {
+                let err = result.unwrap_err();
+                assert!(
+                    matches!(
+                        err,
+                        PoolError::StackExhausted {
+                            reason: FallbackReason::TooLarge,
+                            requested: 2097152,
+                            available: 1048576,
+                            ..
+                        }
+                    ),
+                    "{err}"
+                );
+                assert!(err.to_string().contains("set_buffer_pool_config"));
+            }
+            _ => {
+                let mut buf = result?;
+                assert_eq!(buf.source(), Source::Fallback(FallbackReason::TooLarge));
+                buf.set_to(9)?;
+                assert_eq!(buf.to_vec()?[2048 * 1024 - 1], 9);
+            }
+        }
+        assert_eq!(
+            stream.stats().stack_in_use,
+            0,
+            "{fallback:?}: the stack is untouched"
+        );
+    }
+    device.set_fallback(Fallback::Driver);
+    Ok(())
+}
+
+#[test]
+fn a_failed_fallback_leaves_the_pool_as_it_was() -> Result<(), PoolError> {
+    let device = Device::host_with_limit(Some(3 * MIB));
+    device.set_fallback(Fallback::Driver);
+    set_buffer_pool_config(&device, 2 * MIB, 1)?;
+    let stream = Stream::new(&device)?;
+    let pool = BufferPool::new(&stream);
+    let a = pool.get_buffer_1d::<u8>(MIB)?;
+    let err = pool.get_buffer_1d::<u8>(2 * MIB).unwrap_err();
+    assert!(
+        matches!(err, PoolError::OutOfMemory { requested, .. } if requested == 2 * MIB),
+        "{err}"
+    );
+    let b = pool.get_buffer_1d::<u8>(MIB)?;
+    assert_eq!(b.source(), Source::Stack);
+    assert_eq!(b.device_ptr() - a.device_ptr(), MIB as u64);
+    drop((b, a));
+    assert_eq!(stream.stats().stack_in_use, 0);
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Counting {
+    allocations: AtomicUsize,
+    frees: AtomicUsize,
+}
+
+// SAFETY: delegates to the driver allocator, which returns fresh memory of the requested shape.
+unsafe impl GpuAllocator for Counting {
+    fn allocate(
+        &self,
+        ctx: &AllocContext<'_>,
+        req: &AllocRequest,
+    ) -> Result<Allocation, PoolError> {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        DriverAllocator.allocate(ctx, req)
+    }
+    unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded; `a` came from `DriverAllocator::allocate` above.
+        unsafe { DriverAllocator.deallocate(ctx, a) }
+    }
+}
+
+#[test]
+fn a_custom_allocator_serves_every_buffer_of_its_stream() -> Result<(), PoolError> {
+    each_device("custom_allocator", custom_allocator)
+}
+
+fn custom_allocator(device: &Device) -> Result<(), PoolError> {
+    let counting = Arc::new(Counting::default());
+    let stream = Stream::with_allocator(device, counting.clone())?;
+    let pool = BufferPool::new(&stream);
+    let allocator = pool.allocator();
+    assert!(format!("{allocator:?}").contains("Counting"));
+    {
+        let a = pool.get_buffer::<f32>(16, 16)?;
+        let b = pool.get_buffer_1d::<f32>(16)?;
+        assert_eq!(a.source(), Source::Fallback(FallbackReason::Disabled));
+        assert!(a.step() >= 64, "the driver's pitch");
+        assert_eq!(b.step(), 64);
+    }
+    assert_eq!(counting.allocations.load(Ordering::Relaxed), 2);
+    assert_eq!(counting.frees.load(Ordering::Relaxed), 2);
+    assert_eq!(stream.stack_index(), None);
+    assert_eq!(
+        stream.stats().driver_alloc_calls,
+        2,
+        "counted through AllocContext"
+    );
+    Ok(())
+}
+
+#[derive(Debug)]
+struct Broken;
+
+// SAFETY: returns a null allocation, which the pool must refuse before anything uses it.
+unsafe impl GpuAllocator for Broken {
+    fn allocate(&self, _: &AllocContext<'_>, _: &AllocRequest) -> Result<Allocation, PoolError> {
+        Ok(Allocation { ptr: 0, pitch: 0 })
+    }
+    unsafe fn deallocate(&self, _: &AllocContext<'_>, _: Allocation) -> Result<(), PoolError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_broken_allocator_answer_is_an_error_not_a_buffer() -> Result<(), PoolError> {
+    let stream = Stream::with_allocator(&private(Fallback::Driver), Arc::new(Broken))?;
+    let err = BufferPool::new(&stream).get_buffer::<u8>(4, 4).unwrap_err();
+    assert!(err.to_string().contains("non-null address"), "{err}");
+    Ok(())
+}

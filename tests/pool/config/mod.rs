@@ -1,0 +1,17 @@
+//! Configuration, fallbacks, errors and statistics: on private host devices, and on the GPU where
+//! there is one (`each_device`). None changes the process-wide usage flag (`tests/usage.rs` does).
+
+mod buffers;
+mod fallbacks;
+mod stacks;
+mod stats;
+
+use gpu_pool::{Device, Fallback};
+
+const MIB: usize = 1 << 20;
+
+fn private(fallback: Fallback) -> Device {
+    let device = Device::host_with_limit(None);
+    device.set_fallback(fallback);
+    device
+}

@@ -1,0 +1,22 @@
+//! The pool's integration tests, in one binary: none of these needs a process of its own, and one
+//! link instead of a dozen saves minutes on a small machine. Tests that do need one stay beside
+//! this folder (see `tests/README.md`): the usage flag (`usage.rs`), `GPU_POOL_CONF`
+//! (`env_conf.rs`), the global allocator (`heap.rs`), the fuzz corpus (`fuzz_corpus.rs`, which
+//! switches usage), the stress run (`stress.rs`) and trybuild (`ui.rs`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_input;
+mod caching;
+mod config;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod dsl;
+mod faults;
+mod mix;
+mod model;
+mod model_pools;
+mod pplcv;
+mod seed;
+mod views;
