@@ -47,7 +47,7 @@ fn pyramid(stages: &Stages, stream: &Stream, seed: i32) -> Result<usize, PoolErr
     Ok(wrong)
 }
 
-fn main() -> Result<(), PoolError> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let second = std::env::var_os(SECOND_RUN).is_some();
     let device = Device::cuda_or_host();
     let stages = Stages::new(&device);
@@ -104,15 +104,10 @@ fn main() -> Result<(), PoolError> {
          GPU_POOL_CONF={}\n",
         recommended.env_value()
     );
-    let exe = std::env::current_exe().map_err(|e| PoolError::InvalidConfig {
-        reason: format!("cannot find this example's executable to run it again: {e}"),
-    })?;
+    let exe = std::env::current_exe()?;
     let status = std::process::Command::new(exe)
         .env("GPU_POOL_CONF", recommended.env_value())
         .env(SECOND_RUN, "1")
-        .status()
-        .map_err(|e| PoolError::InvalidConfig {
-            reason: format!("cannot run this example again: {e}"),
-        })?;
+        .status()?;
     std::process::exit(status.code().unwrap_or(1));
 }
