@@ -22,8 +22,9 @@ pub mod dense;
 /// tests that use it take this lock.
 static GPU: Mutex<()> = Mutex::new(());
 
-/// The GPU lock. Dropping it also gives the device's stack memory and cached blocks back, so every
-/// test leaves the GPU as it found it and compute-sanitizer's leak check sees everything freed.
+/// The GPU lock. Dropping it also gives the device's stack memory and cached blocks back and
+/// restores the default stack config, so every test leaves the GPU as it found it and
+/// compute-sanitizer's leak check sees everything freed.
 pub struct GpuLock {
     device: Device,
     _guard: MutexGuard<'static, ()>,
@@ -35,6 +36,9 @@ impl Drop for GpuLock {
         let _ = self.device.release_stack_memory();
         // The blocks `Fallback::Caching` holds for reuse live as long as the device, the process.
         let _ = self.device.caching_pool().free_held();
+        // The device is one for the whole binary: the next test gets the default stacks, whatever
+        // this one configured (refused only if a stream outlived its test, which keeps its stack).
+        let _ = self.device.set_pool_config(gpu_pool::PoolConfig::default());
     }
 }
 
