@@ -5,7 +5,9 @@
 //! thread, with `#[pooled]`: about 11.5 MiB per stream, more than the default 10 MiB stacks. The
 //! first run falls back for the largest levels and prints the report; the example then starts
 //! itself again with `GPU_POOL_CONF` set to the recommended value, as you would, and that run
-//! reports no fallback.
+//! reports no fallback. Both runs record every stream and write their timeline: an SVG chart of
+//! stack use per stream with the fallbacks marked, and a Chrome trace (open it in Perfetto), to
+//! `target/timeline/sizing_report_{first,second}.{svg,json}` (or the folder `TIMELINE_DIR` names).
 //!
 //! `cargo run --release --example sizing_report`
 
@@ -50,6 +52,7 @@ fn pyramid(stages: &Stages, stream: &Stream, seed: i32) -> Result<usize, PoolErr
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let second = std::env::var_os(SECOND_RUN).is_some();
     let device = Device::cuda_or_host();
+    device.set_recording(1 << 12); // every take and release of the run, for the timeline
     let stages = Stages::new(&device);
     println!(
         "== {} run, device: {}, config {} ({})",
@@ -91,6 +94,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(1);
     }
     let fallbacks = stats.fallback_allocations.total();
+    let dir =
+        std::env::var_os("TIMELINE_DIR").map_or("target/timeline".into(), std::path::PathBuf::from);
+    std::fs::create_dir_all(&dir)?;
+    let name = if second { "second" } else { "first" };
+    let (svg, trace) = (
+        dir.join(format!("sizing_report_{name}.svg")),
+        dir.join(format!("sizing_report_{name}.json")),
+    );
+    gpu_pool::timeline::write_svg(&svg)?;
+    gpu_pool::timeline::write_chrome_trace(&trace)?;
+    println!("timeline: {} and {}", svg.display(), trace.display());
     device.release_stack_memory()?; // the streams are gone: everything freed before exit
     if second {
         println!("fallback buffers with the recommended config: {fallbacks}");

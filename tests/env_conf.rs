@@ -33,13 +33,18 @@ fn run_child(conf: &str) -> String {
 fn child_reports_what_it_sees() {
     let device = Device::host_with_limit(None);
     match Stream::new(&device) {
-        Ok(stream) => println!(
-            "RESULT config={:?} fallback={:?} usage={:?} stack={:?}",
-            device.pool_config(),
-            device.fallback(),
-            gpu_pool::buffer_pool_usage(),
-            stream.stack_index()
-        ),
+        Ok(stream) => {
+            let _b = gpu_pool::BufferPool::new(&stream).get_buffer_1d::<u8>(64);
+            let events: usize = device.recordings().iter().map(|r| r.events.len()).sum();
+            println!(
+                "RESULT config={:?} fallback={:?} usage={:?} stack={:?} record={:?} events={events}",
+                device.pool_config(),
+                device.fallback(),
+                gpu_pool::buffer_pool_usage(),
+                stream.stack_index(),
+                device.recording(),
+            )
+        }
         Err(e) => println!(
             "RESULT error={e} stats_config_is_err={} fallback_is_err={} strict_is_err={}",
             device.stats().config.is_err(),
@@ -57,6 +62,14 @@ fn a_valid_value_configures_every_device() {
         "{out}"
     );
     assert!(out.contains("fallback=Ok(Driver)"), "{out}");
+}
+
+#[test]
+fn record_in_the_environment_records_every_new_stream() {
+    let out = run_child("record=16");
+    assert!(out.contains("record=Ok(16) events=1"), "{out}");
+    let out = run_child("");
+    assert!(out.contains("record=Ok(0) events=0"), "{out}");
 }
 
 #[test]
@@ -85,6 +98,7 @@ fn parse_accepts_units_and_spaces_and_refuses_the_rest() -> Result<(), PoolError
     assert_eq!(conf.stack_count, Some(3));
     assert_eq!((conf.usage, conf.strict_lifo), (Some(true), Some(false)));
     assert_eq!(EnvConfig::parse("")?, EnvConfig::default());
+    assert_eq!(EnvConfig::parse("record=4096")?.record, Some(4096));
     assert_eq!(EnvConfig::parse("stack_size=1g")?.stack_size, Some(1 << 30));
     assert_eq!(
         EnvConfig::parse("fallback=error")?.fallback,
@@ -102,6 +116,7 @@ fn parse_accepts_units_and_spaces_and_refuses_the_rest() -> Result<(), PoolError
             "expected driver, stream_ordered, caching or error",
         ),
         ("usage=maybe", "on or off"),
+        ("record=lots", "whole number of events"),
         ("stack_count=1,stack_count=2", "given twice"),
         ("colour=blue", "unknown key"),
     ] {

@@ -66,10 +66,16 @@ impl Rewriter {
             .map(|i| format_ident!("__gpu_pool_size_{}", i, span = span))
             .collect();
         let size_exprs = &args.sizes;
-        // Spanned on the user's `buffer!`, so a bad element type is reported there.
+        // The name reports and errors give the buffer (`r#type` reads `type`); `_` for a pattern.
+        let name = match &local.pat {
+            syn::Pat::Ident(p) => syn::ext::IdentExt::unraw(&p.ident).to_string(),
+            _ => "_".to_string(),
+        };
+        // Spanned on the user's `buffer!`, so a bad element type is reported there, and so the
+        // call's `#[track_caller]` location is the user's line.
         let take = match sizes.as_slice() {
-            [len] => quote_spanned!(mac.span()=> #frame.take_1d::<#elem>(#len)),
-            [rows, cols] => quote_spanned!(mac.span()=> #frame.take::<#elem>(#rows, #cols)),
+            [len] => quote_spanned!(mac.span()=> #frame.take_1d::<#elem>(#len, #name)),
+            [rows, cols] => quote_spanned!(mac.span()=> #frame.take::<#elem>(#rows, #cols, #name)),
             _ => unreachable!("BufferArgs holds one or two sizes"),
         };
         let postfix = postfix.tokens();

@@ -35,6 +35,8 @@ pub struct AllocRequest {
     pub reason: FallbackReason,
     /// Bytes left on the stream's stack (0 without one).
     pub stack_free: usize,
+    /// Bytes of the stream's stack (0 without one).
+    pub stack_size: usize,
     /// `align_of::<T>()` (at most [`MAX_ELEMENT_ALIGN`](crate::MAX_ELEMENT_ALIGN)): the address
     /// and the pitch returned must be multiples of it.
     pub align: usize,
@@ -242,9 +244,13 @@ unsafe impl GpuAllocator for NoFallback {
     ) -> Result<Allocation, PoolError> {
         Err(PoolError::StackExhausted {
             device: ctx.device_id(),
+            stream: ctx.stream_id(),
             requested: req.bytes,
             available: req.stack_free,
+            stack_size: req.stack_size,
             reason: req.reason,
+            // The stream names the call site as the error passes it.
+            site: None,
         })
     }
 

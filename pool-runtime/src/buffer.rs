@@ -10,7 +10,7 @@ use crate::allocator::GpuAllocator;
 use crate::backend::{DevPtr, Region};
 use crate::error::PoolError;
 use crate::layout::Layout;
-use crate::source::Source;
+use crate::source::{CallSite, Source};
 use crate::stream::{Origin, Stream};
 use crate::view::{CudaOrder, GpuView, GpuViewMut, Window};
 
@@ -51,10 +51,25 @@ impl<'s> BufferPool<'s> {
     // Always inlined: returned through memory, the buffer's origin is stored in two halves and
     // reloaded whole by the caller, a store-forwarding stall that costs more than the rest of the
     // take (measured: 20 ns against 9 ns in a crate with the default 16 codegen units).
+    ///
+    /// The caller's line is the buffer's [`CallSite`]: errors, the sizing report and recordings
+    /// name it.
     #[inline(always)]
+    #[track_caller]
     pub fn get_buffer<T: Pod>(&self, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
+        self.take_at(rows, cols, CallSite::here(""))
+    }
+
+    /// [`get_buffer`](Self::get_buffer) asked for at `site` (what `buffer!` calls, naming itself).
+    #[inline(always)]
+    pub(crate) fn take_at<T: Pod>(
+        &self,
+        rows: usize,
+        cols: usize,
+        site: CallSite,
+    ) -> Result<GpuMat<'s, T>, PoolError> {
         let layout = Layout::of::<T>(rows, cols, self.stream.texture_alignment)?;
-        let (ptr, pitch, origin) = self.stream.take(&layout)?;
+        let (ptr, pitch, origin) = self.stream.take(&layout, site)?;
         Ok(GpuMat {
             ptr,
             rows,
@@ -68,6 +83,7 @@ impl<'s> BufferPool<'s> {
 
     /// A contiguous buffer of `len` elements (a `1 x len` [`GpuMat`]).
     #[inline(always)]
+    #[track_caller]
     pub fn get_buffer_1d<T: Pod>(&self, len: usize) -> Result<GpuMat<'s, T>, PoolError> {
         self.get_buffer(1, len)
     }
@@ -107,12 +123,14 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     /// A buffer with memory of its own (`cuMemAllocPitch`/`cuMemAlloc`), not from the stack: for
     /// long-lived data such as inputs and outputs, which need not follow the stack's LIFO order.
     /// Its pitch is the driver's choice.
+    #[track_caller]
     pub fn new(stream: &'s Stream, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
+        let site = CallSite::here("");
         let layout = Layout::of::<T>(rows, cols, stream.device().texture_alignment())?;
         let (ptr, pitch, origin) = if layout.is_empty() {
             (0, layout.pitch, Origin::Empty)
         } else {
-            stream.take_from_driver(&layout)?
+            stream.take_from_driver(&layout).map_err(|e| e.at(site))?
         };
         Ok(GpuMat {
             ptr,

@@ -14,7 +14,8 @@ use crate::layout::align_up;
 /// `GPU_POOL_CONF="stack_size=64MiB,stack_count=2,fallback=stream_ordered"`.
 ///
 /// Keys: `stack_size` (bytes, or with a `KiB`/`MiB`/`GiB` suffix), `stack_count`, `fallback`
-/// (`driver`, `stream_ordered`, `caching`, `error`), `usage` (`on`/`off`), `strict_lifo` (`on`/`off`).
+/// (`driver`, `stream_ordered`, `caching`, `error`), `usage` (`on`/`off`), `strict_lifo` (`on`/`off`),
+/// `record` (events per stream to record, for `timeline`).
 pub const ENV_VAR: &str = "GPU_POOL_CONF";
 
 const MIB: usize = 1 << 20;
@@ -161,6 +162,9 @@ pub struct EnvConfig {
     pub usage: Option<bool>,
     /// `strict_lifo=`.
     pub strict_lifo: Option<bool>,
+    /// `record=`: events per stream to record (see
+    /// [`Device::set_recording`](crate::Device::set_recording)).
+    pub record: Option<usize>,
 }
 
 impl EnvConfig {
@@ -210,6 +214,14 @@ impl EnvConfig {
                         .replace(fallback)
                         .map_or(Ok(()), |_| Err(duplicate()))?;
                 }
+                "record" => {
+                    let events = val
+                        .parse()
+                        .map_err(|_| bad("expected a whole number of events"))?;
+                    conf.record
+                        .replace(events)
+                        .map_or(Ok(()), |_| Err(duplicate()))?;
+                }
                 "usage" | "strict_lifo" => {
                     let on = parse_switch(val).ok_or_else(|| bad("expected on or off"))?;
                     let slot = if key == "usage" {
@@ -222,7 +234,7 @@ impl EnvConfig {
                 _ => {
                     return Err(fail(format!(
                         "unknown key `{key}`; expected one of stack_size, stack_count, fallback, \
-                         usage, strict_lifo"
+                         usage, strict_lifo, record"
                     )));
                 }
             }

@@ -3,8 +3,10 @@
 //! All stacks of a device live in one allocation, made when a stream first takes a stack. Handing
 //! stacks to streams and back takes the device's lock; nothing on the allocation hot path does.
 
+use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::panic::Location;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
@@ -13,8 +15,12 @@ use crate::backend::{Backend, DevPtr};
 use crate::caching::CachingPool;
 use crate::config::{self, Fallback, PoolConfig};
 use crate::error::{DeviceId, PoolError};
+use crate::record::{Event, Ring, StreamRecording};
+use crate::source::{CallSite, FallbackReason};
 use crate::stack::Stack;
-use crate::stats::{DeviceStats, Retired, StreamCounters, StreamStats, sum_streams};
+use crate::stats::{
+    DeviceStats, PeakSite, Retired, SiteFallbacks, StreamCounters, StreamStats, sum_streams,
+};
 use crate::storage::Storage;
 use crate::sync;
 use crate::unique::Counter;
@@ -52,7 +58,14 @@ struct DeviceState {
     streams_wanting_peak: usize,
     live_streams: Vec<Weak<StreamShared>>,
     retired: Retired,
+    /// Events per stream to record for streams made from now on; `None`: `GPU_POOL_CONF`'s.
+    recording: Option<usize>,
+    /// The recordings of dropped streams, the last `RETIRED_RECORDINGS` of them.
+    retired_recordings: VecDeque<StreamRecording>,
 }
+
+/// How many dropped streams' recordings a device keeps.
+const RETIRED_RECORDINGS: usize = 64;
 
 /// The one allocation holding every stack, and which stacks are taken.
 struct Arena {
@@ -74,13 +87,74 @@ pub(crate) struct StreamShared {
     pub(crate) counters: StreamCounters,
     /// The stack index, or `usize::MAX` while the stream holds none.
     pub(crate) stack_index: sync::AtomicUsize,
+    /// Where the stack's high-water mark was reached: a `&'static Location`, or null. One relaxed
+    /// store when a take raises the mark, so the stack path stays lock-free.
+    pub(crate) peak_at: AtomicPtr<Location<'static>>,
+    /// Fallbacks by call site; touched on the fallback path only.
+    pub(crate) fallback_sites: Mutex<Vec<SiteFallbacks>>,
+    /// The recording, for a stream made while recording was on.
+    pub(crate) recorder: Option<Mutex<Ring>>,
 }
 
 impl StreamShared {
+    pub(crate) fn new(id: u64, record: usize) -> StreamShared {
+        StreamShared {
+            id,
+            counters: StreamCounters::default(),
+            stack_index: sync::AtomicUsize::new(usize::MAX),
+            peak_at: AtomicPtr::new(std::ptr::null_mut()),
+            fallback_sites: Mutex::new(Vec::new()),
+            recorder: (record > 0).then(|| Mutex::new(Ring::new(record))),
+        }
+    }
+
     pub(crate) fn snapshot(&self, device: DeviceId) -> StreamStats {
         let index = self.stack_index.load(Relaxed);
-        self.counters
-            .snapshot(self.id, device, (index != usize::MAX).then_some(index))
+        let mut stats =
+            self.counters
+                .snapshot(self.id, device, (index != usize::MAX).then_some(index));
+        stats.fallback_sites = sync::lock(&self.fallback_sites).clone();
+        let peak = self.peak_at.load(Relaxed);
+        // SAFETY: `peak_at` holds null or a pointer made from a `&'static Location` (`note_peak`).
+        stats.peak_at = unsafe { peak.as_ref() }.map(|at| PeakSite {
+            file: at.file(),
+            line: at.line(),
+        });
+        stats
+    }
+
+    /// Remembers where the stack's peak was reached.
+    #[inline]
+    pub(crate) fn note_peak(&self, at: &'static Location<'static>) {
+        self.peak_at
+            .store(std::ptr::from_ref(at).cast_mut(), Relaxed);
+    }
+
+    /// Counts a fallback of `site`, `short` bytes short of what the stack had.
+    #[cold]
+    pub(crate) fn note_fallback(&self, site: CallSite, reason: FallbackReason, short: usize) {
+        let mut sites = sync::lock(&self.fallback_sites);
+        match sites.iter_mut().find(|s| s.site == site) {
+            Some(s) => {
+                s.count += 1;
+                s.reason = reason;
+                s.bytes_short = s.bytes_short.max(short);
+            }
+            None => sites.push(SiteFallbacks {
+                site,
+                reason,
+                count: 1,
+                bytes_short: short,
+            }),
+        }
+    }
+
+    /// Records `event`, where this stream records.
+    #[cold]
+    pub(crate) fn record(&self, event: Event) {
+        if let Some(recorder) = &self.recorder {
+            sync::lock(recorder).push(event);
+        }
     }
 }
 
@@ -313,6 +387,47 @@ impl Device {
         config::setting(explicit, |env| Ok(env.strict_lifo), || false)
     }
 
+    /// Records the last `events_per_stream` takes and releases of each stream made from now on (0:
+    /// none), for [`timeline`](crate::timeline)'s exports. Off by default; `GPU_POOL_CONF=record=N`
+    /// turns it on for every device. A stream that does not record pays nothing for it.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// let device = Device::host_with_limit(None);
+    /// device.set_recording(100);
+    /// let stream = Stream::new(&device)?;
+    /// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(64)?);
+    /// let recording = &device.recordings()[0];
+    /// assert_eq!(recording.events.len(), 2); // the take and the release
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn set_recording(&self, events_per_stream: usize) {
+        self.inner.lock_state().recording = Some(events_per_stream);
+    }
+
+    /// Events per stream that new streams record: [`Device::set_recording`]'s, else
+    /// `GPU_POOL_CONF`'s `record`, else 0.
+    pub fn recording(&self) -> Result<usize, PoolError> {
+        let explicit = self.inner.lock_state().recording;
+        config::setting(explicit, |env| Ok(env.record), || 0)
+    }
+
+    /// The recordings of this device's live streams and of its last dropped ones, oldest first.
+    pub fn recordings(&self) -> Vec<StreamRecording> {
+        let state = self.inner.lock_state();
+        let mut all: Vec<StreamRecording> = state.retired_recordings.iter().cloned().collect();
+        for shared in state.live_streams.iter().filter_map(Weak::upgrade) {
+            if let Some(r) = &shared.recorder {
+                all.push(StreamRecording::of(self.id(), shared.id, &sync::lock(r)));
+            }
+        }
+        let stack_size = state.effective_config().map_or(0, |c| c.stack_size());
+        for r in &mut all {
+            r.stack_size = stack_size;
+        }
+        all
+    }
+
     /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
     pub fn caching_pool(&self) -> Arc<CachingPool> {
         self.inner
@@ -346,6 +461,7 @@ impl Device {
             lifo_violations,
             peak_stream_demand: peak_demand,
             streams,
+            retired_fallback_sites: state.retired.fallback_sites.clone(),
         }
     }
 }
@@ -462,8 +578,18 @@ impl DeviceInner {
 
     pub(crate) fn retire_stream(&self, shared: &StreamShared, wanted_stack: bool) {
         let snapshot = shared.snapshot(self.storage.id);
+        let recording = shared
+            .recorder
+            .as_ref()
+            .map(|r| StreamRecording::of(self.storage.id, shared.id, &sync::lock(r)));
         let mut state = self.lock_state();
         state.retired.absorb(&snapshot);
+        if let Some(recording) = recording {
+            if state.retired_recordings.len() == RETIRED_RECORDINGS {
+                state.retired_recordings.pop_front();
+            }
+            state.retired_recordings.push_back(recording);
+        }
         state
             .live_streams
             .retain(|s| s.strong_count() > 0 && !std::ptr::eq(s.as_ptr(), shared));

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::source::FallbackReason;
+use crate::source::{CallSite, FallbackReason};
 
 /// Which device an error or a statistic belongs to.
 ///
@@ -48,14 +48,17 @@ impl fmt::Display for DeviceId {
 pub enum PoolError {
     /// The device (or the allocator in use) could not provide the memory.
     #[error(
-        "out of memory on {device}: {requested} bytes requested; release buffers, request less, \
-         or give the pool less memory with set_buffer_pool_config"
+        "out of memory on {device}{at}: {requested} bytes requested; release buffers, request \
+         less, or give the pool less memory with set_buffer_pool_config",
+        at = at(.site)
     )]
     OutOfMemory {
         /// The device that ran out.
         device: DeviceId,
         /// Bytes asked for.
         requested: usize,
+        /// The `buffer!` or runtime call that asked, where a buffer asked.
+        site: Option<CallSite>,
     },
 
     /// A size computation (rows x cols x element size, pitch x rows, alignment) would wrap.
@@ -158,18 +161,26 @@ pub enum PoolError {
 
     /// The request could not be served by the stack and the fallback is `Fallback::Error`.
     #[error(
-        "stack exhausted on {device}: {requested} bytes requested, {available} free ({reason}); \
-         raise stack_size or stack_count with set_buffer_pool_config, or choose another fallback"
+        "stack exhausted on {device}, stream {stream}{at}: {requested} bytes requested, \
+         {available} free ({reason}); {fix}, or choose another fallback",
+        at = at(.site),
+        fix = stack_fix(*.reason, *.requested, *.available, *.stack_size)
     )]
     StackExhausted {
         /// The device.
         device: DeviceId,
+        /// The stream ([`Stream::id`](crate::Stream::id)).
+        stream: u64,
         /// Bytes the request needed on the stack.
         requested: usize,
         /// Bytes free on the stream's stack (0 without a stack).
         available: usize,
+        /// Bytes of the stream's stack (0 without a stack).
+        stack_size: usize,
         /// Why the stack could not serve it.
         reason: FallbackReason,
+        /// The `buffer!` or runtime call that asked.
+        site: Option<CallSite>,
     },
 
     /// A stack buffer was released before a buffer taken after it (strict LIFO mode only).
@@ -259,6 +270,15 @@ pub enum PoolError {
     )]
     CaptureKeptBuffers,
 
+    /// A file could not be written.
+    #[error("cannot write {path}: {detail}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What the system said.
+        detail: String,
+    },
+
     /// A region asked of a buffer or view does not lie inside it.
     #[error(
         "region {what} {start}..{end} is out of bounds of {len} {what}; ask for a range inside \
@@ -308,4 +328,51 @@ pub enum PoolError {
         /// The operation.
         what: &'static str,
     },
+}
+
+impl PoolError {
+    /// The error with `site` as its call site, where it has one and none is set yet.
+    #[cold]
+    pub(crate) fn at(mut self, site: CallSite) -> PoolError {
+        if let PoolError::OutOfMemory { site: s, .. } | PoolError::StackExhausted { site: s, .. } =
+            &mut self
+        {
+            s.get_or_insert(site);
+        }
+        self
+    }
+}
+
+/// " at `name` at file:line" for an error's call site, or nothing.
+fn at(site: &Option<CallSite>) -> String {
+    site.map(|s| format!(" at {s}")).unwrap_or_default()
+}
+
+/// The setting that would have let the stack serve a request, as a `GPU_POOL_CONF` value.
+fn stack_fix(
+    reason: FallbackReason,
+    requested: usize,
+    available: usize,
+    stack_size: usize,
+) -> String {
+    match reason {
+        FallbackReason::StackFull | FallbackReason::TooLarge => {
+            // What was in use, plus the request, in whole MiB (alignment padding aside).
+            let needed = stack_size
+                .saturating_sub(available)
+                .saturating_add(requested);
+            format!(
+                "a stack of {needed} bytes would serve it: GPU_POOL_CONF=stack_size={}MiB \
+                 (or set_buffer_pool_config)",
+                needed.div_ceil(1 << 20)
+            )
+        }
+        FallbackReason::NoStack => "every stack is held by another stream: raise stack_count \
+                                    (GPU_POOL_CONF=stack_count=N, or set_buffer_pool_config)"
+            .into(),
+        FallbackReason::Disabled => {
+            "pooling is off for this stream: GPU_POOL_CONF=usage=on or set_buffer_pool_usage(true)"
+                .into()
+        }
+    }
 }

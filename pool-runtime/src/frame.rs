@@ -4,8 +4,8 @@
 //! `#[pooled(stream)]` and `gpu_scope!` turn `let x = buffer!(rows, cols; T)?;` into
 //!
 //! ```text
-//! let mut __gpu_pool_owner_0 = __gpu_pool_frame.take::<T>(rows, cols)?;
-//! let x = __gpu_pool_owner_0.handle();
+//! let mut x = { let rows_ = rows; let cols_ = cols; __gpu_pool_frame.take::<T>(rows_, cols_, "x") }?;
+//! let x = x.handle(); // the handle shadows its hidden owner
 //! ```
 //!
 //! The owner is a local the user cannot name (mixed-site hygiene), so Rust drops it, and so gives its
@@ -21,6 +21,7 @@ use bytemuck::Pod;
 
 use crate::buffer::{BufferPool, GpuMat};
 use crate::error::PoolError;
+use crate::source::CallSite;
 use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut};
 
@@ -79,17 +80,30 @@ pub fn frame<S: AsStream + ?Sized>(stream: &S) -> Frame<'_> {
 }
 
 impl<'s> Frame<'s> {
-    /// `buffer!(rows, cols; T)`.
+    /// `let name = buffer!(rows, cols; T)`: the caller's line and `name` are its call site.
     // Always inlined, as `BufferPool::get_buffer` is, for the same reason.
     #[inline(always)]
-    pub fn take<T: Element>(&self, rows: usize, cols: usize) -> Result<Owner<'s, T>, PoolError> {
-        self.pool.get_buffer(rows, cols).map(|mat| Owner { mat })
+    #[track_caller]
+    pub fn take<T: Element>(
+        &self,
+        rows: usize,
+        cols: usize,
+        name: &'static str,
+    ) -> Result<Owner<'s, T>, PoolError> {
+        let site = CallSite::here(name);
+        self.pool.take_at(rows, cols, site).map(|mat| Owner { mat })
     }
 
-    /// `buffer!(len; T)`.
+    /// `let name = buffer!(len; T)`.
     #[inline(always)]
-    pub fn take_1d<T: Element>(&self, len: usize) -> Result<Owner<'s, T>, PoolError> {
-        self.pool.get_buffer_1d(len).map(|mat| Owner { mat })
+    #[track_caller]
+    pub fn take_1d<T: Element>(
+        &self,
+        len: usize,
+        name: &'static str,
+    ) -> Result<Owner<'s, T>, PoolError> {
+        let site = CallSite::here(name);
+        self.pool.take_at(1, len, site).map(|mat| Owner { mat })
     }
 }
 
@@ -120,7 +134,7 @@ impl<'s, T> Owner<'s, T> {
 /// # use gpu_pool_runtime::{Device, PoolError, Stream, __private::frame};
 /// # let stream = Stream::new(&Device::host())?;
 /// # let frame = frame(&stream);
-/// let mut owner = frame.take::<f32>(4, 4)?;
+/// let mut owner = frame.take::<f32>(4, 4, "x")?; // "x": the name, for reports and errors
 /// let mut x = owner.handle();
 /// x.set_to(0.5)?;
 /// assert_eq!(x.to_vec()?, vec![0.5; 16]);

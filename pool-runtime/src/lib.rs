@@ -26,11 +26,12 @@
 //! import cycle). A buffer's path, stream -> frame -> stack -> buffer -> release, reads in files
 //! named for each step.
 //!
-//! 1. Vocabulary, depending on nothing of the crate: `source` (where memory came from and why:
-//!    [`Source`], [`FallbackReason`]), `unique` (ids that never repeat), `sync` (the one lock).
+//! 1. Vocabulary, depending on nothing of the crate: `source` (where memory came from and why,
+//!    and who asked: [`Source`], [`FallbackReason`], [`CallSite`]), `unique` (ids that never
+//!    repeat), `sync` (the one lock).
 //! 2. `error` ([`PoolError`]), then `layout` (how a shape becomes bytes: the one home of the
 //!    pitch and alignment rules), `config` ([`PoolConfig`], `GPU_POOL_CONF`, the one settings
-//!    lookup), `stats` (counters and their snapshots).
+//!    lookup), `stats` (counters and their snapshots), `record` (the opt-in event ring).
 //! 3. Storage, which knows memory and not policy: `backend` (host and CUDA: allocate, copy, fill,
 //!    streams and events), and `storage` (one device's backend and its counted driver calls).
 //! 4. Pools, built on storage: `stack` (one stream's bump stack), `allocator` (the [`GpuAllocator`]
@@ -41,7 +42,8 @@
 //!    `buffer` ([`GpuMat`], [`BufferPool`]), `view` (views and regions), `frame` (what the DSL
 //!    expands to), `mix` ([`MixMemory`]), `pplcv`, and, with CUDA, `graph`, `device_memory` and
 //!    `kernel_args`.
-//! 7. `report` (every device's stats) and `testing` (hooks for tests), over everything.
+//! 7. `report` (every device's stats), `timeline` (recordings as a Chrome trace and an SVG
+//!    chart) and `testing` (hooks for tests), over everything.
 
 mod allocator;
 mod backend;
@@ -60,6 +62,7 @@ mod kernel_args;
 mod layout;
 mod mix;
 pub mod pplcv;
+mod record;
 mod report;
 mod source;
 mod stack;
@@ -68,6 +71,8 @@ mod storage;
 mod stream;
 mod sync;
 pub mod testing;
+#[cfg(feature = "timeline")]
+pub mod timeline;
 mod unique;
 mod view;
 
@@ -89,9 +94,10 @@ pub use frame::{AsStream, Element, Pooled};
 pub use graph::Graph;
 pub use layout::MAX_ELEMENT_ALIGN;
 pub use mix::MixMemory;
+pub use record::{Event, EventKind, StreamRecording};
 pub use report::{Report, report};
-pub use source::{FallbackReason, Source};
-pub use stats::{DeviceStats, FallbackCounts, StreamStats};
+pub use source::{CallSite, FallbackReason, Source};
+pub use stats::{DeviceStats, FallbackCounts, PeakSite, SiteFallbacks, StreamStats};
 pub use stream::Stream;
 pub use view::{GpuView, GpuViewMut};
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::device::all_devices;
 use crate::source::FallbackReason;
-use crate::stats::DeviceStats;
+use crate::stats::{DeviceStats, SiteFallbacks};
 
 /// Every device's stats, printable as the sizing report.
 #[derive(Clone, Debug)]
@@ -33,6 +33,21 @@ pub fn report() -> Report {
     let report = Report::collect();
     println!("{report}");
     report
+}
+
+/// One line per call site that fell back.
+fn write_sites(f: &mut fmt::Formatter<'_>, sites: &[SiteFallbacks]) -> fmt::Result {
+    for s in sites {
+        writeln!(
+            f,
+            "    fell back {}x at {} ({}), up to {} short",
+            s.count,
+            s.site,
+            s.reason,
+            mib(s.bytes_short)
+        )?;
+    }
+    Ok(())
 }
 
 fn mib(bytes: usize) -> String {
@@ -84,6 +99,14 @@ impl fmt::Display for Report {
                     s.stack_allocations,
                     s.fallback_allocations.total(),
                 )?;
+                if let Some(peak) = s.peak_at {
+                    writeln!(f, "    peak reached at {}:{}", peak.file, peak.line)?;
+                }
+                write_sites(f, &s.fallback_sites)?;
+            }
+            if !d.retired_fallback_sites.is_empty() {
+                writeln!(f, "  dropped streams:")?;
+                write_sites(f, &d.retired_fallback_sites)?;
             }
             match d.recommended_config() {
                 Some(rec) if d.fallback_allocations.total() > 0 => writeln!(

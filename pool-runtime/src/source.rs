@@ -48,3 +48,63 @@ impl fmt::Display for FallbackReason {
         })
     }
 }
+
+/// Where in the program a buffer was asked for: the name a `buffer!` binds (none for the runtime
+/// API) and the source location of the request. `buffer!` passes both as constants, and the
+/// runtime API's `#[track_caller]` the location, so knowing them costs nothing until something
+/// reads them: a fallback, an error, a recording.
+///
+/// ```
+/// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+/// let stream = Stream::new(&Device::host_with_limit(Some(64 << 20)))?;
+/// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
+/// assert!(err.to_string().contains(file!()), "{err}"); // the line that asked
+/// # Ok::<(), PoolError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallSite {
+    name: &'static str,
+    location: &'static std::panic::Location<'static>,
+}
+
+impl CallSite {
+    /// The caller's location (through every `#[track_caller]` function above), with `name` (empty
+    /// for none).
+    #[track_caller]
+    #[inline(always)]
+    pub fn here(name: &'static str) -> CallSite {
+        CallSite {
+            name,
+            location: std::panic::Location::caller(),
+        }
+    }
+
+    /// The name the `buffer!` binds; `None` for a runtime-API request.
+    pub fn name(&self) -> Option<&'static str> {
+        (!self.name.is_empty()).then_some(self.name)
+    }
+
+    /// The source file.
+    pub fn file(&self) -> &'static str {
+        self.location.file()
+    }
+
+    /// The line.
+    pub fn line(&self) -> u32 {
+        self.location.line()
+    }
+
+    /// The location alone.
+    pub(crate) fn location(&self) -> &'static std::panic::Location<'static> {
+        self.location
+    }
+}
+
+impl fmt::Display for CallSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => write!(f, "`{name}` at {}:{}", self.file(), self.line()),
+            None => write!(f, "{}:{}", self.file(), self.line()),
+        }
+    }
+}

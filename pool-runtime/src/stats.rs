@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::config::PoolConfig;
 use crate::error::{DeviceId, PoolError};
-use crate::source::FallbackReason;
+use crate::source::{CallSite, FallbackReason};
 
 /// One counter with a single writer: a relaxed load and store, no read-modify-write.
 #[derive(Debug, Default)]
@@ -62,6 +62,8 @@ impl StreamCounters {
             driver_alloc_calls: self.driver_alloc_calls.get(),
             driver_free_calls: self.driver_free_calls.get(),
             lifo_violations: self.lifo_violations.get(),
+            fallback_sites: Vec::new(),
+            peak_at: None,
         }
     }
 }
@@ -132,6 +134,32 @@ pub struct StreamStats {
     pub driver_free_calls: u64,
     /// Stack buffers released out of LIFO order.
     pub lifo_violations: u64,
+    /// The requests that fell back, by the `buffer!` or call that made them.
+    pub fallback_sites: Vec<SiteFallbacks>,
+    /// Where the stack's high-water mark was reached: the request that took it highest.
+    pub peak_at: Option<PeakSite>,
+}
+
+/// The fallbacks of one call site on one stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SiteFallbacks {
+    /// The `buffer!` or runtime call.
+    pub site: CallSite,
+    /// Why the stack could not serve it (the last time).
+    pub reason: FallbackReason,
+    /// How many of its requests fell back.
+    pub count: u64,
+    /// The most bytes the stack lacked for one of them (the request itself without a stack).
+    pub bytes_short: usize,
+}
+
+/// The source line of a stream's stack peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeakSite {
+    /// The source file.
+    pub file: &'static str,
+    /// The line.
+    pub line: u32,
 }
 
 /// A snapshot of one device's counters: its own driver calls plus every stream it has had.
@@ -175,6 +203,8 @@ pub struct DeviceStats {
     pub peak_stream_demand: usize,
     /// Live streams, one snapshot each.
     pub streams: Vec<StreamStats>,
+    /// The call sites that fell back on streams already dropped.
+    pub retired_fallback_sites: Vec<SiteFallbacks>,
 }
 
 impl DeviceStats {
@@ -202,10 +232,21 @@ pub(crate) struct Retired {
     pub(crate) driver_free_calls: u64,
     pub(crate) lifo_violations: u64,
     pub(crate) peak_demand: usize,
+    pub(crate) fallback_sites: Vec<SiteFallbacks>,
 }
 
 impl Retired {
     pub(crate) fn absorb(&mut self, s: &StreamStats) {
+        for site in &s.fallback_sites {
+            match self.fallback_sites.iter_mut().find(|r| r.site == site.site) {
+                Some(r) => {
+                    r.count += site.count;
+                    r.bytes_short = r.bytes_short.max(site.bytes_short);
+                    r.reason = site.reason;
+                }
+                None => self.fallback_sites.push(*site),
+            }
+        }
         self.stack_allocations += s.stack_allocations;
         self.fallback_allocations.add(&s.fallback_allocations);
         self.driver_alloc_calls += s.driver_alloc_calls;

@@ -16,7 +16,8 @@ use crate::config;
 use crate::device::{Device, StreamShared};
 use crate::error::PoolError;
 use crate::layout::Layout;
-use crate::source::{FallbackReason, Source};
+use crate::record::{Event, EventKind};
+use crate::source::{CallSite, FallbackReason, Source};
 use crate::stack::{Block, Release, Stack};
 use crate::stats::{StreamCounters, StreamStats};
 
@@ -54,6 +55,8 @@ pub struct Stream {
     overflow_live: Cell<usize>,
     /// A CUDA graph capture is under way: nothing may reach the driver's allocator.
     pub(crate) capturing: Cell<bool>,
+    /// Whether this stream records its takes and releases (`shared.recorder` is set).
+    recording: bool,
 }
 
 /// What a buffer must give back, and to whom.
@@ -157,11 +160,8 @@ impl Stream {
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
         static STREAM_IDS: crate::unique::Counter = crate::unique::Counter::new();
-        let shared = Arc::new(StreamShared {
-            id: STREAM_IDS.next(),
-            counters: StreamCounters::default(),
-            stack_index: crate::sync::AtomicUsize::new(usize::MAX),
-        });
+        let record = device.recording()?;
+        let shared = Arc::new(StreamShared::new(STREAM_IDS.next(), record));
         device.inner.register_stream(&shared);
         Ok(Stream {
             device: device.clone(),
@@ -177,6 +177,7 @@ impl Stream {
             has_deferred_waits: Cell::new(false),
             overflow_live: Cell::new(0),
             capturing: Cell::new(false),
+            recording: record > 0,
         })
     }
 
@@ -241,9 +242,14 @@ impl Stream {
         }
     }
 
-    /// Memory for `layout`: from the stack when it fits, else from the allocator.
+    /// Memory for `layout`, asked for at `site`: from the stack when it fits, else from the
+    /// allocator.
     #[inline]
-    pub(crate) fn take(&self, layout: &Layout) -> Result<(DevPtr, usize, Origin), PoolError> {
+    pub(crate) fn take(
+        &self,
+        layout: &Layout,
+        site: CallSite,
+    ) -> Result<(DevPtr, usize, Origin), PoolError> {
         if layout.is_empty() {
             return Ok((0, layout.pitch, Origin::Empty));
         }
@@ -257,7 +263,7 @@ impl Stream {
                     } else {
                         FallbackReason::Disabled
                     };
-                    return self.take_fallback(layout, reason, 0);
+                    return self.take_fallback(layout, reason, (0, 0), site);
                 }
             },
         };
@@ -267,12 +273,23 @@ impl Stream {
             } else {
                 FallbackReason::StackFull
             };
-            return self.take_fallback(layout, reason, stack.free_bytes());
+            return self.take_fallback(layout, reason, (stack.free_bytes(), stack.size()), site);
         };
         let c = self.counters();
         c.stack_allocations.add(1);
         c.stack_in_use.set(block.end as u64);
-        c.stack_high_water.raise_to(block.end as u64);
+        if block.end as u64 > c.stack_high_water.get() {
+            c.stack_high_water.set(block.end as u64);
+            self.shared.note_peak(site.location());
+        }
+        if self.recording {
+            self.record(
+                EventKind::Take,
+                Source::Stack,
+                (offset, layout.bytes),
+                Some(site),
+            );
+        }
         c.demand_peak
             .raise_to((block.end + self.overflow_live.get()) as u64);
         Ok((
@@ -282,13 +299,19 @@ impl Stream {
         ))
     }
 
+    /// `(stack_free, stack_size)` is the stack's state (zeros without one).
     #[cold]
     fn take_fallback(
         &self,
         layout: &Layout,
         reason: FallbackReason,
-        stack_free: usize,
+        (stack_free, stack_size): (usize, usize),
+        site: CallSite,
     ) -> Result<(DevPtr, usize, Origin), PoolError> {
+        let short = layout.bytes.saturating_sub(stack_free);
+        if reason != FallbackReason::Disabled {
+            self.shared.note_fallback(site, reason, short);
+        }
         if self.capturing.get() {
             return Err(PoolError::CaptureNeedsStack {
                 requested: layout.bytes,
@@ -304,9 +327,13 @@ impl Stream {
             pitch: layout.pitch,
             reason,
             stack_free,
+            stack_size,
             align: layout.elem_align,
         };
-        let allocation = self.allocator.allocate(&self.alloc_context(), &request)?;
+        let allocation = self
+            .allocator
+            .allocate(&self.alloc_context(), &request)
+            .map_err(|e| e.at(site))?;
         let ptr = allocator::validate(&allocation, &request, self.device.id());
         let ptr = match ptr {
             Ok(ptr) => ptr,
@@ -323,6 +350,10 @@ impl Stream {
             self.overflow_live.set(overflow);
             let top = self.stack.get().map_or(0, Stack::top);
             c.demand_peak.raise_to((top + overflow) as u64);
+        }
+        if self.recording {
+            let source = Source::Fallback(reason);
+            self.record(EventKind::Take, source, (0, layout.bytes), Some(site));
         }
         Ok((
             ptr,
@@ -393,6 +424,9 @@ impl Stream {
         {
             let release = stack.release(block);
             self.counters().stack_in_use.set(stack.top() as u64);
+            if self.recording {
+                self.record_release(ptr - stack.base, block.end, Source::Stack);
+            }
             return match release {
                 Release::InOrder => Ok(()),
                 Release::OutOfOrder => self.lifo_violation(ptr - stack.base),
@@ -418,6 +452,14 @@ impl Stream {
                 if reason != FallbackReason::Disabled {
                     self.overflow_live
                         .set(self.overflow_live.get().saturating_sub(bytes));
+                }
+                if self.recording {
+                    self.record(
+                        EventKind::Release,
+                        Source::Fallback(reason),
+                        (0, bytes),
+                        None,
+                    );
                 }
                 // SAFETY: forwarded: the allocation came from this stream's allocator, once.
                 unsafe { self.allocator.deallocate(&self.alloc_context(), allocation) }
@@ -452,6 +494,34 @@ impl Stream {
             result = result.and(waited);
         }
         result
+    }
+
+    /// Records a take: `(offset, bytes)` of the buffer.
+    #[cold]
+    fn record(
+        &self,
+        kind: EventKind,
+        source: Source,
+        (offset, bytes): (usize, usize),
+        site: Option<CallSite>,
+    ) {
+        self.shared.record(Event {
+            t_ns: crate::record::now_ns(),
+            kind,
+            source,
+            offset,
+            bytes,
+            stack_in_use: self.stack.get().map_or(0, Stack::top),
+            site,
+        });
+    }
+
+    /// Records the release of the stack block at `offset` that ended at `end`.
+    #[cold]
+    fn record_release(&self, offset: u64, end: usize, source: Source) {
+        let offset = offset as usize;
+        let bytes = end.saturating_sub(offset);
+        self.record(EventKind::Release, source, (offset, bytes), None);
     }
 
     #[cold]

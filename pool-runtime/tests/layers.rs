@@ -116,6 +116,7 @@ fn storage_and_the_pools_below_the_device_never_name_it() {
         "layout",
         "config",
         "stats",
+        "record",
         "storage",
         "stack",
         "allocator",

@@ -5,7 +5,7 @@ fn steps(stream: Stream, n: usize) -> Result<usize, PoolError> {
     for i in 0..n {
         let mut t = {
             let __gpu_pool_size_0: usize = i + 1;
-            __gpu_pool_frame.take_1d::<f32>(__gpu_pool_size_0)
+            __gpu_pool_frame.take_1d::<f32>(__gpu_pool_size_0, "t")
         }
             .expect("fits");
         let t = t.handle();
@@ -13,7 +13,7 @@ fn steps(stream: Stream, n: usize) -> Result<usize, PoolError> {
             let mut __gpu_pool_owner_1 = {
                 let __gpu_pool_size_0: usize = 8;
                 let __gpu_pool_size_1: usize = 8;
-                __gpu_pool_frame.take::<u8>(__gpu_pool_size_0, __gpu_pool_size_1)
+                __gpu_pool_frame.take::<u8>(__gpu_pool_size_0, __gpu_pool_size_1, "_")
             }?;
             let _ = __gpu_pool_owner_1.handle();
             continue;

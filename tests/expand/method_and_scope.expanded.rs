@@ -4,7 +4,7 @@ impl Filter {
         let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
         let mut x = {
             let __gpu_pool_size_0: usize = 16;
-            __gpu_pool_frame.take_1d::<u32>(__gpu_pool_size_0)
+            __gpu_pool_frame.take_1d::<u32>(__gpu_pool_size_0, "x")
         }?;
         let x = x.handle();
         let y = {
@@ -12,7 +12,7 @@ impl Filter {
             let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
             let mut y = {
                 let __gpu_pool_size_0: usize = 16;
-                __gpu_pool_frame.take_1d::<u32>(__gpu_pool_size_0)
+                __gpu_pool_frame.take_1d::<u32>(__gpu_pool_size_0, "y")
             }?;
             let mut y = y.handle();
             y.copy_from(&x)?;

@@ -17,6 +17,7 @@ mod faults;
 mod mix;
 mod model;
 mod model_pools;
+mod observe;
 mod pplcv;
 mod seed;
 mod views;

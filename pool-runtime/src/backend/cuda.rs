@@ -173,7 +173,11 @@ impl CudaBackend {
         let device = self.id;
         move |e| {
             if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                PoolError::OutOfMemory { device, requested }
+                PoolError::OutOfMemory {
+                    device,
+                    requested,
+                    site: None,
+                }
             } else {
                 driver_error(call, e)
             }
