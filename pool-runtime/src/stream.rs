@@ -51,6 +51,8 @@ pub struct Stream {
     /// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
     deferred_waits: RefCell<Vec<RawEvent>>,
     pub(crate) has_deferred_waits: Cell<bool>,
+    /// `has_deferred_waits || recording`: whether a release has more to do than release.
+    release_hooks: Cell<bool>,
     /// Bytes of live fallback buffers that a large enough stack would have held.
     overflow_live: Cell<usize>,
     /// A CUDA graph capture is under way: nothing may reach the driver's allocator.
@@ -175,6 +177,7 @@ impl Stream {
             wants_stack: Cell::new(false),
             deferred_waits: RefCell::new(Vec::new()),
             has_deferred_waits: Cell::new(false),
+            release_hooks: Cell::new(record > 0),
             overflow_live: Cell::new(0),
             capturing: Cell::new(false),
             recording: record > 0,
@@ -244,7 +247,7 @@ impl Stream {
 
     /// Memory for `layout`, asked for at `site`: from the stack when it fits, else from the
     /// allocator.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(
         &self,
         layout: &Layout,
@@ -415,18 +418,28 @@ impl Stream {
     /// memory is queued on this stream (stack memory is then reused in stream order).
     #[inline]
     pub(crate) unsafe fn give_back(&self, ptr: DevPtr, origin: &Origin) -> Result<(), PoolError> {
-        if self.has_deferred_waits.get() {
-            self.issue_deferred_waits()?;
+        // One flag for everything a release may have to do besides releasing, so a stream that
+        // neither waits for other streams nor records pays one test.
+        if self.release_hooks.get() {
+            // SAFETY: forwarded.
+            return unsafe { self.give_back_hooked(ptr, origin) };
         }
+        // SAFETY: forwarded.
+        unsafe { self.release(ptr, origin) }
+    }
+
+    /// The release itself.
+    ///
+    /// # Safety
+    /// As [`Stream::give_back`].
+    #[inline(always)]
+    unsafe fn release(&self, ptr: DevPtr, origin: &Origin) -> Result<(), PoolError> {
         // Read in place: copying the origin out right after it was written stalls store forwarding.
         if let Origin::Stack(block) = origin
             && let Some(stack) = self.stack.get()
         {
             let release = stack.release(block);
             self.counters().stack_in_use.set(stack.top() as u64);
-            if self.recording {
-                self.record_release(ptr - stack.base, block.end, Source::Stack);
-            }
             return match release {
                 Release::InOrder => Ok(()),
                 Release::OutOfOrder => self.lifo_violation(ptr - stack.base),
@@ -434,6 +447,29 @@ impl Stream {
         }
         // SAFETY: forwarded.
         unsafe { self.give_back_slow(origin) }
+    }
+
+    /// A release with waits to issue first or an event to record after.
+    ///
+    /// # Safety
+    /// As [`Stream::give_back`].
+    #[cold]
+    unsafe fn give_back_hooked(&self, ptr: DevPtr, origin: &Origin) -> Result<(), PoolError> {
+        if self.has_deferred_waits.get() {
+            self.issue_deferred_waits()?;
+        }
+        let stack_block = match origin {
+            Origin::Stack(block) => self.stack.get().map(|s| (ptr - s.base, block.end)),
+            _ => None,
+        };
+        // SAFETY: forwarded.
+        let released = unsafe { self.release(ptr, origin) };
+        if self.recording
+            && let Some((offset, end)) = stack_block
+        {
+            self.record_release(offset, end, Source::Stack);
+        }
+        released
     }
 
     /// # Safety
@@ -478,6 +514,7 @@ impl Stream {
         if let Some(event) = self.device.storage().backend.record_event(&user.raw)? {
             self.deferred_waits.borrow_mut().push(event);
             self.has_deferred_waits.set(true);
+            self.release_hooks.set(true);
         }
         Ok(())
     }
@@ -488,6 +525,7 @@ impl Stream {
     pub(crate) fn issue_deferred_waits(&self) -> Result<(), PoolError> {
         let waits = std::mem::take(&mut *self.deferred_waits.borrow_mut());
         self.has_deferred_waits.set(false);
+        self.release_hooks.set(self.recording);
         let mut result = Ok(());
         for event in waits {
             let waited = self.device.storage().backend.wait_event(&self.raw, event);
