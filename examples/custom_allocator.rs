@@ -61,7 +61,7 @@ unsafe impl GpuAllocator for Budgeted {
             return Err(PoolError::OutOfMemory {
                 device: ctx.device_id(),
                 requested: bytes,
-                site: None, // the stream adds the line that asked
+                request: None, // the stream adds the request that needed it
             });
         }
         let ptr = if ctx.supports_stream_ordered() {

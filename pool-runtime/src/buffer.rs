@@ -130,7 +130,13 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         let (ptr, pitch, origin) = if layout.is_empty() {
             (0, layout.pitch, Origin::Empty)
         } else {
-            stream.take_from_driver(&layout).map_err(|e| e.at(site))?
+            stream.take_from_driver(&layout).map_err(|e| {
+                e.at(crate::error::Request {
+                    site,
+                    stream: stream.id(),
+                    stack_needed: None,
+                })
+            })?
         };
         Ok(GpuMat {
             ptr,

@@ -49,16 +49,18 @@ pub enum PoolError {
     /// The device (or the allocator in use) could not provide the memory.
     #[error(
         "out of memory on {device}{at}: {requested} bytes requested; release buffers, request \
-         less, or give the pool less memory with set_buffer_pool_config",
-        at = at(.site)
+         less, or give the pool less memory with set_buffer_pool_config{fix}",
+        at = request_at(.request),
+        fix = request_fix(.request)
     )]
     OutOfMemory {
         /// The device that ran out.
         device: DeviceId,
         /// Bytes asked for.
         requested: usize,
-        /// The `buffer!` or runtime call that asked, where a buffer asked.
-        site: Option<CallSite>,
+        /// The buffer request that needed the memory, where a buffer asked (the stream adds it as
+        /// the error passes; allocators and backends leave it `None`).
+        request: Option<Request>,
     },
 
     /// A size computation (rows x cols x element size, pitch x rows, alignment) would wrap.
@@ -333,13 +335,49 @@ pub enum PoolError {
 impl PoolError {
     /// The error with `site` as its call site, where it has one and none is set yet.
     #[cold]
-    pub(crate) fn at(mut self, site: CallSite) -> PoolError {
-        if let PoolError::OutOfMemory { site: s, .. } | PoolError::StackExhausted { site: s, .. } =
-            &mut self
-        {
-            s.get_or_insert(site);
+    pub(crate) fn at(mut self, request: Request) -> PoolError {
+        match &mut self {
+            PoolError::OutOfMemory { request: r, .. } => {
+                r.get_or_insert(request);
+            }
+            PoolError::StackExhausted { site, .. } => {
+                site.get_or_insert(request.site);
+            }
+            _ => {}
         }
         self
+    }
+}
+
+/// The buffer request behind an out-of-memory error: who asked, on which stream, and the stack
+/// that would have served it without allocating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The `buffer!` or runtime call.
+    pub site: CallSite,
+    /// The stream ([`Stream::id`](crate::Stream::id)).
+    pub stream: u64,
+    /// Bytes of stack that would have held the request with what was in use, where the stack was
+    /// too full or too small for it (`None` for a request not meant for the stack).
+    pub stack_needed: Option<usize>,
+}
+
+/// ", stream N at `name` at file:line" for an out-of-memory request, or nothing.
+fn request_at(request: &Option<Request>) -> String {
+    request
+        .map(|r| format!(", stream {} at {}", r.stream, r.site))
+        .unwrap_or_default()
+}
+
+/// The stack size that would have served the request instead, as a `GPU_POOL_CONF` value.
+fn request_fix(request: &Option<Request>) -> String {
+    match request.and_then(|r| r.stack_needed) {
+        Some(needed) => format!(
+            "; or let the stack hold it: a stack of {needed} bytes would, \
+             GPU_POOL_CONF=stack_size={}MiB",
+            needed.div_ceil(1 << 20)
+        ),
+        None => String::new(),
     }
 }
 

@@ -272,7 +272,7 @@ fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), Poo
         let offset = pool.first_fit(size).ok_or(PoolError::OutOfMemory {
             device: pool.device.id(),
             requested: size,
-            site: None,
+            request: None,
         })?;
         pool.blocks.insert(offset, (size, id));
         offset

@@ -14,7 +14,7 @@ use crate::allocator::{self, AllocContext, AllocRequest, Allocation, GpuAllocato
 use crate::backend::{DevPtr, RawEvent, RawStream};
 use crate::config;
 use crate::device::{Device, StreamShared};
-use crate::error::PoolError;
+use crate::error::{PoolError, Request};
 use crate::layout::Layout;
 use crate::record::{Event, EventKind};
 use crate::source::{CallSite, FallbackReason, Source};
@@ -336,7 +336,16 @@ impl Stream {
         let allocation = self
             .allocator
             .allocate(&self.alloc_context(), &request)
-            .map_err(|e| e.at(site))?;
+            .map_err(|e| {
+                let stack_needed =
+                    matches!(reason, FallbackReason::StackFull | FallbackReason::TooLarge)
+                        .then(|| stack_size - stack_free + layout.bytes);
+                e.at(Request {
+                    site,
+                    stream: self.id(),
+                    stack_needed,
+                })
+            })?;
         let ptr = allocator::validate(&allocation, &request, self.device.id());
         let ptr = match ptr {
             Ok(ptr) => ptr,

@@ -165,7 +165,7 @@ unsafe impl gpu_pool::GpuAllocator for FailAt {
             return Err(PoolError::OutOfMemory {
                 device: ctx.device_id(),
                 requested: req.bytes,
-                site: None, // the stream names the buffer's line as the error passes it
+                request: None, // the stream adds the request as the error passes it
             });
         }
         self.inner.allocate(ctx, req)

@@ -105,12 +105,25 @@ fn runtime_api_requests_are_attributed_to_their_caller() -> Result<(), PoolError
     let pool = BufferPool::new(&stream);
     let (line, err) = (line!(), pool.get_buffer_1d::<u8>(1 << 30).unwrap_err());
     let PoolError::OutOfMemory {
-        site: Some(site), ..
+        request: Some(request),
+        ..
     } = err
     else {
         panic!("{err}");
     };
+    let site = request.site;
     assert_eq!((site.name(), site.line()), (None, line));
+    assert_eq!(request.stream, stream.id());
+    // 1 GiB is more than a whole 1 MiB stack: a 1 GiB stack would have held it.
+    assert_eq!(request.stack_needed, Some(1 << 30));
+    assert!(
+        err.to_string().contains(&format!("stream {}", stream.id())),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("GPU_POOL_CONF=stack_size=1024MiB"),
+        "{err}"
+    );
     assert!(
         err.to_string().contains(&format!("observe.rs:{line}")),
         "{err}"

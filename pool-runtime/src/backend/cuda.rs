@@ -176,7 +176,7 @@ impl CudaBackend {
                 PoolError::OutOfMemory {
                     device,
                     requested,
-                    site: None,
+                    request: None,
                 }
             } else {
                 driver_error(call, e)

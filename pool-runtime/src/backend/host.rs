@@ -71,7 +71,7 @@ impl HostBackend {
         PoolError::OutOfMemory {
             device: self.id,
             requested,
-            site: None,
+            request: None,
         }
     }
 }
