@@ -2,6 +2,11 @@
 //! (the floor) and the same request served by the fallback allocator, all in one run.
 //!
 //! `cargo bench --bench alloc` prints a markdown table of medians and ratios at the end.
+//!
+//! `alloc loop N hand|dsl` (the bench binary, run directly) instead calls the two-buffer function
+//! N times and nothing else, for instruction counts that do not depend on the machine's load:
+//! under `valgrind --tool=callgrind` at two values of N, the difference of the counts over the
+//! difference of N is the instructions per call (BENCHMARKS.md, G).
 
 mod support;
 
@@ -58,7 +63,31 @@ fn by_hand(stream: &Stream, n: usize) -> Result<u64, PoolError> {
     Ok(a.device_ptr() ^ b.device_ptr())
 }
 
+/// `loop N hand|dsl`: the two-buffer function `N` times, for callgrind.
+fn instruction_loop(mut args: impl Iterator<Item = String>) {
+    let iterations: usize = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("loop N hand|dsl");
+    let dsl = args.next().is_some_and(|a| a == "dsl");
+    let stream = Stream::new(&Device::host_with_limit(None)).expect("host stream");
+    let mut x = 0;
+    for _ in 0..iterations {
+        x ^= if dsl {
+            with_dsl(&stream, black_box(16))
+        } else {
+            by_hand(&stream, black_box(16))
+        }
+        .expect("fits");
+    }
+    black_box(x);
+}
+
 fn main() {
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some("loop") {
+        return instruction_loop(args);
+    }
     let mut c = support::criterion();
     let device = Device::host_with_limit(None);
     device.set_fallback(Fallback::Driver);

@@ -12,7 +12,6 @@ mod support;
 use gpu_pool::prelude::*;
 use gpu_pool::set_buffer_pool_config;
 use support::Stages;
-use support::kernels::{gray_of, threshold_of};
 
 const ROWS: usize = 4096;
 const COLS: usize = 4096;
@@ -62,31 +61,14 @@ fn main() -> Result<(), PoolError> {
     stream.synchronize()?;
     let elapsed = start.elapsed();
 
-    let wrong = image
-        .iter()
-        .zip(&out)
-        .filter(|&(&px, &o)| threshold_of(gray_of(px), 128) != o)
-        .count();
-    let stats = stream.stats();
-    println!("device: {}", Stages::describe(&device));
-    println!(
-        "{iterations} iterations of {ROWS}x{COLS} BGR -> gray -> threshold in {:.1} ms",
-        elapsed.as_secs_f64() * 1e3
+    support::report_seed_loop(
+        &device,
+        &stream,
+        (&image, &out),
+        (ROWS, COLS),
+        (iterations, elapsed),
+        calls_after_first,
     );
-    println!(
-        "stack buffers: {}, fallback buffers: {}, peak stack use: {:.1} MiB",
-        stats.stack_allocations,
-        stats.fallback_allocations.total(),
-        stats.stack_high_water as f64 / (1 << 20) as f64
-    );
-    println!(
-        "driver allocation calls after the first iteration: {}",
-        device.stats().driver_alloc_calls - calls_after_first
-    );
-    println!("pixels differing from the CPU reference: {wrong}");
-    if wrong != 0 {
-        std::process::exit(1);
-    }
     drop(src);
     drop(stream);
     device.release_stack_memory()?; // everything freed before exit, as a leak checker wants

@@ -11,6 +11,44 @@ pub mod kernels;
 
 use gpu_pool::prelude::*;
 
+/// What the seed's loop (`pipeline`, `pipeline_runtime`) prints after it ran: where, how long,
+/// the stack's use, the driver allocations after the first iteration, and the pixels of `out` that
+/// differ from the CPU reference of `image` (the process exits with 1 if any does).
+pub fn report_seed_loop(
+    device: &Device,
+    stream: &Stream,
+    (image, out): (&[[u8; 3]], &[u8]),
+    (rows, cols): (usize, usize),
+    (iterations, elapsed): (usize, std::time::Duration),
+    calls_after_first: u64,
+) {
+    let wrong = image
+        .iter()
+        .zip(out)
+        .filter(|&(&px, &o)| kernels::threshold_of(kernels::gray_of(px), 128) != o)
+        .count();
+    let stats = stream.stats();
+    println!("device: {}", Stages::describe(device));
+    println!(
+        "{iterations} iterations of {rows}x{cols} BGR -> gray -> threshold in {:.1} ms",
+        elapsed.as_secs_f64() * 1e3
+    );
+    println!(
+        "stack buffers: {}, fallback buffers: {}, peak stack use: {:.1} MiB",
+        stats.stack_allocations,
+        stats.fallback_allocations.total(),
+        stats.stack_high_water as f64 / (1 << 20) as f64
+    );
+    println!(
+        "driver allocation calls after the first iteration: {}",
+        device.stats().driver_alloc_calls - calls_after_first
+    );
+    println!("pixels differing from the CPU reference: {wrong}");
+    if wrong != 0 {
+        std::process::exit(1);
+    }
+}
+
 /// The example's first argument as a count (iterations, batches, frames), else `default`.
 pub fn count_arg(default: usize) -> usize {
     std::env::args()
