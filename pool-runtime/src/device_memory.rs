@@ -85,50 +85,6 @@ fn span<'a, T>(
     Ok(((window.rows - 1) * ld + window.cols, ld, stream))
 }
 
-impl<'a, T> DeviceRef<'a, T> {
-    pub(crate) fn new(
-        window: Window,
-        device: DeviceId,
-        stream: Option<&'a Arc<CudaStream>>,
-    ) -> Result<Self, PoolError> {
-        let (len, ld, stream) = span::<T>(&window, device, stream)?;
-        Ok(DeviceRef {
-            ptr: window.ptr,
-            len,
-            ld,
-            stream,
-            _borrow: PhantomData,
-        })
-    }
-
-    /// Elements from one row to the next: cuBLAS's leading dimension of a row-major matrix.
-    pub fn ld(&self) -> usize {
-        self.ld
-    }
-}
-
-impl<'a, T> DeviceMut<'a, T> {
-    pub(crate) fn new(
-        window: Window,
-        device: DeviceId,
-        stream: Option<&'a Arc<CudaStream>>,
-    ) -> Result<Self, PoolError> {
-        let (len, ld, stream) = span::<T>(&window, device, stream)?;
-        Ok(DeviceMut {
-            ptr: window.ptr,
-            len,
-            ld,
-            stream,
-            _borrow: PhantomData,
-        })
-    }
-
-    /// Elements from one row to the next: cuBLAS's leading dimension of a row-major matrix.
-    pub fn ld(&self) -> usize {
-        self.ld
-    }
-}
-
 /// The address for work queued on `user`, ordered against the memory's own stream `own`.
 fn ordered<'a>(ptr: u64, own: &Arc<CudaStream>, user: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
     if own.cu_stream() == user.cu_stream() {
@@ -147,35 +103,50 @@ fn ordered<'a>(ptr: u64, own: &Arc<CudaStream>, user: &'a CudaStream) -> (u64, S
     (ptr, SyncOnDrop::sync_stream(user))
 }
 
-impl<T> DeviceSlice<T> for DeviceRef<'_, T> {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn stream(&self) -> &Arc<CudaStream> {
-        self.stream
-    }
-}
+/// What both lent kinds have alike: a constructor from a view's window, the leading dimension,
+/// and cudarc's `DeviceSlice` and `DevicePtr`. Only `DeviceMut` adds `DevicePtrMut`.
+macro_rules! lent {
+    ($($lent:ident),*) => {$(
+        impl<'a, T> $lent<'a, T> {
+            pub(crate) fn new(
+                window: Window,
+                device: DeviceId,
+                stream: Option<&'a Arc<CudaStream>>,
+            ) -> Result<Self, PoolError> {
+                let (len, ld, stream) = span::<T>(&window, device, stream)?;
+                Ok($lent {
+                    ptr: window.ptr,
+                    len,
+                    ld,
+                    stream,
+                    _borrow: PhantomData,
+                })
+            }
 
-impl<T> DevicePtr<T> for DeviceRef<'_, T> {
-    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        ordered(self.ptr, self.stream, stream)
-    }
-}
+            /// Elements from one row to the next: cuBLAS's leading dimension of a row-major
+            /// matrix.
+            pub fn ld(&self) -> usize {
+                self.ld
+            }
+        }
 
-impl<T> DeviceSlice<T> for DeviceMut<'_, T> {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn stream(&self) -> &Arc<CudaStream> {
-        self.stream
-    }
-}
+        impl<T> DeviceSlice<T> for $lent<'_, T> {
+            fn len(&self) -> usize {
+                self.len
+            }
+            fn stream(&self) -> &Arc<CudaStream> {
+                self.stream
+            }
+        }
 
-impl<T> DevicePtr<T> for DeviceMut<'_, T> {
-    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        ordered(self.ptr, self.stream, stream)
-    }
+        impl<T> DevicePtr<T> for $lent<'_, T> {
+            fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+                ordered(self.ptr, self.stream, stream)
+            }
+        }
+    )*};
 }
+lent!(DeviceRef, DeviceMut);
 
 impl<T> DevicePtrMut<T> for DeviceMut<'_, T> {
     fn device_ptr_mut<'a>(
