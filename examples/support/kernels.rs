@@ -16,8 +16,9 @@ use gpu_pool::cudarc::nvrtc::compile_ptx;
 
 pub const SOURCE: &str = r#"
 // The byte-image kernels are bandwidth-bound: each thread moves 16 pixels of a row with 16-byte
-// loads and stores where the row allows (pool buffers start 512-aligned with pitches of a multiple
-// of 64), and falls back to bytes at a ragged right edge. Launch them with `grid_16px`.
+// loads and stores where the row allows (pool buffers start 64-aligned, 2D ones 512-aligned, with
+// pitches of a multiple of 64), and falls back to bytes at a ragged right edge. Launch them with
+// `grid_16px`.
 #define ROW16(ptr) (((size_t)(ptr) & 15) == 0)
 extern "C" __global__ void fill_pattern(unsigned char* dst, size_t pitch, int rows, int cols, int seed) {
     int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 16, y = blockIdx.y * blockDim.y + threadIdx.y;

@@ -218,7 +218,8 @@ pub(crate) fn misplaced_buffer() -> TokenStream {
     to_compile_errors(syn::Error::new(
         proc_macro2::Span::call_site(),
         "`buffer!` only works as `let name = buffer!(..)?;` in the body of a `#[pooled(stream)]` \
-         function or a `gpu_scope!(stream, { .. })` block (not in nested functions or inside other \
-         macros)",
+         function or a `gpu_scope!(stream, { .. })` block (not in nested functions, constant items \
+         or inside other macros), called as `buffer!` or by a path into gpu-pool \
+         (`gpu_pool::buffer!`)",
     ))
 }

@@ -68,8 +68,14 @@ use proc_macro::TokenStream;
 ///
 /// `buffer!` works at any depth of the body (blocks, `if`, `match`, loops, closures) but not in
 /// nested functions or inside other macros' arguments; neither it nor `gpu_scope!` may stand in an
-/// `async` block or closure. Refused at compile time: `async fn`, `const fn`, items that are no
-/// function, and a stream that names no parameter.
+/// `async` block or closure, or in a constant (`const { .. }`, an array length, a const generic
+/// argument). Refused at compile time: `async fn`, `const fn`, items that are no function, and a
+/// stream that names no parameter.
+///
+/// Only gpu-pool's macros are rewritten: `buffer!` and `gpu_scope!` as the prelude imports them, or
+/// called by a path into gpu-pool (`gpu_pool::buffer!`, `gpu_pool::prelude::buffer!`, either with a
+/// leading `::`). A macro of your own called by another path (`bytes::buffer![1, 2, 3]`) is left
+/// as written.
 #[proc_macro_attribute]
 pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::pooled(attr.into(), item.into()).into()
@@ -81,6 +87,13 @@ pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// Buffers of an enclosing frame stay usable inside. An `.await` inside the block (macro arguments
 /// included) is a compile error: a future suspended there would hold the buffers while other code
 /// takes more from the stream. Close the scope, then await.
+///
+/// The one known limit: an `.await` that only appears once another macro is expanded (a
+/// `macro_rules!` of yours, `tokio::join!`, `select!`) is not in the tokens this macro is given, so
+/// it is not refused. Dropped while suspended there, such a future releases its buffers in reverse
+/// order; only if other code took buffers from the same stream meanwhile is the release out of
+/// order, which the pool survives: it is counted in `lifo_violations` and the memory is reclaimed
+/// once the buffers above are gone, never handed out twice. Do not await inside a scope.
 ///
 /// ```
 /// use gpu_pool::prelude::*;

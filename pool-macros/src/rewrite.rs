@@ -5,7 +5,12 @@
 //! each loop iteration, or on any early exit. The walk descends into every expression that runs in
 //! the same call (blocks, `if`, `match`, loops, closures) and stops at nested items, whose bodies
 //! run elsewhere, and at macro calls, whose tokens are not Rust yet (a nested `gpu_scope!` rewrites
-//! its own body).
+//! its own body). Async code and constants (`const { .. }`, array lengths, const generic arguments)
+//! are not rewritten: the DSL there is refused on the user's tokens.
+//!
+//! Only gpu-pool's macros are touched: `buffer!` and `gpu_scope!` by their bare names or by a path
+//! into gpu-pool ([`is_ours`]). A user's own macro of the same name, called by another path, is
+//! left as written.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
@@ -115,12 +120,24 @@ impl Postfix {
     }
 }
 
-/// `buffer!`, `gpu_pool::buffer!` or `::gpu_pool::buffer!`.
+/// gpu-pool's `buffer!` (see [`is_ours`]).
 fn is_buffer(mac: &Macro) -> bool {
-    mac.path
-        .segments
-        .last()
-        .is_some_and(|s| s.ident == "buffer")
+    is_ours(mac, "buffer")
+}
+
+/// Whether `mac` calls gpu-pool's macro `name`: by its bare name, as `use gpu_pool::buffer` and the
+/// prelude import it, or by a path into gpu-pool (`gpu_pool::NAME`, `gpu_pool::prelude::NAME`,
+/// either with a leading `::`). Any other path that ends in `name` (`bytes::buffer!`,
+/// `crate::util::buffer!`) calls a macro of the user's: it is left alone, to expand as written.
+fn is_ours(mac: &Macro, name: &str) -> bool {
+    let path = &mac.path;
+    let idents: Vec<&Ident> = path.segments.iter().map(|s| &s.ident).collect();
+    match idents.as_slice() {
+        [last] => path.leading_colon.is_none() && *last == name,
+        [krate, last] => *krate == "gpu_pool" && *last == name,
+        [krate, module, last] => *krate == "gpu_pool" && *module == "prelude" && *last == name,
+        _ => false,
+    }
 }
 
 fn as_buffer(expr: &Expr) -> Option<&Macro> {
@@ -188,11 +205,38 @@ impl VisitMut for Rewriter {
             Expr::Macro(m) if is_buffer(&m.mac) => self.errors.push_at(&m.mac, NOT_A_LET),
             // Reported in place, so the rest of the function still expands: a stub body could not
             // stand in for a function that returns the future (`impl Future`).
-            Expr::Async(a) => refuse_dsl_in(&mut a.block, "an `async` block"),
+            Expr::Async(a) => refuse_dsl_in(&mut a.block, Refusal::Async("an `async` block")),
             Expr::Closure(c) if c.asyncness.is_some() => {
-                refuse_dsl_in_expr(&mut c.body, "an `async` closure");
+                refuse_dsl_in_expr(&mut c.body, Refusal::Async("an `async` closure"));
             }
             _ => visit_mut::visit_expr_mut(self, expr),
+        }
+    }
+
+    // Constants in the body are evaluated at compile time, where the frame, a local, does not
+    // exist: rewritten, their `buffer!`s would fail with rustc's E0435 on the attribute. Each is
+    // refused on the user's tokens instead. (Constant *items* are nested items, skipped below.)
+
+    fn visit_expr_const_mut(&mut self, c: &mut syn::ExprConst) {
+        refuse_dsl_in(&mut c.block, Refusal::Const("a `const` block"));
+    }
+
+    fn visit_expr_repeat_mut(&mut self, r: &mut syn::ExprRepeat) {
+        self.visit_expr_mut(&mut r.expr);
+        refuse_dsl_in_expr(&mut r.len, Refusal::Const("an array length"));
+    }
+
+    fn visit_type_array_mut(&mut self, t: &mut syn::TypeArray) {
+        self.visit_type_mut(&mut t.elem);
+        refuse_dsl_in_expr(&mut t.len, Refusal::Const("an array length"));
+    }
+
+    fn visit_generic_argument_mut(&mut self, arg: &mut syn::GenericArgument) {
+        let why = Refusal::Const("a const generic argument");
+        match arg {
+            syn::GenericArgument::Const(e) => refuse_dsl_in_expr(e, why),
+            syn::GenericArgument::AssocConst(a) => refuse_dsl_in_expr(&mut a.value, why),
+            _ => visit_mut::visit_generic_argument_mut(self, arg),
         }
     }
 
@@ -219,53 +263,65 @@ fn drop_tail_temporaries_first(block: &mut Block) {
     block.brace_token = syn::token::Brace(Span::mixed_site().located_at(braces));
 }
 
-/// `gpu_scope!`, `gpu_pool::gpu_scope!` or `::gpu_pool::gpu_scope!`.
+/// gpu-pool's `gpu_scope!` (see [`is_ours`]).
 fn is_gpu_scope(mac: &Macro) -> bool {
-    mac.path
-        .segments
-        .last()
-        .is_some_and(|s| s.ident == "gpu_scope")
+    is_ours(mac, "gpu_scope")
 }
 
-fn in_async(mac: &Macro, context: &str) -> String {
-    let name = if is_buffer(mac) {
-        "buffer!"
-    } else {
-        "gpu_scope!"
-    };
-    format!(
-        "`{name}` cannot be used inside {context}: a future can be suspended, dropped or forgotten \
-         at any `.await`, so its buffers would not be released in order; take buffers in the \
-         synchronous code around it"
-    )
+/// Where in a rewritten body the DSL cannot stand, and why.
+#[derive(Clone, Copy)]
+enum Refusal {
+    /// Async code, named: "an `async` block".
+    Async(&'static str),
+    /// A constant, named: "a `const` block", "an array length".
+    Const(&'static str),
+}
+
+impl Refusal {
+    fn message(self, mac: &Macro) -> String {
+        let name = if is_buffer(mac) {
+            "buffer!"
+        } else {
+            "gpu_scope!"
+        };
+        match self {
+            Refusal::Async(context) => format!(
+                "`{name}` cannot be used inside {context}: a future can be suspended, dropped or \
+                 forgotten at any `.await`, so its buffers would not be released in order; take \
+                 buffers in the synchronous code around it"
+            ),
+            Refusal::Const(context) => format!(
+                "`{name}` cannot be used inside {context}: a constant is evaluated at compile time, \
+                 and buffers are taken from a stream at run time; take buffers in the code around it"
+            ),
+        }
+    }
 }
 
 /// Turns every `buffer!` and `gpu_scope!` in `block` (outside nested items) into a
-/// `compile_error!` on the user's tokens saying why it cannot be used in `context`.
-fn refuse_dsl_in(block: &mut Block, context: &str) {
-    struct Refuse<'a>(&'a str);
-    impl VisitMut for Refuse<'_> {
-        fn visit_macro_mut(&mut self, mac: &mut Macro) {
-            if is_buffer(mac) || is_gpu_scope(mac) {
-                let message = in_async(mac, self.0);
-                let span = mac.path.span();
-                mac.path = syn::parse_quote_spanned!(span=> ::core::compile_error);
-                mac.tokens = quote_spanned!(mac.delimiter.span().join()=> #message);
-            }
-        }
-        fn visit_item_mut(&mut self, _: &mut syn::Item) {}
-    }
-    Refuse(context).visit_block_mut(block);
+/// `compile_error!` on the user's tokens saying why it cannot be used there.
+fn refuse_dsl_in(block: &mut Block, why: Refusal) {
+    Refuse(why).visit_block_mut(block);
 }
 
-fn refuse_dsl_in_expr(expr: &mut Expr, context: &str) {
-    let mut block: Block = syn::parse_quote!({ #expr });
-    refuse_dsl_in(&mut block, context);
-    *expr = Expr::Block(syn::ExprBlock {
-        attrs: Vec::new(),
-        label: None,
-        block,
-    });
+/// [`refuse_dsl_in`] for an expression.
+fn refuse_dsl_in_expr(expr: &mut Expr, why: Refusal) {
+    Refuse(why).visit_expr_mut(expr);
+}
+
+struct Refuse(Refusal);
+
+impl VisitMut for Refuse {
+    fn visit_macro_mut(&mut self, mac: &mut Macro) {
+        if is_buffer(mac) || is_gpu_scope(mac) {
+            let message = self.0.message(mac);
+            let span = mac.path.span();
+            mac.path = syn::parse_quote_spanned!(span=> ::core::compile_error);
+            mac.tokens = quote_spanned!(mac.delimiter.span().join()=> #message);
+        }
+    }
+
+    fn visit_item_mut(&mut self, _: &mut syn::Item) {}
 }
 
 /// The first `.await` in `tokens`, at any depth, macro arguments included: inside a frame it would

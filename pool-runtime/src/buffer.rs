@@ -240,16 +240,13 @@ impl<'s, T: Pod> GpuMat<'s, T> {
             return Ok(());
         }
         let region = self.region();
+        let stream = self.stream.work_stream("upload")?;
         // SAFETY: `region` is this buffer's live memory (its shape is what was allocated), and
         // `data` holds `rows` rows of `width` bytes back to back; it stays borrowed until the
         // synchronize below has seen the copy finish.
         unsafe {
-            self.backend().upload(
-                region,
-                bytemuck::cast_slice(data),
-                region.width,
-                &self.stream.raw,
-            )
+            self.backend()
+                .upload(region, bytemuck::cast_slice(data), region.width, stream)
         }?;
         // `data` is borrowed only for this call. From pageable memory the driver returns once it
         // has staged the bytes, but from page-locked memory the copy is still in flight.
@@ -263,14 +260,11 @@ impl<'s, T: Pod> GpuMat<'s, T> {
             return Ok(());
         }
         let region = self.region();
+        let stream = self.stream.work_stream("download")?;
         // SAFETY: as in `upload`; `out` has room for every row.
         unsafe {
-            self.backend().download(
-                region,
-                bytemuck::cast_slice_mut(out),
-                region.width,
-                &self.stream.raw,
-            )
+            self.backend()
+                .download(region, bytemuck::cast_slice_mut(out), region.width, stream)
         }
     }
 
@@ -287,11 +281,12 @@ impl<'s, T: Pod> GpuMat<'s, T> {
             return Ok(());
         }
         let region = self.region();
+        let stream = self.stream.work_stream("set_to")?;
         // SAFETY: `region` is this buffer's live memory; the pattern is one element, which divides
         // the row width.
         unsafe {
             self.backend()
-                .fill(region, bytemuck::bytes_of(&value), &self.stream.raw)
+                .fill(region, bytemuck::bytes_of(&value), stream)
         }
     }
 
@@ -318,15 +313,16 @@ impl<'s, T: Pod> GpuMat<'s, T> {
             return Ok(());
         }
         let cross_stream = !std::ptr::eq(src.stream, self.stream);
+        if cross_stream {
+            self.stream.check_cross_stream(src.stream, "copy_from")?;
+        }
+        let stream = self.stream.work_stream("copy_from")?;
         if cross_stream && let Some(written) = self.backend().record_event(&src.stream.raw)? {
-            self.backend().wait_event(&self.stream.raw, written)?;
+            self.backend().wait_event(stream, written)?;
         }
         // SAFETY: both regions are live buffers of this device; `&mut self` and `&src` cannot be
         // the same buffer, and live buffers never overlap.
-        unsafe {
-            self.backend()
-                .copy(self.region(), src.region(), &self.stream.raw)
-        }?;
+        unsafe { self.backend().copy(self.region(), src.region(), stream) }?;
         if cross_stream {
             src.stream.defer_wait_for(self.stream)?;
         }
@@ -356,12 +352,13 @@ impl<'s, T: Pod> GpuMat<'s, T> {
             rows: self.rows,
             cols: self.cols,
             pitch: self.pitch,
+            owns_gaps: true,
         }
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_order(&self) -> CudaOrder<'_> {
-        self.stream.cuda_stream()
+        self.stream.cuda_stream().map(|_| self.stream)
     }
 
     #[cfg(not(feature = "cuda"))]

@@ -18,16 +18,49 @@ use crate::error::{DeviceId, PoolError};
 use crate::storage::Storage;
 
 /// Counters of a [`CachingPool`].
+///
+/// Bytes in use are counted two ways: as the requests asked
+/// ([`active_requested_bytes`](Self::active_requested_bytes), PyOpenCL's `active_bytes`) and as
+/// the blocks that serve them, rounded up to their bin's size
+/// ([`active_rounded_bytes`](Self::active_rounded_bytes), what the device holds for them).
+///
+/// ```
+/// use std::sync::Arc;
+/// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+/// let device = Device::host_with_limit(None);
+/// let cache = Arc::new(CachingPool::new(&device));
+/// let stream = Stream::with_allocator(&device, cache.clone())?;
+/// let buf = BufferPool::new(&stream).get_buffer_1d::<u8>(1000)?; // 1024 bytes asked of the pool
+/// let stats = cache.stats();
+/// assert_eq!(stats.active_requested_bytes, 1024);
+/// assert_eq!(stats.active_rounded_bytes, 1087);                  // its bin's block size
+/// drop(buf);
+/// let stats = cache.stats();
+/// assert_eq!((stats.active_rounded_bytes, stats.held_bytes), (0, 1087));
+/// assert_eq!(stats.peak_active_rounded_bytes, 1087);
+/// # Ok::<(), PoolError>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CachingStats {
     /// Blocks held for reuse.
     pub held_blocks: usize,
-    /// Bytes held for reuse.
+    /// Bytes held for reuse (bin sizes).
     pub held_bytes: usize,
     /// Blocks handed out and not yet freed.
     pub active_blocks: usize,
-    /// Bytes handed out and not yet freed.
-    pub active_bytes: usize,
+    /// Bytes the requests of the blocks handed out and not yet freed asked for (each request's
+    /// [`AllocRequest::bytes`](crate::AllocRequest::bytes), before rounding to its bin): PyOpenCL's
+    /// `active_bytes`.
+    pub active_requested_bytes: usize,
+    /// Bytes of the blocks handed out and not yet freed, each its bin's size: what the device
+    /// holds for them. `active_rounded_bytes - active_requested_bytes` is lost to rounding.
+    pub active_rounded_bytes: usize,
+    /// The most [`active_requested_bytes`](Self::active_requested_bytes) at once, since the pool
+    /// was made or [`CachingPool::reset_peak`].
+    pub peak_active_requested_bytes: usize,
+    /// The most [`active_rounded_bytes`](Self::active_rounded_bytes) at once, since the pool was
+    /// made or [`CachingPool::reset_peak`].
+    pub peak_active_rounded_bytes: usize,
     /// Requests served by a held block (no driver allocation).
     pub hits: u64,
     /// Requests that needed a driver allocation.
@@ -45,12 +78,39 @@ struct Held {
     ready: Option<RawEvent>,
 }
 
+/// A block handed out.
+#[derive(Clone, Copy)]
+struct Active {
+    bin: u64,
+    /// The bin's block size.
+    size: usize,
+    /// What the request asked for.
+    requested: usize,
+}
+
 struct State {
     bins: BTreeMap<u64, Vec<Held>>,
-    /// Live blocks: address to (bin, size).
-    active: HashMap<DevPtr, (u64, usize)>,
+    /// Live blocks, by address.
+    active: HashMap<DevPtr, Active>,
     holding: bool,
     stats: CachingStats,
+}
+
+impl State {
+    /// Counts a block handed out.
+    fn activate(&mut self, ptr: DevPtr, block: Active) {
+        let stats = &mut self.stats;
+        stats.active_blocks += 1;
+        stats.active_requested_bytes += block.requested;
+        stats.active_rounded_bytes += block.size;
+        stats.peak_active_requested_bytes = stats
+            .peak_active_requested_bytes
+            .max(stats.active_requested_bytes);
+        stats.peak_active_rounded_bytes = stats
+            .peak_active_rounded_bytes
+            .max(stats.active_rounded_bytes);
+        self.active.insert(ptr, block);
+    }
 }
 
 /// A binned caching allocator for one device. Give it to streams as an `Arc`.
@@ -90,22 +150,26 @@ impl CachingPool {
     /// PyOpenCL's default number of leading bits (after the first one) that name a bin.
     pub const DEFAULT_LEADING_BITS: u32 = 4;
 
-    /// The bin of a request of `bytes` (non-zero) and the size every block of that bin has.
+    /// The bin of a request of `bytes` and the size every block of that bin has. Defined for every
+    /// size.
     ///
     /// A size keeps its highest set bit and the `leading_bits` bits below it; the rest are set to one,
     /// which gives the largest size sharing those bits. Sizes of `leading_bits + 1` bits or fewer are
-    /// their own bin. Never overflows: the rounded size keeps the request's highest bit.
+    /// their own bin. A request of 0 bytes shares the bin of 1 byte (as PyOpenCL's `bin_number(0)`
+    /// equals `bin_number(1)`, whose blocks are 1 byte). Never overflows: the rounded size keeps
+    /// the request's highest bit.
     ///
     /// ```
     /// use gpu_pool_runtime::CachingPool;
     /// assert_eq!(CachingPool::bin_of(1000, 4).1, 1023);          // 0b1111101000 -> 0b1111111111
     /// assert_eq!(CachingPool::bin_of(1024, 4).1, 1087);          // 0b10000000000 -> 0b10000111111
     /// assert_eq!(CachingPool::bin_of(17, 4).1, 17);              // small sizes are exact
+    /// assert_eq!(CachingPool::bin_of(0, 4), CachingPool::bin_of(1, 4)); // nothing: the 1-byte bin
     /// assert_eq!(CachingPool::bin_of(usize::MAX, 4).1, usize::MAX);
     /// ```
     pub fn bin_of(bytes: usize, leading_bits: u32) -> (u64, usize) {
-        debug_assert!(bytes > 0);
-        let top = usize::BITS - 1 - bytes.max(1).leading_zeros();
+        let bytes = bytes.max(1);
+        let top = usize::BITS - 1 - bytes.leading_zeros();
         if top <= leading_bits {
             // Exact: bin numbers of this range are the sizes themselves, below every rounded bin.
             return (bytes as u64, bytes);
@@ -136,6 +200,34 @@ impl CachingPool {
     /// A snapshot of the counters.
     pub fn stats(&self) -> CachingStats {
         self.lock().stats
+    }
+
+    /// Starts the peaks over from what is in use now (PyTorch's `reset_peak_memory_stats`):
+    /// afterwards [`peak_active_requested_bytes`](CachingStats::peak_active_requested_bytes) and
+    /// [`peak_active_rounded_bytes`](CachingStats::peak_active_rounded_bytes) equal the active
+    /// bytes. Counts (hits, misses, retries) are totals and are kept.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+    /// let device = Device::host_with_limit(None);
+    /// let cache = Arc::new(CachingPool::new(&device));
+    /// let stream = Stream::with_allocator(&device, cache.clone())?;
+    /// let pool = BufferPool::new(&stream);
+    /// let small = pool.get_buffer_1d::<u8>(64)?;
+    /// drop(pool.get_buffer_1d::<u8>(1 << 20)?);
+    /// assert!(cache.stats().peak_active_requested_bytes > 1 << 20);
+    /// cache.reset_peak();
+    /// let stats = cache.stats();
+    /// assert_eq!(stats.peak_active_requested_bytes, 64);
+    /// assert_eq!(stats.peak_active_rounded_bytes, stats.active_rounded_bytes);
+    /// # drop(small);
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn reset_peak(&self) {
+        let stats = &mut self.lock().stats;
+        stats.peak_active_requested_bytes = stats.active_requested_bytes;
+        stats.peak_active_rounded_bytes = stats.active_rounded_bytes;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -230,15 +322,18 @@ unsafe impl GpuAllocator for CachingPool {
                 actual: ctx.device_id(),
             });
         }
-        let (bin, size) = CachingPool::bin_of(req.bytes.max(1), self.leading_bits);
+        let (bin, size) = CachingPool::bin_of(req.bytes, self.leading_bits);
+        let block = Active {
+            bin,
+            size,
+            requested: req.bytes,
+        };
         let mut state = self.lock();
         if let Some(held) = self.take_held(&mut state, bin, ctx) {
             state.stats.hits += 1;
             state.stats.held_blocks -= 1;
             state.stats.held_bytes -= size;
-            state.stats.active_blocks += 1;
-            state.stats.active_bytes += size;
-            state.active.insert(held.ptr, (bin, size));
+            state.activate(held.ptr, block);
             drop(state);
             if let Some(event) = held.ready {
                 ctx.storage.backend.drop_event(event);
@@ -258,10 +353,7 @@ unsafe impl GpuAllocator for CachingPool {
             }
             other => other?,
         };
-        let mut state = self.lock();
-        state.stats.active_blocks += 1;
-        state.stats.active_bytes += size;
-        state.active.insert(ptr, (bin, size));
+        self.lock().activate(ptr, block);
         Ok(Allocation {
             ptr,
             pitch: req.pitch,
@@ -270,14 +362,20 @@ unsafe impl GpuAllocator for CachingPool {
 
     unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
         let mut state = self.lock();
-        let Some((bin, size)) = state.active.remove(&a.ptr) else {
+        let Some(Active {
+            bin,
+            size,
+            requested,
+        }) = state.active.remove(&a.ptr)
+        else {
             return Err(PoolError::UnknownBlock {
                 address: a.ptr,
                 owner: format!("the caching pool of {}", self.id),
             });
         };
         state.stats.active_blocks -= 1;
-        state.stats.active_bytes -= size;
+        state.stats.active_requested_bytes -= requested;
+        state.stats.active_rounded_bytes -= size;
         if !state.holding {
             drop(state);
             // SAFETY: the block came from `ctx.alloc` (a miss) and is freed once, by contract.
@@ -397,6 +495,63 @@ mod tests {
             "the good one was freed"
         );
         cache.lock().bins.clear(); // the forged block is no memory: forget it before drop
+        Ok(())
+    }
+
+    #[test]
+    fn a_request_of_zero_bytes_gets_a_one_byte_block() -> Result<(), PoolError> {
+        let device = crate::Device::host_with_limit(None);
+        let cache = CachingPool::new(&device);
+        let counters = crate::stats::StreamCounters::default();
+        let ctx = AllocContext {
+            storage: device.storage(),
+            stream: &crate::backend::RawStream::Host,
+            stream_id: 1,
+            counters: &counters,
+        };
+        let request = |bytes| AllocRequest {
+            rows: 1,
+            cols: bytes,
+            width_bytes: bytes,
+            pitched: false,
+            bytes,
+            pitch: bytes,
+            reason: crate::FallbackReason::Disabled,
+            stack_free: 0,
+            stack_size: 0,
+            align: 1,
+        };
+        let nothing = cache.allocate(&ctx, &request(0))?;
+        assert_ne!(nothing.ptr, 0, "a real block, as PyOpenCL's bin 0");
+        let stats = cache.stats();
+        assert_eq!((stats.misses, stats.active_blocks), (1, 1));
+        assert_eq!(
+            (stats.active_requested_bytes, stats.active_rounded_bytes),
+            (0, 1)
+        );
+        // SAFETY: allocated just above, freed once, never used.
+        unsafe { cache.deallocate(&ctx, nothing) }?;
+        assert_eq!(
+            (cache.stats().held_blocks, cache.stats().held_bytes),
+            (1, 1)
+        );
+        // A request of 1 byte is the same bin: the held block serves it, and 0 again after it.
+        let one = cache.allocate(&ctx, &request(1))?;
+        assert_eq!((one.ptr, cache.stats().hits), (nothing.ptr, 1));
+        // SAFETY: as above.
+        unsafe { cache.deallocate(&ctx, one) }?;
+        let again = cache.allocate(&ctx, &request(0))?;
+        assert_eq!((again.ptr, cache.stats().hits), (nothing.ptr, 2));
+        // SAFETY: as above.
+        unsafe { cache.deallocate(&ctx, again) }?;
+        let stats = cache.stats();
+        assert_eq!(
+            (stats.active_requested_bytes, stats.active_rounded_bytes),
+            (0, 0)
+        );
+        assert_eq!(stats.peak_active_rounded_bytes, 1);
+        cache.free_held()?;
+        assert_eq!(crate::testing::host_live_bytes(&device), Some(0));
         Ok(())
     }
 

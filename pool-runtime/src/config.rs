@@ -36,8 +36,10 @@ pub struct PoolConfig {
 }
 
 impl PoolConfig {
-    /// The alignment a stack size is rounded up to. Every stack, and so every stack buffer, starts on
-    /// this boundary; it is a multiple of the texture alignment of every CUDA device to date.
+    /// The alignment a stack size is rounded up to. Every stack starts on this boundary, a multiple
+    /// of the texture alignment of every CUDA device to date; in a stack, a 2D buffer starts on the
+    /// texture alignment and a row or column at the end of the block below it, rounded up to 64
+    /// bytes (or `align_of::<T>()`), as in OpenCV.
     pub const STACK_ALIGN: usize = 4096;
 
     /// Validates a config: both numbers must be non-zero, and `stack_size` is rounded **up** to a

@@ -123,6 +123,15 @@ impl StreamShared {
         stats
     }
 
+    /// Sets the stream's peaks to what it uses now: the stack's mark to `stack` where given (then
+    /// with no site: none reached it since), the demand peak to `demand`.
+    pub(crate) fn reset_peaks(&self, stack: Option<usize>, demand: usize) {
+        self.counters.reset_peaks(stack, demand as u64);
+        if stack.is_some() {
+            self.peak_at.store(std::ptr::null_mut(), Relaxed);
+        }
+    }
+
     /// Remembers where the stack's peak was reached.
     #[inline]
     pub(crate) fn note_peak(&self, at: &'static Location<'static>) {
@@ -434,6 +443,49 @@ impl Device {
             .caching
             .get_or_init(|| Arc::new(CachingPool::new(self)))
             .clone()
+    }
+
+    /// Starts the device's peaks over from what is in use now (PyTorch's
+    /// `reset_peak_memory_stats(device)`), to size the stacks for one phase of a program:
+    /// afterwards [`peak_streams_wanting_stack`](DeviceStats::peak_streams_wanting_stack) is the
+    /// number of streams that hold or want a stack now, and
+    /// [`peak_stream_demand`](DeviceStats::peak_stream_demand) the largest demand of a live stream
+    /// now (its stack in use plus the live fallback buffers the stack would have held), so
+    /// [`recommended_config`](DeviceStats::recommended_config) covers what comes next. Dropped
+    /// streams use nothing, so their peaks are forgotten; counts and fallback sites are totals and
+    /// are kept.
+    ///
+    /// It resets each live stream's demand peak, which the device's is made of. A stream's stack
+    /// high-water mark and its peak site are left to [`Stream::reset_peak`](crate::Stream::reset_peak)
+    /// on the thread that uses the stream: the mark is that thread's alone, and a CUDA graph capture
+    /// on it reserves what the mark measures. A stream taking buffers on another thread during the
+    /// reset may have its demand peak set a little low or high (to a level reached around it).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, Stream, set_buffer_pool_config};
+    /// let device = Device::host_with_limit(None);
+    /// device.set_fallback(Fallback::Driver);
+    /// set_buffer_pool_config(&device, 1 << 20, 1)?;
+    /// let stream = Stream::new(&device)?;
+    /// let pool = BufferPool::new(&stream);
+    /// drop(pool.get_buffer_1d::<u8>(3 << 20)?);          // a 3 MiB fallback: demand 3 MiB
+    /// assert_eq!(device.stats().recommended_config().unwrap().stack_size(), 3 << 20);
+    /// device.reset_peak();
+    /// let small = pool.get_buffer_1d::<u8>(1000)?;       // the next phase needs 1 KiB
+    /// let stats = device.stats();
+    /// assert_eq!(stats.peak_stream_demand, 1024);
+    /// assert_eq!(stats.recommended_config().unwrap().stack_size(), 1 << 20);
+    /// # drop(small);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    pub fn reset_peak(&self) {
+        let mut state = self.inner.lock_state();
+        state.streams_wanting_peak = state.streams_wanting;
+        state.retired.peak_demand = 0;
+        for shared in state.live_streams.iter().filter_map(Weak::upgrade) {
+            let demand = shared.counters.demand_now();
+            shared.reset_peaks(None, demand as usize);
+        }
     }
 
     /// A snapshot of the device's counters and of each live stream's.

@@ -5,13 +5,26 @@
 //! cudarc's traits name the stream the memory is ordered on, which only a CUDA buffer has, so a
 //! buffer lends itself through [`GpuMat::device_ref`](crate::GpuMat::device_ref) and
 //! [`GpuMat::device_mut`](crate::GpuMat::device_mut), which return `PoolError::Unsupported` on the
-//! host backend. A 2D buffer is lent as the run of memory from its first element to its last, step
-//! included: pass [`DeviceRef::ld`] as the leading dimension.
+//! host backend.
+//!
+//! cudarc's traits describe a flat run of `len` elements, and its safe calls (copies, fills) use
+//! all of it. So a 2D buffer is lent as the run from its first element to its last, its padding
+//! included (which it owns): pass [`DeviceRef::ld`] as the leading dimension where the callee takes
+//! one (cuBLAS). A region narrower than its buffer would lend its neighbours' elements between its
+//! rows, so it is refused with `PoolError::NotContinuous` (rows of every column, and 1-row regions,
+//! are lent); copy it into a buffer of its own first.
 //!
 //! The ordering contract of cudarc's traits holds: a library call on the buffer's own stream needs
 //! nothing more; on another stream, that stream first waits for the work queued on the buffer's
 //! stream (an event, no host wait), and the call is waited for before the returned guard drops,
 //! since the buffer's memory is reused in its own stream's order.
+//!
+//! Graph capture: a call on the buffer's own stream inside that stream's
+//! [`Stream::capture`](crate::Stream::capture) is recorded like any pooled work. A call that would
+//! cross streams while either is capturing, or one on a stream captured by anything else, cannot
+//! be ordered without pulling pool memory into a graph the pool does not reserve it for: cudarc's
+//! context records `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`, so the call's capture fails
+//! (`PoolError::CaptureCrossStream` from `Stream::capture`) and no graph replays it.
 //!
 //! ```no_run
 //! use gpu_pool_runtime::{BufferPool, Device, Stream};
@@ -29,9 +42,10 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, result, sys};
 
 use crate::error::{DeviceId, PoolError};
+use crate::stream::Stream;
 use crate::view::Window;
 
 /// A buffer or region lent to cudarc for reading.
@@ -41,6 +55,7 @@ pub struct DeviceRef<'a, T> {
     len: usize,
     ld: usize,
     stream: &'a Arc<CudaStream>,
+    pool: &'a Stream,
     _borrow: PhantomData<&'a T>,
 }
 
@@ -51,6 +66,7 @@ pub struct DeviceMut<'a, T> {
     len: usize,
     ld: usize,
     stream: &'a Arc<CudaStream>,
+    pool: &'a Stream,
     _borrow: PhantomData<&'a mut T>,
 }
 
@@ -59,9 +75,9 @@ pub struct DeviceMut<'a, T> {
 fn span<'a, T>(
     window: &Window,
     device: DeviceId,
-    stream: Option<&'a Arc<CudaStream>>,
-) -> Result<(usize, usize, &'a Arc<CudaStream>), PoolError> {
-    let Some(stream) = stream else {
+    pool: Option<&'a Stream>,
+) -> Result<(usize, usize, &'a Arc<CudaStream>, &'a Stream), PoolError> {
+    let Some((stream, pool)) = pool.and_then(|p| Some((p.cuda_stream()?, p))) else {
         return Err(PoolError::Unsupported {
             device,
             what: "cudarc device memory (DevicePtr) outside a CUDA stream",
@@ -70,10 +86,12 @@ fn span<'a, T>(
     let size = size_of::<T>();
     if window.rows <= 1 || size == 0 || window.is_continuous::<T>() {
         // Cannot wrap: the buffer's layout checked `rows * cols`.
-        return Ok((window.rows * window.cols, window.cols.max(1), stream));
+        return Ok((window.rows * window.cols, window.cols.max(1), stream, pool));
     }
-    if !window.pitch.is_multiple_of(size) {
-        // No whole number of elements between rows: no leading dimension describes it.
+    if !window.owns_gaps || !window.pitch.is_multiple_of(size) {
+        // A region's gaps are its neighbours' elements, which a flat run would hand to cudarc's
+        // copies and fills; and with no whole number of elements between rows, no leading
+        // dimension describes the rows.
         return Err(PoolError::NotContinuous {
             rows: window.rows,
             cols: window.cols,
@@ -82,12 +100,33 @@ fn span<'a, T>(
     }
     let ld = window.pitch / size;
     // Inside the buffer: the last row starts `(rows - 1) * pitch` bytes in and holds `cols`.
-    Ok(((window.rows - 1) * ld + window.cols, ld, stream))
+    Ok(((window.rows - 1) * ld + window.cols, ld, stream, pool))
 }
 
-/// The address for work queued on `user`, ordered against the memory's own stream `own`.
-fn ordered<'a>(ptr: u64, own: &Arc<CudaStream>, user: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-    if own.cu_stream() == user.cu_stream() {
+/// The address for work queued on `user`, ordered against the memory's own stream `own` (the pool
+/// stream `pool`'s cudarc stream).
+fn ordered<'a>(
+    ptr: u64,
+    own: &Arc<CudaStream>,
+    pool: &Stream,
+    user: &'a CudaStream,
+) -> (u64, SyncOnDrop<'a>) {
+    let same = own.cu_stream() == user.cu_stream();
+    let user_capturing = is_capturing(user);
+    if same {
+        // Recorded into the pool stream's own capture, the memory is reserved for the graph's
+        // life; recorded into any other capture, it is not.
+        if user_capturing && !pool.capturing.get() {
+            refuse(user, own);
+        }
+        return (ptr, SyncOnDrop::Record(None));
+    }
+    if user_capturing || pool.capturing.get() || is_capturing(own) {
+        // An event between the two would join one stream to the other's capture, or make a
+        // capture wait on work outside it. Refused: the capture fails, so nothing replays this.
+        // No earlier work races the call: a pool capture waits for its stream before it starts,
+        // and, failing, for the device before its memory is reused.
+        refuse(user, own);
         return (ptr, SyncOnDrop::Record(None));
     }
     // `user` must see what `own` has queued so far ...
@@ -103,6 +142,36 @@ fn ordered<'a>(ptr: u64, own: &Arc<CudaStream>, user: &'a CudaStream) -> (u64, S
     (ptr, SyncOnDrop::sync_stream(user))
 }
 
+/// Whether work queued on `stream` now is recorded into a graph; a stream whose status cannot be
+/// read counts as capturing, so the call is refused rather than risked.
+fn is_capturing(stream: &CudaStream) -> bool {
+    // SAFETY: `stream` is a live stream (borrowed); the query reads its state and nothing else.
+    let status = unsafe { result::stream::is_capturing(stream.cu_stream()) };
+    status.is_ok_and(|s| s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        || status.is_err()
+}
+
+/// Makes the call on `user` fail, with its capture: every capture under way on either stream is
+/// invalidated (a stream query is illegal while capturing, and the driver then refuses the call
+/// and makes no graph, whoever ends the capture and however often). Under a pool capture on this
+/// thread, cudarc's context also records `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`, which
+/// `Stream::capture` reports as `PoolError::CaptureCrossStream`.
+fn refuse(user: &CudaStream, own: &CudaStream) {
+    for s in [user, own] {
+        if is_capturing(s) {
+            // SAFETY: a live stream (borrowed); the query changes nothing but the capture's
+            // validity, which is what is wanted.
+            let _ = unsafe { sys::cuStreamQuery(s.cu_stream()) };
+        }
+    }
+    if crate::capturing::on_this_thread() {
+        // For `Stream::capture` to name the cause; other captures see the invalidation only.
+        let isolation = sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        user.context()
+            .record_err::<()>(Err(result::DriverError(isolation)));
+    }
+}
+
 /// What both lent kinds have alike: a constructor from a view's window, the leading dimension,
 /// and cudarc's `DeviceSlice` and `DevicePtr`. Only `DeviceMut` adds `DevicePtrMut`.
 macro_rules! lent {
@@ -111,14 +180,15 @@ macro_rules! lent {
             pub(crate) fn new(
                 window: Window,
                 device: DeviceId,
-                stream: Option<&'a Arc<CudaStream>>,
+                pool: Option<&'a Stream>,
             ) -> Result<Self, PoolError> {
-                let (len, ld, stream) = span::<T>(&window, device, stream)?;
+                let (len, ld, stream, pool) = span::<T>(&window, device, pool)?;
                 Ok($lent {
                     ptr: window.ptr,
                     len,
                     ld,
                     stream,
+                    pool,
                     _borrow: PhantomData,
                 })
             }
@@ -141,7 +211,7 @@ macro_rules! lent {
 
         impl<T> DevicePtr<T> for $lent<'_, T> {
             fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-                ordered(self.ptr, self.stream, stream)
+                ordered(self.ptr, self.stream, self.pool, stream)
             }
         }
     )*};
@@ -153,6 +223,6 @@ impl<T> DevicePtrMut<T> for DeviceMut<'_, T> {
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        ordered(self.ptr, self.stream, stream)
+        ordered(self.ptr, self.stream, self.pool, stream)
     }
 }

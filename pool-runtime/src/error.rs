@@ -272,6 +272,46 @@ pub enum PoolError {
     )]
     CaptureKeptBuffers,
 
+    /// Work that crosses streams was asked for while one of them is being captured into a CUDA
+    /// graph: the other stream would join the capture (and replays would write its memory after
+    /// its buffers are gone) or the capture would depend on work outside it.
+    #[error(
+        "{what} crosses streams while a CUDA graph is captured: the graph could only record it by \
+         pulling the other stream's work (and memory) into every replay; do the cross-stream work \
+         before or after the capture, or on the capturing stream"
+    )]
+    CaptureCrossStream {
+        /// The operation refused.
+        what: &'static str,
+    },
+
+    /// Pool work was asked for on a stream whose CUDA stream is being captured by something other
+    /// than its own [`Stream::capture`](crate::Stream::capture) (cudarc's `begin_capture`, or
+    /// another stream's capture it was joined to): the pool could not keep that work's memory for
+    /// the graph's life.
+    #[error(
+        "{what} on stream {stream}, whose CUDA stream is being captured outside Stream::capture: \
+         the graph would keep writing pool memory after its buffers are gone; capture pooled work \
+         with Stream::capture on the stream itself, and end other captures before using the stream"
+    )]
+    CapturedElsewhere {
+        /// The operation refused.
+        what: &'static str,
+        /// The pool stream's id.
+        stream: u64,
+    },
+
+    /// A pool stream already wraps this CUDA stream: two pool streams over one CUDA stream would
+    /// have two stacks whose work is ordered as one, which graph capture cannot keep apart.
+    #[error(
+        "pool stream {existing} already wraps this CUDA stream; use that Stream (lend it by \
+         reference), or wrap another CUDA stream"
+    )]
+    StreamAlreadyWrapped {
+        /// The id of the pool stream that wraps it.
+        existing: u64,
+    },
+
     /// A file could not be written.
     #[error("cannot write {path}: {detail}")]
     Io {
@@ -371,14 +411,22 @@ fn request_at(request: &Option<Request>) -> String {
 
 /// The stack size that would have served the request instead, as a `GPU_POOL_CONF` value.
 fn request_fix(request: &Option<Request>) -> String {
-    match request.and_then(|r| r.stack_needed) {
-        Some(needed) => format!(
+    match request.and_then(|r| r.stack_needed).and_then(stack_mib) {
+        Some((needed, mib)) => format!(
             "; or let the stack hold it: a stack of {needed} bytes would, \
-             GPU_POOL_CONF=stack_size={}MiB",
-            needed.div_ceil(1 << 20)
+             GPU_POOL_CONF=stack_size={mib}MiB"
         ),
+        // Past what any config can hold: no stack size to suggest.
         None => String::new(),
     }
+}
+
+/// `needed` bytes and the whole MiB that hold them, where a stack size of that many MiB can be
+/// written (`GPU_POOL_CONF`, `set_buffer_pool_config`) at all; `None` near the top of the address
+/// space.
+fn stack_mib(needed: usize) -> Option<(usize, usize)> {
+    let mib = needed.div_ceil(1 << 20);
+    mib.checked_mul(1 << 20).map(|_| (needed, mib))
 }
 
 /// " at `name` at file:line" for an error's call site, or nothing.
@@ -398,12 +446,17 @@ fn stack_fix(
             // What was in use, plus the request, in whole MiB (alignment padding aside).
             let needed = stack_size
                 .saturating_sub(available)
-                .saturating_add(requested);
-            format!(
-                "a stack of {needed} bytes would serve it: GPU_POOL_CONF=stack_size={}MiB \
-                 (or set_buffer_pool_config)",
-                needed.div_ceil(1 << 20)
-            )
+                .checked_add(requested)
+                .and_then(stack_mib);
+            match needed {
+                Some((needed, mib)) => format!(
+                    "a stack of {needed} bytes would serve it: GPU_POOL_CONF=stack_size={mib}MiB \
+                     (or set_buffer_pool_config)"
+                ),
+                None => "no stack size can hold it with what is in use (it is near the size of \
+                         the address space): request less"
+                    .into(),
+            }
         }
         FallbackReason::NoStack => "every stack is held by another stream: raise stack_count \
                                     (GPU_POOL_CONF=stack_count=N, or set_buffer_pool_config)"
@@ -412,5 +465,9 @@ fn stack_fix(
             "pooling is off for this stream: GPU_POOL_CONF=usage=on or set_buffer_pool_usage(true)"
                 .into()
         }
+        FallbackReason::NoStackMemory => "the device had no memory for the stacks when this \
+                                          stream was made: free device memory, or lower \
+                                          stack_size or stack_count, then make a new stream"
+            .into(),
     }
 }

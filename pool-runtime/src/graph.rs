@@ -13,7 +13,16 @@
 //!   driver call could invalidate the capture; a failing or panicking closure ends the capture and
 //!   leaves the stream usable;
 //! - buffers taken during the capture must be gone when it ends (the DSL sees to that); a buffer
-//!   kept past it is `PoolError::CaptureKeptBuffers` and no graph is made.
+//!   kept past it is `PoolError::CaptureKeptBuffers` and no graph is made;
+//! - a fallback or driver buffer released inside the capture (one made before it) is freed when
+//!   the graph is dropped, not before: its replays may use it;
+//! - the capture records only this stream's work: work that would cross streams (a cross-stream
+//!   `copy_from`, `record_stream`, a cudarc call on another stream with pool memory) is refused
+//!   with `PoolError::CaptureCrossStream`, and pool work on a stream that another capture pulled
+//!   in with `PoolError::CapturedElsewhere`. Buffers of other streams (`gpu_scope!` on another
+//!   stream inside the closure) run eagerly on their stream, as outside a capture;
+//! - nothing captured reads host memory the graph could outlive: uploads wait for the host (which a
+//!   capture refuses), and `set_to` fills with device-side operations only.
 //!
 //! ```no_run
 //! use gpu_pool_runtime::{BufferPool, Device, GpuMat, PoolError, Stream};
@@ -35,9 +44,10 @@
 
 use std::marker::PhantomData;
 
-use cudarc::driver::{CudaGraph, sys};
+use cudarc::driver::{CudaGraph, result, sys};
 
 use crate::backend::cuda::driver_error;
+use crate::capturing::{Kept, ThreadCapture};
 use crate::error::PoolError;
 use crate::stack::Block;
 use crate::stream::Stream;
@@ -51,6 +61,8 @@ pub struct Graph<'a> {
     /// the captured buffers reached above it. Released in reverse order on drop.
     fence: Block,
     reserved: Option<Block>,
+    /// Fallback and driver memory released during the capture, which replays may use.
+    kept: Vec<Kept>,
     /// Whatever the captured closure borrowed stays borrowed while the graph lives.
     _captures: PhantomData<&'a ()>,
 }
@@ -91,6 +103,7 @@ impl Drop for Graph<'_> {
             self.stream.release_reserved(&reserved);
         }
         self.stream.release_reserved(&self.fence);
+        self.stream.settle_kept(std::mem::take(&mut self.kept));
     }
 }
 
@@ -104,18 +117,51 @@ struct Capturing<'s> {
     high_water: u64,
     /// The highest stack offset the captured buffers reached.
     peak: usize,
+    /// Marks the capture on this thread until it ends.
+    thread: Option<ThreadCapture>,
 }
 
 impl Capturing<'_> {
     /// Ends the capture: the graph if the driver made one.
+    ///
+    /// The capture always ends: cudarc's `end_capture` returns an error its context recorded
+    /// earlier without ending it, so that error is taken first (it fails the capture), and a
+    /// capture still under way after cudarc's call is ended here.
     fn end(&mut self) -> Result<Option<CudaGraph>, PoolError> {
-        let ended = self
-            .cuda
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(|e| driver_error("cuStreamEndCapture", e));
+        let recorded = self.cuda.context().check_err();
+        let ended = self.cuda.end_capture(sys::CUgraphInstantiate_flags(0));
+        let backend = &self.stream.device().storage().backend;
+        if ended.is_err() && backend.is_capturing(&self.stream.raw).unwrap_or(true) {
+            // SAFETY: the stream is alive (borrowed) and capturing; the graph the driver returns
+            // is ours alone and destroyed once, here.
+            unsafe {
+                if let Ok(graph) = result::stream::end_capture(self.cuda.cu_stream())
+                    && !graph.is_null()
+                {
+                    let _ = result::graph::destroy(graph);
+                }
+            }
+        }
         self.stream.capturing.set(false);
+        self.thread = None;
         self.peak = self.stream.end_high_water(self.high_water);
-        ended
+        if let Err(e) = recorded {
+            // A refused cudarc call on another stream may still run eagerly on this stream's
+            // memory, which is reused once the capture has failed: wait for every stream first.
+            if let Err(e) = self.cuda.context().synchronize() {
+                tracing::error!(error = %e, "synchronize after a refused capture failed");
+            }
+            return Err(
+                if e.0 == sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_ISOLATION {
+                    PoolError::CaptureCrossStream {
+                        what: "a cudarc call with pool memory",
+                    }
+                } else {
+                    driver_error("a cudarc call inside the capture", e)
+                },
+            );
+        }
+        ended.map_err(|e| driver_error("cuStreamEndCapture", e))
     }
 }
 
@@ -126,6 +172,8 @@ impl Drop for Capturing<'_> {
         }
         if let Some(fence) = self.fence.take() {
             self.stream.release_reserved(&fence);
+            // No graph: what releases kept for it can go.
+            self.stream.settle_kept(self.stream.take_kept());
         }
     }
 }
@@ -155,10 +203,21 @@ impl Stream {
                 what: "a capture inside a capture of the same stream",
             });
         }
+        if self.device().storage().backend.is_capturing(&self.raw)? {
+            return Err(PoolError::CapturedElsewhere {
+                what: "Stream::capture",
+                stream: self.id(),
+            });
+        }
         if self.has_deferred_waits.get() {
             // Waits on events recorded outside the capture cannot join it: issue them now.
             self.issue_deferred_waits()?;
         }
+        // Work queued before the capture is done before it starts, so an eager call on another
+        // stream during it (refused, but already issued by cudarc) races nothing.
+        self.synchronize()?;
+        // Memory released before the capture is freed before it: inside, it could not be.
+        self.settle_kept(self.take_kept());
         let fence = self.reserve_fence()?;
         let mut capturing = Capturing {
             stream: self,
@@ -166,12 +225,19 @@ impl Stream {
             fence: Some(fence),
             high_water: self.start_high_water(fence.end),
             peak: fence.end,
+            thread: None,
         };
         cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
+        capturing.thread = Some(ThreadCapture::begin());
         self.capturing.set(true);
         let worked = work(self);
         let graph = capturing.end();
+        if let Err(e @ PoolError::CaptureCrossStream { .. }) = graph {
+            // The cause, rather than what the invalidated capture made of the closure's later
+            // work.
+            return Err(e);
+        }
         worked?;
         let exec = graph?.ok_or(PoolError::Unsupported {
             device: self.device().id(),
@@ -188,6 +254,7 @@ impl Stream {
             exec,
             fence,
             reserved,
+            kept: self.take_kept(),
             _captures: PhantomData,
         })
     }

@@ -1,5 +1,11 @@
 //! How a `rows x cols` request becomes bytes: OpenCV's `StackAllocator::allocate` rules, with every
-//! step checked so that no input can wrap.
+//! step checked so that no input can wrap, and where on a stack its block may start.
+//!
+//! OpenCV's `MemoryStack::requestMemory` hands out `tip` and moves it by the block's size, so blocks
+//! follow each other with no gap: 64-byte multiples for rows and columns, pitch x rows for 2D. Here a
+//! row or column block starts where the previous block ended, rounded up to
+//! `max(64, align_of::<T>())` (ten 64-byte rows take 640 bytes, as in OpenCV), and a 2D block
+//! starts on the texture alignment, as its rows do, which OpenCV leaves to chance.
 
 use crate::error::PoolError;
 
@@ -7,9 +13,11 @@ use crate::error::PoolError;
 pub(crate) const CONTIGUOUS_ALIGN: usize = 64;
 
 /// The strictest element alignment a buffer supports: what every source of memory guarantees.
-/// CUDA aligns every allocation to at least 256 bytes; stack blocks and 2D pitches are multiples of
-/// the texture alignment (512 on current GPUs and on the host backend). An element type aligned
-/// more strictly (`#[repr(align(512))]` and up) gets `PoolError::UnsupportedAlignment`.
+/// CUDA aligns every allocation to at least 256 bytes; a stack block starts on a multiple of
+/// `max(64, align_of::<T>())` (a row or a column) or of the texture alignment (2D, 512 on current
+/// GPUs and on the host backend), and 2D pitches are multiples of the texture alignment. An element
+/// type aligned more strictly (`#[repr(align(512))]` and up) gets
+/// `PoolError::UnsupportedAlignment`.
 pub const MAX_ELEMENT_ALIGN: usize = 256;
 
 /// The memory a buffer of `rows x cols` elements needs.
@@ -25,6 +33,11 @@ pub(crate) struct Layout {
     pub(crate) bytes: usize,
     /// `align_of::<T>()`: the address and the pitch of any memory for it must be multiples of it.
     pub(crate) elem_align: usize,
+    /// Where a stack block for it may start: a multiple of this (a power of two). The texture
+    /// alignment for 2D; for a row or a column, 64 (`CONTIGUOUS_ALIGN`, so blocks pack as in
+    /// OpenCV), or `align_of::<T>()` where that is larger. Never above
+    /// `max(texture alignment, MAX_ELEMENT_ALIGN)`.
+    pub(crate) block_align: usize,
 }
 
 impl Layout {
@@ -42,12 +55,13 @@ impl Layout {
         }
         let mut layout = Layout::new(rows, cols, size_of::<T>(), alignment)?;
         layout.elem_align = align_of::<T>();
+        layout.block_align = layout.block_align.max(align_of::<T>());
         Ok(layout)
     }
 
     /// OpenCV's rule: with more than one row and more than one column the pitch is
-    /// `align_up(cols * elem_size, alignment)`; a single row or column is contiguous and its size
-    /// is rounded up to 64 bytes.
+    /// `align_up(cols * elem_size, alignment)` and the block starts on `alignment`; a single row or
+    /// column is contiguous, its size is rounded up to 64 bytes, and its block starts on 64.
     #[inline]
     pub(crate) fn new(
         rows: usize,
@@ -65,10 +79,14 @@ impl Layout {
         // `len()` and every copy of the buffer rely on it.
         rows.checked_mul(cols).ok_or_else(overflow)?;
         let width_bytes = cols.checked_mul(elem_size).ok_or_else(overflow)?;
-        let (pitch, bytes) = if rows > 1 && cols > 1 {
+        let (pitch, bytes, block_align) = if rows > 1 && cols > 1 {
             // The one place the rule is written; `is_pitched` reads it back.
             let pitch = align_up(width_bytes, alignment).ok_or_else(overflow)?;
-            (pitch, pitch.checked_mul(rows).ok_or_else(overflow)?)
+            (
+                pitch,
+                pitch.checked_mul(rows).ok_or_else(overflow)?,
+                alignment,
+            )
         } else {
             let total = width_bytes.checked_mul(rows).ok_or_else(overflow)?;
             // A column is stored one element per row, so its pitch is the element size.
@@ -76,6 +94,7 @@ impl Layout {
             (
                 pitch,
                 align_up(total, CONTIGUOUS_ALIGN).ok_or_else(overflow)?,
+                CONTIGUOUS_ALIGN,
             )
         };
         Ok(Layout {
@@ -85,6 +104,7 @@ impl Layout {
             width_bytes,
             bytes,
             elem_align: 1,
+            block_align,
         })
     }
 
@@ -140,6 +160,19 @@ mod tests {
         assert_eq!((row.pitch, row.bytes), (40, 64));
         let col = Layout::new(10, 1, 4, 512).unwrap();
         assert_eq!((col.pitch, col.bytes), (4, 64));
+    }
+
+    #[test]
+    fn blocks_start_on_64_for_rows_and_columns_and_on_the_texture_alignment_for_2d() {
+        assert_eq!(Layout::new(1, 10, 4, 512).unwrap().block_align, 64);
+        assert_eq!(Layout::new(10, 1, 4, 512).unwrap().block_align, 64);
+        assert_eq!(Layout::new(3, 100, 4, 512).unwrap().block_align, 512);
+        assert_eq!(Layout::of::<f64>(1, 3, 512).unwrap().block_align, 64);
+        #[repr(C, align(256))]
+        struct Widest([u8; 256]);
+        assert_eq!(Layout::of::<Widest>(1, 3, 512).unwrap().block_align, 256);
+        assert_eq!(Layout::of::<Widest>(3, 3, 512).unwrap().block_align, 512);
+        assert_eq!(Layout::of::<Widest>(3, 3, 128).unwrap().block_align, 256);
     }
 
     #[test]

@@ -49,6 +49,7 @@ mod allocator;
 mod backend;
 mod buffer;
 mod caching;
+mod capturing;
 mod config;
 mod device;
 #[cfg(feature = "cuda")]

@@ -284,6 +284,7 @@ impl<'a> MixMemory<'a> {
             rows: 1,
         };
         let backend = &self.device.storage().backend;
+        let raw = stream.work_stream(if to_gpu { "copy_to_gpu" } else { "copy_to_cpu" })?;
         // SAFETY: both sides hold at least `bytes`; the host side is owned or mutably borrowed by
         // `self`. An owned side stays valid until `pending`, set below, is waited for: every later
         // host access, reallocation, release and drop waits, and a forgotten `MixMemory` leaks the
@@ -292,15 +293,15 @@ impl<'a> MixMemory<'a> {
         unsafe {
             if to_gpu {
                 let src = std::slice::from_raw_parts(host, bytes);
-                backend.upload(region, src, bytes, &stream.raw)?;
+                backend.upload(region, src, bytes, raw)?;
             } else {
-                backend.download_async(region, host, bytes, &stream.raw)?;
+                backend.download_async(region, host, bytes, raw)?;
             }
         }
         if borrowed {
-            return backend.synchronize(&stream.raw);
+            return backend.synchronize(raw);
         }
-        self.pending = Some(stream.raw.clone());
+        self.pending = Some(raw.clone());
         Ok(())
     }
 
@@ -337,6 +338,7 @@ fn contiguous<T>(ptr: u64, n: usize) -> Window {
         rows: 1,
         cols: n,
         pitch: n * size_of::<T>(),
+        owns_gaps: true,
     }
 }
 

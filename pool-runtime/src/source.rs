@@ -27,14 +27,19 @@ pub enum FallbackReason {
     TooLarge,
     /// Pooling is off ([`crate::set_buffer_pool_usage`]`(false)`), or the stream has a custom allocator.
     Disabled,
+    /// The device had no memory for the stacks when the stream was made (OpenCV makes the stream
+    /// all the same and serves it from the default allocator; so does gpu-pool). Streams made
+    /// later try again.
+    NoStackMemory,
 }
 
 impl FallbackReason {
-    pub(crate) const ALL: [FallbackReason; 4] = [
+    pub(crate) const ALL: [FallbackReason; 5] = [
         FallbackReason::StackFull,
         FallbackReason::NoStack,
         FallbackReason::TooLarge,
         FallbackReason::Disabled,
+        FallbackReason::NoStackMemory,
     ];
 }
 
@@ -45,6 +50,7 @@ impl fmt::Display for FallbackReason {
             FallbackReason::NoStack => "no stack left for this stream",
             FallbackReason::TooLarge => "request larger than a stack",
             FallbackReason::Disabled => "pooling off for this stream",
+            FallbackReason::NoStackMemory => "no device memory for the stacks",
         })
     }
 }

@@ -1,6 +1,8 @@
 //! One stream's stack: a bump pointer over a slice of the device's stack memory.
 //!
-//! Taking is an aligned bump; releasing the topmost block moves the top back. A block released out of
+//! Taking is an aligned bump, on the alignment the request's layout asks (`Layout::block_align`: 64
+//! for a row or a column, packed as OpenCV packs them, the texture alignment for 2D); releasing the
+//! topmost block moves the top back. A block released out of
 //! order cannot be reclaimed yet (buffers above it are live), so it waits in `pending` until the
 //! blocks above it are gone. That keeps every live block intact whatever order safe code releases in;
 //! `pending` is touched, and may allocate, only on that violation path.
@@ -8,6 +10,7 @@
 use std::cell::{Cell, RefCell};
 
 use crate::backend::DevPtr;
+use crate::layout::MAX_ELEMENT_ALIGN;
 
 /// A block of a stack, as its buffer remembers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,7 +26,8 @@ pub(crate) struct Stack {
     pub(crate) index: usize,
     pub(crate) base: DevPtr,
     size: usize,
-    /// Alignment of each block's start (the device's texture alignment, a power of two).
+    /// Alignment of a block's start for [`take`](Self::take) (the device's texture alignment, a
+    /// power of two); [`take_aligned`](Self::take_aligned) asks its own.
     align: usize,
     top: Cell<usize>,
     /// Blocks released out of order, sorted by `end`, all below `top`.
@@ -40,9 +44,10 @@ pub(crate) enum Release {
 }
 
 impl Stack {
-    /// `size` is at most `usize::MAX - align` (configs are far smaller), so bumps cannot wrap.
+    /// `size` is at most `usize::MAX - max(align, MAX_ELEMENT_ALIGN)` (configs are far smaller:
+    /// multiples of 4096), so bumps cannot wrap.
     pub(crate) fn new(index: usize, base: DevPtr, size: usize, align: usize) -> Stack {
-        debug_assert!(align.is_power_of_two() && size <= usize::MAX - align);
+        debug_assert!(align.is_power_of_two() && size <= usize::MAX - align.max(MAX_ELEMENT_ALIGN));
         Stack {
             index,
             base,
@@ -68,13 +73,24 @@ impl Stack {
         self.size - self.top.get()
     }
 
-    /// Takes `bytes` (non-zero) from the top: the block's offset and the block, or `None` if they do
-    /// not fit.
+    /// Takes `bytes` (non-zero) from the top on the stack's own (texture) alignment: see
+    /// [`take_aligned`](Self::take_aligned). What a CUDA graph capture's fence takes.
+    #[cfg(any(test, feature = "cuda"))]
     #[inline]
     pub(crate) fn take(&self, bytes: usize) -> Option<(usize, Block)> {
+        self.take_aligned(bytes, self.align)
+    }
+
+    /// Takes `bytes` (non-zero) from the top, starting on the next multiple of `align` (a power of
+    /// two, at most `max(texture alignment, MAX_ELEMENT_ALIGN)`): the block's offset and the
+    /// block, or `None` if they do not fit. The padding below the block belongs to it: releasing
+    /// it returns the top to where it was.
+    #[inline]
+    pub(crate) fn take_aligned(&self, bytes: usize, align: usize) -> Option<(usize, Block)> {
+        debug_assert!(align.is_power_of_two() && align <= self.align.max(MAX_ELEMENT_ALIGN));
         let prev_top = self.top.get();
-        // No overflow: prev_top <= size <= usize::MAX - align.
-        let offset = (prev_top + self.align - 1) & !(self.align - 1);
+        // No overflow: prev_top <= size <= usize::MAX - max(self.align, MAX_ELEMENT_ALIGN).
+        let offset = (prev_top + align - 1) & !(align - 1);
         let end = offset.checked_add(bytes).filter(|&end| end <= self.size)?;
         self.top.set(end);
         Some((offset, Block { end, prev_top }))
@@ -149,6 +165,84 @@ mod tests {
         assert_eq!(s.release(&d), Release::InOrder);
         assert_eq!(s.release(&c), Release::InOrder);
         assert_eq!(s.top(), 0);
+    }
+
+    #[test]
+    fn blocks_pack_on_their_own_alignment() {
+        let s = Stack::new(0, 0, 4096, 512);
+        let rows: Vec<(usize, Block)> = (0..10).map(|_| s.take_aligned(64, 64).unwrap()).collect();
+        let offsets: Vec<usize> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(offsets, (0..10).map(|i| i * 64).collect::<Vec<_>>());
+        assert_eq!(
+            s.top(),
+            640,
+            "as OpenCV: each block at the previous one's end"
+        );
+        let (image_at, image) = s.take(1024).unwrap();
+        assert_eq!(
+            (image_at, image.prev_top),
+            (1024, 640),
+            "2D: texture-aligned"
+        );
+        let (wide_at, wide) = s.take_aligned(64, 256).unwrap();
+        assert_eq!(wide_at, 2048);
+        let (odd_at, odd) = s.take_aligned(1, 1).unwrap();
+        assert_eq!(odd_at, 2112, "alignment 1 starts at the top itself");
+        assert_eq!(
+            s.take_aligned(4096 - 2113 + 1, 1),
+            None,
+            "one byte too many"
+        );
+        for block in [odd, wide, image] {
+            assert_eq!(s.release(&block), Release::InOrder);
+        }
+        for (_, row) in rows.iter().rev() {
+            assert_eq!(s.release(row), Release::InOrder);
+        }
+        assert_eq!(s.top(), 0);
+    }
+
+    /// What a CUDA graph capture does to a stream's stack (`graph.rs`), on the host: a fence, packed
+    /// buffers above it, and a reservation of what they reached; buffers taken while the graph lives
+    /// never get memory its replays write.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_capture_reserves_what_its_packed_buffers_used() -> Result<(), crate::PoolError> {
+        let device = crate::Device::host_with_limit(None);
+        let stream = crate::Stream::new(&device)?;
+        let pool = crate::BufferPool::new(&stream);
+        let before = pool.get_buffer_1d::<u8>(64)?; // the top is not texture-aligned
+        let fence = stream.reserve_fence()?;
+        assert_eq!((fence.prev_top, fence.end), (64, 513));
+        let high_water = stream.start_high_water(fence.end);
+        let captured = [
+            pool.get_buffer_1d::<u8>(64)?.device_ptr(),
+            pool.get_buffer_1d::<u8>(100)?.device_ptr(),
+        ];
+        let base = stream.stack_range().expect("a stack").start;
+        assert_eq!(
+            captured.map(|p| p - base),
+            [576, 640],
+            "packed right above the fence"
+        );
+        let peak = stream.end_high_water(high_water);
+        assert_eq!(peak, 768);
+        let reserved = stream
+            .reserve_up_to(peak)?
+            .expect("the captured buffers used bytes");
+        assert_eq!((reserved.prev_top, reserved.end), (513, 768));
+        let after = pool.get_buffer_1d::<u8>(64)?;
+        assert!(
+            after.device_ptr() - base >= 768,
+            "nothing a replay writes is handed out"
+        );
+        drop(after);
+        stream.release_reserved(&reserved);
+        stream.release_reserved(&fence);
+        drop(before);
+        assert_eq!(stream.stats().stack_in_use, 0);
+        assert_eq!(stream.stats().lifo_violations, 0);
+        Ok(())
     }
 
     #[test]

@@ -40,9 +40,12 @@ pub(crate) struct StreamCounters {
     pub(crate) stack_in_use: Counter,
     pub(crate) stack_high_water: Counter,
     pub(crate) stack_allocations: Counter,
-    pub(crate) fallback: [Counter; 4],
+    pub(crate) fallback: [Counter; FallbackReason::ALL.len()],
     /// Bytes the stack would have held with unlimited room: stack use plus live overflow buffers.
     pub(crate) demand_peak: Counter,
+    /// Bytes of live fallback buffers that a large enough stack would have held (the stream's own
+    /// copy, for readers on other threads: what a demand peak is reset to).
+    pub(crate) overflow_live: Counter,
     pub(crate) driver_alloc_calls: Counter,
     pub(crate) driver_free_calls: Counter,
     pub(crate) lifo_violations: Counter,
@@ -66,6 +69,23 @@ impl StreamCounters {
             peak_at: None,
         }
     }
+
+    /// The stack bytes plus the live fallback bytes the stack would have held, now.
+    pub(crate) fn demand_now(&self) -> u64 {
+        self.stack_in_use
+            .get()
+            .saturating_add(self.overflow_live.get())
+    }
+
+    /// Sets the peaks to what is in use now: the stack's high-water mark to `stack` where given
+    /// (the stream's own thread decides, as a capture may be measuring with it), and the demand
+    /// peak to `demand`.
+    pub(crate) fn reset_peaks(&self, stack: Option<usize>, demand: u64) {
+        if let Some(top) = stack {
+            self.stack_high_water.set(top as u64);
+        }
+        self.demand_peak.set(demand);
+    }
 }
 
 /// Fallback allocations, counted by reason.
@@ -77,7 +97,7 @@ impl StreamCounters {
 /// assert_eq!(counts.total(), 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FallbackCounts([u64; 4]);
+pub struct FallbackCounts([u64; FallbackReason::ALL.len()]);
 
 impl FallbackCounts {
     /// Allocations that fell back for `reason`.
@@ -119,14 +139,17 @@ pub struct StreamStats {
     pub stack_index: Option<usize>,
     /// Stack bytes in use now, alignment padding included.
     pub stack_in_use: usize,
-    /// The most stack bytes ever in use at once.
+    /// The most stack bytes in use at once, since the stream was made or its last
+    /// [`Stream::reset_peak`](crate::Stream::reset_peak).
     pub stack_high_water: usize,
     /// Buffers served by the stack.
     pub stack_allocations: u64,
     /// Buffers served by the fallback allocator, by reason.
     pub fallback_allocations: FallbackCounts,
     /// The most bytes the stack would have held at once had it been large enough: the stack size
-    /// that avoids every `StackFull` and `TooLarge` fallback of this stream.
+    /// that avoids every `StackFull` and `TooLarge` fallback of this stream. Since the stream was
+    /// made or the last [`Stream::reset_peak`](crate::Stream::reset_peak) or
+    /// [`Device::reset_peak`](crate::Device::reset_peak).
     pub peak_demand: usize,
     /// Driver allocation calls made for this stream's buffers.
     pub driver_alloc_calls: u64,
@@ -136,7 +159,9 @@ pub struct StreamStats {
     pub lifo_violations: u64,
     /// The requests that fell back, by the `buffer!` or call that made them.
     pub fallback_sites: Vec<SiteFallbacks>,
-    /// Where the stack's high-water mark was reached: the request that took it highest.
+    /// Where the stack's high-water mark was reached: the request that took it highest. `None`
+    /// before any, and after [`Stream::reset_peak`](crate::Stream::reset_peak) until a take
+    /// raises the mark.
     pub peak_at: Option<PeakSite>,
 }
 
@@ -185,7 +210,8 @@ pub struct DeviceStats {
     pub stacks_held: usize,
     /// Whether the stack memory is allocated now.
     pub stacks_allocated: bool,
-    /// The most streams that held or wanted a stack at once.
+    /// The most streams that held or wanted a stack at once, since the device was made or its
+    /// last [`Device::reset_peak`](crate::Device::reset_peak).
     pub peak_streams_wanting_stack: usize,
     /// Stack bytes in use over all live streams.
     pub stack_in_use: usize,
@@ -199,7 +225,8 @@ pub struct DeviceStats {
     pub driver_free_calls: u64,
     /// LIFO violations over all streams.
     pub lifo_violations: u64,
-    /// The largest `peak_demand` of any stream, live or dropped.
+    /// The largest `peak_demand` of any stream, live or dropped (since the last
+    /// [`Device::reset_peak`](crate::Device::reset_peak), which forgets dropped streams).
     pub peak_stream_demand: usize,
     /// Live streams, one snapshot each.
     pub streams: Vec<StreamStats>,

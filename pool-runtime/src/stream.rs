@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::allocator::{self, AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent, RawStream};
+use crate::capturing::{self, Kept};
 use crate::config;
 use crate::device::{Device, StreamShared};
 use crate::error::{PoolError, Request};
@@ -48,6 +49,9 @@ pub struct Stream {
     custom_allocator: bool,
     strict_lifo: bool,
     wants_stack: Cell<bool>,
+    /// The device had no memory for the stacks when this stream first asked: it does not ask
+    /// again (a driver call on every take), and its buffers fall back.
+    no_stack_memory: Cell<bool>,
     /// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
     deferred_waits: RefCell<Vec<RawEvent>>,
     pub(crate) has_deferred_waits: Cell<bool>,
@@ -59,6 +63,12 @@ pub struct Stream {
     pub(crate) capturing: Cell<bool>,
     /// Whether this stream records its takes and releases (`shared.recorder` is set).
     recording: bool,
+    /// Fallback and driver memory released while a capture was under way on this thread: kept
+    /// until it is over (see `capturing`).
+    kept: RefCell<Vec<Kept>>,
+    /// This pool stream's claim on its CUDA stream: no other pool stream may wrap it.
+    #[cfg(feature = "cuda")]
+    _wrapped: Option<capturing::Wrapped>,
 }
 
 /// What a buffer must give back, and to whom.
@@ -94,14 +104,33 @@ impl Stream {
     /// the device's stack memory if it is the first); with none free, its buffers come from the
     /// fallback until one is.
     ///
-    /// Errors: `GPU_POOL_CONF` malformed, the stack memory could not be allocated, or the backend
-    /// could not make a stream.
+    /// Errors: `GPU_POOL_CONF` malformed, or the backend could not make a stream. Without device
+    /// memory for the stacks the stream is still made (as OpenCV's is): its buffers fall back with
+    /// `FallbackReason::NoStackMemory`, and a stream made once memory is free gets a stack.
     pub fn new(device: &Device) -> Result<Stream, PoolError> {
         let stream = Stream::build(device, device.fallback_allocator()?, false)?;
-        if config::buffer_pool_usage()? {
-            stream.claim_stack()?;
-        }
+        stream.first_claim()?;
         Ok(stream)
+    }
+
+    /// A new stream's claim on a stack. Without device memory for the stacks the stream is made
+    /// all the same, its buffers falling back with `FallbackReason::NoStackMemory`.
+    fn first_claim(&self) -> Result<(), PoolError> {
+        if !config::buffer_pool_usage()? {
+            return Ok(());
+        }
+        match self.claim_stack() {
+            Err(PoolError::OutOfMemory { requested, .. }) => {
+                tracing::warn!(
+                    stream = self.id(),
+                    requested,
+                    "no device memory for the stacks: this stream's buffers come from its fallback"
+                );
+                self.no_stack_memory.set(true);
+                Ok(())
+            }
+            claimed => claimed.map(drop),
+        }
     }
 
     /// Makes a stream whose buffers all come from `allocator` (OpenCV's `Stream(allocator)`): it
@@ -115,6 +144,10 @@ impl Stream {
 
     /// Wraps a cudarc stream of `device`'s context, so pooled buffers and your own kernels share it.
     /// Takes a stack as [`Stream::new`] does.
+    ///
+    /// One pool stream per CUDA stream: `PoolError::StreamAlreadyWrapped` if a live pool stream
+    /// (made by `from_cuda` or [`Stream::new`]) already wraps `stream`. Two stacks ordered as one
+    /// stream would be recorded together by a graph capture that reserves only one of them.
     #[cfg(feature = "cuda")]
     pub fn from_cuda(
         device: &Device,
@@ -129,9 +162,7 @@ impl Stream {
         }
         let fallback = device.fallback_allocator()?;
         let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
-        if config::buffer_pool_usage()? {
-            made.claim_stack()?;
-        }
+        made.first_claim()?;
         Ok(made)
     }
 
@@ -163,7 +194,10 @@ impl Stream {
         config::env_config()?;
         static STREAM_IDS: crate::unique::Counter = crate::unique::Counter::new();
         let record = device.recording()?;
-        let shared = Arc::new(StreamShared::new(STREAM_IDS.next(), record));
+        let id = STREAM_IDS.next();
+        #[cfg(feature = "cuda")]
+        let wrapped = capturing::Wrapped::claim(&raw, id)?;
+        let shared = Arc::new(StreamShared::new(id, record));
         device.inner.register_stream(&shared);
         Ok(Stream {
             device: device.clone(),
@@ -175,12 +209,16 @@ impl Stream {
             custom_allocator,
             strict_lifo: device.strict_lifo()?,
             wants_stack: Cell::new(false),
+            no_stack_memory: Cell::new(false),
             deferred_waits: RefCell::new(Vec::new()),
             has_deferred_waits: Cell::new(false),
             release_hooks: Cell::new(record > 0),
             overflow_live: Cell::new(0),
             capturing: Cell::new(false),
             recording: record > 0,
+            kept: RefCell::new(Vec::new()),
+            #[cfg(feature = "cuda")]
+            _wrapped: wrapped,
         })
     }
 
@@ -216,6 +254,40 @@ impl Stream {
         self.shared.snapshot(self.device.id())
     }
 
+    /// Starts this stream's peaks over from what it uses now (PyTorch's `reset_peak_memory_stats`),
+    /// to measure one phase of a program: afterwards
+    /// [`stack_high_water`](StreamStats::stack_high_water) equals `stack_in_use`,
+    /// [`peak_demand`](StreamStats::peak_demand) equals the stack in use plus the live fallback
+    /// buffers it would have held, and [`peak_at`](StreamStats::peak_at) is `None` until a take
+    /// raises the mark again. Counts (allocations, fallbacks, driver calls, violations) and the
+    /// fallback sites are totals, not peaks, and are kept.
+    ///
+    /// While the stream captures a CUDA graph its stack mark measures what the graph's replays will
+    /// use, so it is not lowered then (the other figures are reset).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// let stream = Stream::new(&Device::host_with_limit(None))?;
+    /// let pool = BufferPool::new(&stream);
+    /// let kept = pool.get_buffer_1d::<u8>(1000)?;   // 1024 bytes of stack
+    /// drop(pool.get_buffer_1d::<f32>(4096)?);       // a peak of 1024 + 16 KiB, gone
+    /// assert_eq!(stream.stats().stack_high_water, 1024 + (16 << 10));
+    /// stream.reset_peak();
+    /// let stats = stream.stats();
+    /// assert_eq!((stats.stack_high_water, stats.peak_demand), (1024, 1024));
+    /// assert_eq!(stats.peak_at, None);
+    /// drop(kept);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    pub fn reset_peak(&self) {
+        let top = self.stack.get().map_or(0, Stack::top);
+        // A capture's reservation is its high-water mark: lowering it mid-capture would leave
+        // memory its replays write to later buffers.
+        let stack = (!self.capturing.get()).then_some(top);
+        let demand = top.saturating_add(self.overflow_live.get());
+        self.shared.reset_peaks(stack, demand);
+    }
+
     /// The allocator behind the stack (or the only one, for a stream made with
     /// [`Stream::with_allocator`]).
     pub fn allocator(&self) -> Arc<dyn GpuAllocator> {
@@ -230,7 +302,7 @@ impl Stream {
     /// Takes a stack if pooling is on and one is free; returns it.
     #[cold]
     fn claim_stack(&self) -> Result<Option<&Stack>, PoolError> {
-        if self.custom_allocator || !config::buffer_pool_usage()? {
+        if self.custom_allocator || self.no_stack_memory.get() || !config::buffer_pool_usage()? {
             return Ok(None);
         }
         if !self.wants_stack.replace(true) {
@@ -261,7 +333,9 @@ impl Stream {
             None => match self.claim_stack()? {
                 Some(stack) => stack,
                 None => {
-                    let reason = if self.wants_stack.get() {
+                    let reason = if self.no_stack_memory.get() {
+                        FallbackReason::NoStackMemory
+                    } else if self.wants_stack.get() {
                         FallbackReason::NoStack
                     } else {
                         FallbackReason::Disabled
@@ -270,7 +344,7 @@ impl Stream {
                 }
             },
         };
-        let Some((offset, block)) = stack.take(layout.bytes) else {
+        let Some((offset, block)) = stack.take_aligned(layout.bytes, layout.block_align) else {
             let reason = if layout.bytes > stack.size() {
                 FallbackReason::TooLarge
             } else {
@@ -315,12 +389,14 @@ impl Stream {
         if reason != FallbackReason::Disabled {
             self.shared.note_fallback(site, reason, short);
         }
-        if self.capturing.get() {
+        if self.capturing.get() || capturing::on_this_thread() {
+            // The driver refuses allocations from a capturing thread, and invalidates the capture.
             return Err(PoolError::CaptureNeedsStack {
                 requested: layout.bytes,
                 available: stack_free,
             });
         }
+        self.free_kept_now();
         let request = AllocRequest {
             rows: layout.rows,
             cols: layout.cols,
@@ -337,9 +413,11 @@ impl Stream {
             .allocator
             .allocate(&self.alloc_context(), &request)
             .map_err(|e| {
+                // What was in use plus the request; `None` where that wraps (no stack holds it).
                 let stack_needed =
                     matches!(reason, FallbackReason::StackFull | FallbackReason::TooLarge)
-                        .then(|| stack_size - stack_free + layout.bytes);
+                        .then(|| (stack_size - stack_free).checked_add(layout.bytes))
+                        .flatten();
                 e.at(Request {
                     site,
                     stream: self.id(),
@@ -358,10 +436,11 @@ impl Stream {
         let c = self.counters();
         c.fallback[reason as usize].add(1);
         if reason != FallbackReason::Disabled {
-            let overflow = self.overflow_live.get() + layout.bytes;
+            let overflow = self.overflow_live.get().saturating_add(layout.bytes);
             self.overflow_live.set(overflow);
+            c.overflow_live.set(overflow as u64);
             let top = self.stack.get().map_or(0, Stack::top);
-            c.demand_peak.raise_to((top + overflow) as u64);
+            c.demand_peak.raise_to(top.saturating_add(overflow) as u64);
         }
         if self.recording {
             let source = Source::Fallback(reason);
@@ -383,12 +462,13 @@ impl Stream {
         &self,
         layout: &Layout,
     ) -> Result<(DevPtr, usize, Origin), PoolError> {
-        if self.capturing.get() {
+        if self.capturing.get() || capturing::on_this_thread() {
             return Err(PoolError::CaptureNeedsStack {
                 requested: layout.bytes,
                 available: 0,
             });
         }
+        self.free_kept_now();
         let storage = self.device.storage();
         let (ptr, pitch) = if layout.is_pitched() {
             storage.alloc_pitch(layout.width_bytes, layout.rows, Some(self.counters()))?
@@ -495,8 +575,9 @@ impl Stream {
                     bytes,
                 } = **f;
                 if reason != FallbackReason::Disabled {
-                    self.overflow_live
-                        .set(self.overflow_live.get().saturating_sub(bytes));
+                    let overflow = self.overflow_live.get().saturating_sub(bytes);
+                    self.overflow_live.set(overflow);
+                    self.counters().overflow_live.set(overflow as u64);
                 }
                 if self.recording {
                     self.record(
@@ -507,19 +588,112 @@ impl Stream {
                     );
                 }
                 // SAFETY: forwarded: the allocation came from this stream's allocator, once.
-                unsafe { self.allocator.deallocate(&self.alloc_context(), allocation) }
+                unsafe { self.free_or_keep(Kept::Fallback(allocation)) }
             }
-            &Origin::Driver(ptr) => {
-                // SAFETY: forwarded: `ptr` came from `take_from_driver`, once; the driver's free
-                // synchronizes, so queued work using it is done.
-                unsafe { self.device.storage().free(ptr, Some(self.counters())) }
+            // SAFETY: forwarded: `ptr` came from `take_from_driver`, once.
+            &Origin::Driver(ptr) => unsafe { self.free_or_keep(Kept::Driver(ptr)) },
+        }
+    }
+
+    /// Frees released memory, or, while a capture is under way on this thread (whose work may
+    /// use it, and which a driver free would invalidate), keeps it until the capture is over.
+    ///
+    /// # Safety
+    /// `kept` came from this stream's allocator or `take_from_driver`, is given here once, and
+    /// work that uses it is queued on this stream.
+    #[cold]
+    unsafe fn free_or_keep(&self, kept: Kept) -> Result<(), PoolError> {
+        if capturing::on_this_thread() {
+            self.kept.borrow_mut().push(kept);
+            return Ok(());
+        }
+        self.free_kept_now();
+        // SAFETY: forwarded.
+        unsafe { self.free_kept(kept) }
+    }
+
+    /// # Safety
+    /// As [`Stream::free_or_keep`].
+    unsafe fn free_kept(&self, kept: Kept) -> Result<(), PoolError> {
+        match kept {
+            // SAFETY: forwarded: the allocation came from this stream's allocator, once; its work
+            // is queued on this stream, which the allocator's free is ordered after.
+            Kept::Fallback(allocation) => unsafe {
+                self.allocator.deallocate(&self.alloc_context(), allocation)
+            },
+            // SAFETY: forwarded: `ptr` came from `take_from_driver`, once; the driver's free
+            // synchronizes, so queued work using it is done.
+            Kept::Driver(ptr) => unsafe { self.device.storage().free(ptr, Some(self.counters())) },
+        }
+    }
+
+    /// Frees what releases during a capture kept, once no capture is under way on this thread.
+    #[cold]
+    fn free_kept_now(&self) {
+        if capturing::on_this_thread() || self.kept.borrow().is_empty() {
+            return;
+        }
+        let kept = std::mem::take(&mut *self.kept.borrow_mut());
+        self.settle_kept(kept);
+    }
+
+    /// Memory kept since the last call: what a capture's graph must hold for its replays.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn take_kept(&self) -> Vec<Kept> {
+        std::mem::take(&mut *self.kept.borrow_mut())
+    }
+
+    /// Frees memory a capture kept (a graph's, when it is dropped), or keeps it on the stream
+    /// while another capture is under way on this thread. Errors are logged: nothing waits for
+    /// them.
+    pub(crate) fn settle_kept(&self, kept: Vec<Kept>) {
+        if capturing::on_this_thread() {
+            self.kept.borrow_mut().extend(kept);
+            return;
+        }
+        for k in kept {
+            // SAFETY: every kept block came from `free_or_keep`, which owned it once, and left
+            // the stream's list (or a graph's) when it was taken here.
+            if let Err(e) = unsafe { self.free_kept(k) } {
+                tracing::error!(stream = self.id(), error = %e, "freeing memory kept for a capture failed");
             }
         }
+    }
+
+    /// The backend stream for pool work named `what`: `PoolError::CapturedElsewhere` if the
+    /// CUDA stream is being captured by anything but this stream's own
+    /// [`capture`](Stream::capture), whose graph would replay it on memory the pool does not
+    /// reserve.
+    pub(crate) fn work_stream(&self, what: &'static str) -> Result<&RawStream, PoolError> {
+        if !self.capturing.get() && self.device.storage().backend.is_capturing(&self.raw)? {
+            return Err(PoolError::CapturedElsewhere {
+                what,
+                stream: self.id(),
+            });
+        }
+        Ok(&self.raw)
+    }
+
+    /// `PoolError::CaptureCrossStream` if this stream or `other` is capturing: an event between
+    /// them would join one to the other's capture or make a capture wait on outside work.
+    pub(crate) fn check_cross_stream(
+        &self,
+        other: &Stream,
+        what: &'static str,
+    ) -> Result<(), PoolError> {
+        let backend = &self.device.storage().backend;
+        for s in [self, other] {
+            if s.capturing.get() || backend.is_capturing(&s.raw)? {
+                return Err(PoolError::CaptureCrossStream { what });
+            }
+        }
+        Ok(())
     }
 
     /// Records that work queued on `user` so far uses memory of this stream: before that memory is
     /// handed out again, this stream waits for that work.
     pub(crate) fn defer_wait_for(&self, user: &Stream) -> Result<(), PoolError> {
+        self.check_cross_stream(user, "record_stream")?;
         if let Some(event) = self.device.storage().backend.record_event(&user.raw)? {
             self.deferred_waits.borrow_mut().push(event);
             self.has_deferred_waits.set(true);
@@ -621,17 +795,20 @@ impl Stream {
         let Some(stack) = self.stack.get() else {
             return Ok(None);
         };
-        let start = crate::layout::align_up(stack.top(), self.texture_alignment).unwrap_or(end);
+        // From the top itself, not the next texture-aligned offset: a row or column buffer of the
+        // capture was packed on 64 bytes right above the fence, below that offset.
+        let start = stack.top();
         if end <= start {
             return Ok(None);
         }
         // The same bytes the capture's buffers had: they fitted then, and the top is where it was.
-        let (_, block) = stack
-            .take(end - start)
-            .ok_or(PoolError::CaptureNeedsStack {
-                requested: end - start,
-                available: stack.free_bytes(),
-            })?;
+        let (_, block) =
+            stack
+                .take_aligned(end - start, 1)
+                .ok_or(PoolError::CaptureNeedsStack {
+                    requested: end - start,
+                    available: stack.free_bytes(),
+                })?;
         self.counters().stack_in_use.set(stack.top() as u64);
         Ok(Some(block))
     }
@@ -679,6 +856,20 @@ impl Drop for Stream {
                 tracing::error!(stream = self.id(), error = %e, "synchronize before returning the stack failed");
             }
             self.device.inner.return_stack(stack.index);
+        }
+        let kept = std::mem::take(&mut *self.kept.borrow_mut());
+        if !kept.is_empty() {
+            // Dropped inside a capture, the stream frees now what it could not then: better an
+            // error from the driver than memory nobody can free.
+            if let Err(e) = self.synchronize() {
+                tracing::error!(stream = self.id(), error = %e, "synchronize before freeing kept memory failed");
+            }
+            for k in kept {
+                // SAFETY: as in `settle_kept`: each block is freed once, here.
+                if let Err(e) = unsafe { self.free_kept(k) } {
+                    tracing::error!(stream = self.id(), error = %e, "freeing kept memory failed");
+                }
+            }
         }
         self.device
             .inner

@@ -3,10 +3,15 @@
 //!
 //! ```
 //! use gpu_pool_runtime::testing::{host_live_bytes, host_with_fault};
-//! use gpu_pool_runtime::{PoolError, Stream};
-//! let device = host_with_fault(1); // the stack memory itself fails
-//! assert!(matches!(Stream::new(&device), Err(PoolError::OutOfMemory { .. })));
+//! use gpu_pool_runtime::{BufferPool, FallbackReason, PoolError, Source, Stream};
+//! let device = host_with_fault(1); // the stack memory itself fails: the stream goes without
+//! let stream = Stream::new(&device)?;
+//! assert_eq!(stream.stack_index(), None);
+//! let b = BufferPool::new(&stream).get_buffer_1d::<u8>(64)?;
+//! assert_eq!(b.source(), Source::Fallback(FallbackReason::NoStackMemory));
+//! drop((b, stream));
 //! assert_eq!(host_live_bytes(&device), Some(0));
+//! # Ok::<(), PoolError>(())
 //! ```
 
 use crate::device::Device;

@@ -19,6 +19,7 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
@@ -32,6 +33,10 @@ pub(crate) struct Window {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
     pub(crate) pitch: usize,
+    /// Whether the bytes between the end of one row and the start of the next belong to this
+    /// window (a whole buffer's padding) rather than to elements outside it (a region's
+    /// neighbours): only then may it be lent as one flat run.
+    pub(crate) owns_gaps: bool,
 }
 
 impl Window {
@@ -56,6 +61,8 @@ impl Window {
             rows: height,
             cols: width,
             pitch: self.pitch,
+            // Every column of a window that owns its gaps: the gaps are still its padding.
+            owns_gaps: self.owns_gaps && width == self.cols,
         })
     }
 
@@ -75,6 +82,7 @@ impl Window {
             rows: 1,
             cols: len,
             pitch: len * size_of::<T>(),
+            owns_gaps: true,
         })
     }
 
@@ -104,7 +112,7 @@ pub struct GpuView<'a, T> {
     pub(crate) window: Window,
     pub(crate) device: DeviceId,
     #[cfg(feature = "cuda")]
-    pub(crate) cuda: Option<&'a std::sync::Arc<cudarc::driver::CudaStream>>,
+    pub(crate) cuda: CudaOrder<'a>,
     _borrow: PhantomData<&'a T>,
 }
 
@@ -115,13 +123,14 @@ pub struct GpuViewMut<'a, T> {
     pub(crate) window: Window,
     pub(crate) device: DeviceId,
     #[cfg(feature = "cuda")]
-    pub(crate) cuda: Option<&'a std::sync::Arc<cudarc::driver::CudaStream>>,
+    pub(crate) cuda: CudaOrder<'a>,
     _borrow: PhantomData<&'a mut T>,
 }
 
-/// The cudarc stream whose order a view's memory follows, where there is one.
+/// The pool stream whose order a view's memory follows, on a CUDA device (its cudarc stream, and
+/// whether it is capturing, decide how cudarc may use the memory).
 #[cfg(feature = "cuda")]
-pub(crate) type CudaOrder<'a> = Option<&'a std::sync::Arc<cudarc::driver::CudaStream>>;
+pub(crate) type CudaOrder<'a> = Option<&'a crate::stream::Stream>;
 /// Without the `cuda` feature no view has a cudarc stream.
 #[cfg(not(feature = "cuda"))]
 pub(crate) type CudaOrder<'a> = PhantomData<&'a ()>;
@@ -226,7 +235,17 @@ impl<'a, T: Pod> GpuView<'a, T> {
         crate::DeviceRef::new(self.window, self.device, self.cuda)
     }
 
-    /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU.
+    /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU. Each of
+    /// the `rows()` slices holds `cols()` elements, zero-sized ones included (they take no memory).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// let stream = Stream::new(&Device::host())?;
+    /// let units = BufferPool::new(&stream).get_buffer::<()>(3, 4)?;
+    /// let lens: Vec<usize> = units.view().host_rows()?.map(|row| row.len()).collect();
+    /// assert_eq!(lens, [4, 4, 4]);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
     pub fn host_rows(self) -> Result<impl Iterator<Item = &'a [T]>, PoolError> {
         check_host(self.device)?;
         let Window {
@@ -234,8 +253,18 @@ impl<'a, T: Pod> GpuView<'a, T> {
             rows,
             cols,
             pitch,
+            ..
         } = self.window;
         Ok((0..rows).map(move |r| {
+            if size_of::<T>() == 0 {
+                // Zero-sized elements take no memory, so their buffers have no address; a row is
+                // still `cols` of them.
+                // SAFETY: a slice of zero-sized `T`s covers no byte: any non-null address aligned
+                // for `T` (`dangling`) holds it, at any length, and `T: Pod` has its one value.
+                return unsafe {
+                    std::slice::from_raw_parts(NonNull::<T>::dangling().as_ptr(), cols)
+                };
+            }
             if ptr == 0 {
                 // An empty view has no address, and a slice may not be built on a null one, even
                 // an empty slice (debug builds' UB check caught it).
@@ -245,11 +274,12 @@ impl<'a, T: Pod> GpuView<'a, T> {
             // row `r` of the view holds `cols` initialised (zeroed or written) `T`s inside the
             // buffer (a region is checked against its parent's shape). It is aligned for `T`:
             // `align_of::<T>()` is at most MAX_ELEMENT_ALIGN (checked by `Layout::of`), every
-            // buffer's address is a multiple of it (stack blocks and driver allocations are
-            // 512-aligned on the host, fallback allocations are checked by `validate`), so is the
-            // pitch (a multiple of the texture alignment, of `size_of::<T>()`, or checked), and a
-            // region starts a whole number of elements into a row. The shared borrow keeps
-            // writers out.
+            // buffer's address is a multiple of it (a stack block starts on a multiple of its
+            // layout's `block_align`, itself a multiple of `align_of::<T>()`, in stacks that are
+            // 512-aligned on the host, as driver allocations are; fallback allocations are checked
+            // by `validate`), so is the pitch (a multiple of the texture alignment, of
+            // `size_of::<T>()`, or checked), and a region starts a whole number of elements into a
+            // row. The shared borrow keeps writers out.
             unsafe { std::slice::from_raw_parts((ptr as usize + r * pitch) as *const T, cols) }
         }))
     }
@@ -291,7 +321,16 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
     }
 
     /// Calls `f` with each row as a mutable host slice, on the host backend; `PoolError::Unsupported`
-    /// on a GPU.
+    /// on a GPU. `f` is called once per row with `cols()` elements, zero-sized ones included.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// let stream = Stream::new(&Device::host())?;
+    /// let mut image = BufferPool::new(&stream).get_buffer::<u16>(3, 4)?;
+    /// image.view_mut().for_each_host_row_mut(|r, row| row.fill(r as u16))?;
+    /// assert_eq!(image.to_vec()?, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
     pub fn for_each_host_row_mut(
         &mut self,
         mut f: impl FnMut(usize, &mut [T]),
@@ -302,7 +341,18 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
             rows,
             cols,
             pitch,
+            ..
         } = self.window;
+        if size_of::<T>() == 0 {
+            for r in 0..rows {
+                // SAFETY: as in `GpuView::host_rows`: zero-sized elements cover no byte, so rows
+                // at one dangling address do not overlap, and each is ours for the call.
+                f(r, unsafe {
+                    std::slice::from_raw_parts_mut(NonNull::<T>::dangling().as_ptr(), cols)
+                });
+            }
+            return Ok(());
+        }
         if ptr == 0 {
             return Ok(());
         }

@@ -189,8 +189,10 @@ pub fn run_ops(ops: &[Op]) -> Outcome {
             i += 1;
         }
     }
-    // Streams, buffers and the MixMemory are gone: only the stacks and the cache's blocks remain.
+    // Streams, buffers and the MixMemory are gone: only the stacks and the caches' blocks remain
+    // (the device's own caching pool serves streams whose fallback is `Fallback::Caching`).
     let _ = cache.free_held();
+    let _ = device.caching_pool().free_held();
     let arena = device.stats();
     let live = gpu_pool::testing::host_live_bytes(&device).expect("a host device");
     let expected = if arena.stacks_allocated {

@@ -212,3 +212,114 @@ fn gpu_cross_stream() -> Result<(), PoolError> {
 fn gpu_cross_stream() -> Result<(), PoolError> {
     Ok(())
 }
+
+#[test]
+fn bin_of_is_total_from_zero_to_the_largest_size() {
+    for bits in 0..=16 {
+        // PyOpenCL's bin_number(0) == bin_number(1): a request of nothing shares the one-byte bin.
+        assert_eq!(
+            CachingPool::bin_of(0, bits),
+            CachingPool::bin_of(1, bits),
+            "{bits}"
+        );
+        assert_eq!(CachingPool::bin_of(1, bits), (1, 1), "{bits}");
+        let mut bins = vec![CachingPool::bin_of(1, bits).0];
+        for s in [
+            usize::MAX / 2,
+            usize::MAX / 2 + 1,
+            usize::MAX - 128,
+            usize::MAX - 127,
+            usize::MAX - 1,
+            usize::MAX,
+        ] {
+            let (bin, size) = CachingPool::bin_of(s, bits);
+            assert!(size >= s, "{s} rounds up to {size} ({bits} bits)");
+            assert_eq!(size.leading_zeros(), s.leading_zeros(), "no wrap: {s}");
+            assert_eq!(CachingPool::bin_of(size, bits), (bin, size), "{s}: own bin");
+            bins.push(bin);
+        }
+        assert!(
+            bins.windows(2).all(|w| w[0] <= w[1]),
+            "bins grow with sizes"
+        );
+        assert_eq!(CachingPool::bin_of(usize::MAX, bits).1, usize::MAX);
+    }
+}
+
+#[test]
+fn an_empty_buffer_on_a_caching_stream_asks_the_pool_for_nothing() -> Result<(), PoolError> {
+    let device = Device::host_with_limit(None);
+    let cache = Arc::new(CachingPool::new(&device));
+    let stream = Stream::with_allocator(&device, cache.clone())?;
+    let pool = BufferPool::new(&stream);
+    for (rows, cols) in [(0, 0), (0, 7), (7, 0)] {
+        let empty = pool.get_buffer::<u8>(rows, cols)?;
+        assert_eq!((empty.source(), empty.device_ptr()), (Source::Empty, 0));
+    }
+    assert_eq!(
+        cache.stats(),
+        Default::default(),
+        "no hit, no miss, nothing active"
+    );
+    Ok(())
+}
+
+#[test]
+fn active_bytes_are_counted_as_requested_and_as_rounded_and_peaks_reset() -> Result<(), PoolError> {
+    let device = Device::host_with_limit(None);
+    let cache = Arc::new(CachingPool::new(&device));
+    let stream = Stream::with_allocator(&device, cache.clone())?;
+    let pool = BufferPool::new(&stream);
+    let a = pool.get_buffer_1d::<u8>(1000)?; // asks the pool for 1024 bytes: a 1087-byte block
+    let b = pool.get_buffer_1d::<u8>(5000)?; // 5056 bytes: the 5119-byte bin
+    let stats = cache.stats();
+    assert_eq!(stats.active_requested_bytes, 1024 + 5056);
+    assert_eq!(stats.active_rounded_bytes, 1087 + 5119);
+    drop(b);
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.active_requested_bytes, stats.active_rounded_bytes),
+        (1024, 1087)
+    );
+    assert_eq!(
+        (
+            stats.peak_active_requested_bytes,
+            stats.peak_active_rounded_bytes
+        ),
+        (1024 + 5056, 1087 + 5119)
+    );
+    let (hits, misses) = (stats.hits, stats.misses);
+
+    cache.reset_peak();
+    let stats = cache.stats();
+    assert_eq!(
+        stats.peak_active_requested_bytes,
+        stats.active_requested_bytes
+    );
+    assert_eq!(stats.peak_active_rounded_bytes, stats.active_rounded_bytes);
+    assert_eq!(
+        (stats.hits, stats.misses),
+        (hits, misses),
+        "totals are kept"
+    );
+    assert_eq!(
+        stats.held_bytes, 5119,
+        "held blocks are not in use: no peak of theirs"
+    );
+
+    let c = pool.get_buffer_1d::<u8>(64)?; // the peak grows again from there; 64 -> the 67 bin
+    let stats = cache.stats();
+    assert_eq!(stats.peak_active_requested_bytes, 1024 + 64);
+    assert_eq!(stats.peak_active_rounded_bytes, 1087 + 67);
+    drop((c, a));
+    cache.reset_peak();
+    let stats = cache.stats();
+    assert_eq!(
+        (
+            stats.peak_active_requested_bytes,
+            stats.peak_active_rounded_bytes
+        ),
+        (0, 0)
+    );
+    Ok(())
+}

@@ -3,8 +3,10 @@
 //! empty and no LIFO violation was counted.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::{Pin, pin};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use crate::common::each_device;
 use gpu_pool::prelude::*;
@@ -437,4 +439,185 @@ fn an_over_aligned_element_is_an_error_through_the_dsl_too() -> Result<(), PoolE
     );
     clean(&stream);
     Ok(())
+}
+
+/// A user's own `buffer!`, called by a path: not gpu-pool's, so `#[pooled]` and `gpu_scope!` leave
+/// it alone.
+mod bytes {
+    macro_rules! buffer {
+        ($($byte:expr),* $(,)?) => { vec![$($byte as u8),*] };
+    }
+    pub(crate) use buffer;
+}
+
+/// Another one, written and handled as gpu-pool's is (`let name = ..::buffer!(len; T)?;`).
+mod checked {
+    macro_rules! buffer {
+        ($len:expr; $elem:ty) => {
+            Ok::<Vec<$elem>, PoolError>(vec![<$elem>::default(); $len])
+        };
+    }
+    pub(crate) use buffer;
+}
+
+#[pooled(stream)]
+fn users_own_buffer_macros(stream: &Stream) -> Result<usize, PoolError> {
+    let ours = buffer!(4; u8)?;
+    let theirs = bytes::buffer![1, 2, 3];
+    let zeros: Vec<u16> = checked::buffer!(5; u16)?;
+    let later = async { self::bytes::buffer![7] };
+    let scoped = gpu_scope!(stream, {
+        let mine = gpu_pool::prelude::buffer!(2; u8)?;
+        let more = crate::dsl::checked::buffer!(1; u8)?;
+        mine.len() + more.len() + bytes::buffer![4, 5].len()
+    });
+    let later = block_on(later);
+    Ok(ours.len()
+        + theirs.iter().map(|&b| usize::from(b)).sum::<usize>()
+        + zeros.len() * 10
+        + scoped * 100
+        + usize::from(later[0]) * 1000)
+}
+
+#[test]
+fn macros_of_the_users_own_named_buffer_are_left_alone() -> Result<(), PoolError> {
+    each_device("dsl_users_buffer", |device| {
+        let stream = Stream::new(device)?;
+        assert_eq!(users_own_buffer_macros(&stream)?, 4 + 6 + 50 + 500 + 7000);
+        assert_eq!(
+            stream.stats().stack_allocations,
+            2,
+            "only gpu-pool's `buffer!`s take from the stack"
+        );
+        clean(&stream);
+        Ok(())
+    })
+}
+
+/// Polls `future` once, with a waker that does nothing.
+fn poll_once<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
+    future.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// Polls `future` until it is ready (for futures that wake themselves at once).
+fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    loop {
+        if let Poll::Ready(output) = poll_once(future.as_mut()) {
+            return output;
+        }
+    }
+}
+
+/// Suspends once.
+struct Pause(bool);
+
+impl Future for Pause {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        if std::mem::replace(&mut self.0, true) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// An `.await` that a user's `macro_rules!` produces, as `tokio::join!` and `select!` do: the
+/// tokens `gpu_scope!` is given hold none, so it cannot refuse it.
+macro_rules! pause {
+    () => {
+        Pause(false).await
+    };
+}
+
+async fn holds_a_buffer_across_a_hidden_await(stream: &Stream) -> Result<u64, PoolError> {
+    gpu_scope!(stream, {
+        let mut a = buffer!(64; u8)?;
+        a.set_to(1)?;
+        pause!();
+        Ok(a.device_ptr())
+    })
+}
+
+/// The one known limit of the DSL (RELIABILITY.md): a future dropped while suspended at such an
+/// `.await` releases its buffer out of order if other code took a buffer from the stream meanwhile.
+/// The pool survives it: the release is counted, the bytes are reclaimed once the buffers above
+/// are gone, and no live memory is handed out twice.
+#[test]
+fn a_future_dropped_at_a_hidden_await_leaves_the_pool_consistent() -> Result<(), PoolError> {
+    each_device("dsl_hidden_await", |device| {
+        let stream = Stream::new(device)?;
+        let pool = BufferPool::new(&stream);
+
+        // Driven to the end, the scope is LIFO like any other.
+        let mut future = pin!(holds_a_buffer_across_a_hidden_await(&stream));
+        assert!(poll_once(future.as_mut()).is_pending());
+        assert!(
+            stream.stats().stack_in_use >= 64,
+            "the buffer is held across the `.await`"
+        );
+        let Poll::Ready(bottom) = poll_once(future.as_mut()) else {
+            panic!("ready after one pause")
+        };
+        let bottom = bottom?;
+        assert_eq!(Some(bottom), stream.stack_range().map(|r| r.start));
+        clean(&stream);
+
+        // Dropped while suspended, with nothing taken meanwhile: its buffer goes back in order.
+        let mut future = Box::pin(holds_a_buffer_across_a_hidden_await(&stream));
+        assert!(poll_once(future.as_mut()).is_pending());
+        drop(future);
+        clean(&stream);
+
+        // Dropped while suspended, under a buffer taken meanwhile: out of order, survived.
+        let mut future = Box::pin(holds_a_buffer_across_a_hidden_await(&stream));
+        assert!(poll_once(future.as_mut()).is_pending());
+        let above = pool.get_buffer_1d::<u8>(32)?;
+        assert_eq!(above.source(), Source::Stack);
+        assert!(
+            above.device_ptr() >= bottom + 64,
+            "above the suspended future's buffer"
+        );
+        let in_use = stream.stats().stack_in_use;
+        drop(future);
+        let stats = stream.stats();
+        assert_eq!(
+            stats.lifo_violations, 1,
+            "the out-of-order release is counted"
+        );
+        assert_eq!(
+            stats.stack_in_use, in_use,
+            "its bytes stay reserved while `above` lives"
+        );
+        let next = pool.get_buffer_1d::<u8>(16)?;
+        assert_eq!(
+            next.source(),
+            Source::Stack,
+            "later buffers still come from the stack"
+        );
+        assert!(
+            next.device_ptr() >= above.device_ptr() + 32,
+            "and overlap nothing live"
+        );
+        drop(next);
+        drop(above);
+        let stats = stream.stats();
+        assert_eq!(
+            stats.stack_in_use, 0,
+            "everything reclaimed once `above` is gone"
+        );
+        assert_eq!(stats.lifo_violations, 1);
+        assert_eq!(
+            stats.stack_allocations, 5,
+            "3 from the scope, 2 from the runtime API"
+        );
+        let first = pool.get_buffer_1d::<u8>(1)?;
+        assert_eq!(
+            Some(first.device_ptr()),
+            stream.stack_range().map(|r| r.start),
+            "the next buffer starts at the bottom again"
+        );
+        Ok(())
+    })
 }

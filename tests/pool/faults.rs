@@ -62,10 +62,8 @@ fn the_stack_pool_and_the_dsl_survive_every_failure() {
         drop(input);
         Ok(())
     });
-    assert_eq!(
-        failed, 4,
-        "the stack memory, the input, and the two fallbacks"
-    );
+    // The stack memory failing is no error: the stream is made without a stack, and falls back.
+    assert_eq!(failed, 3, "the input and the two fallbacks");
 }
 
 #[test]
@@ -136,8 +134,8 @@ fn the_ppl_cv_pool_survives_every_failure() {
         result
     });
     assert_eq!(
-        failed, 3,
-        "the stream's stacks, the pool's allocation and the buffer beside it"
+        failed, 2,
+        "the pool's allocation and the buffer beside it (the stream is made without its stacks)"
     );
 }
 
@@ -200,7 +198,8 @@ fn cached_work(stream: &Stream, n: usize) -> Result<(), PoolError> {
 fn a_failing_allocator_wrapper_leaves_every_device_clean() -> Result<(), PoolError> {
     let host = Device::host_with_limit(None);
     wrapper_every_k(&host)?;
-    if let Ok(gpu) = Device::cuda(0) {
+    // The GPU's lock: the device-wide counters compared below are shared with every GPU test.
+    if let Some((gpu, _lock)) = crate::common::gpu("fault_wrapper") {
         wrapper_every_k(&gpu)?;
         println!(
             "fault wrapper: every failure point survived on {}",

@@ -19,5 +19,6 @@ mod model;
 mod model_pools;
 mod observe;
 mod pplcv;
+mod seams;
 mod seed;
 mod views;

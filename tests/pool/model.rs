@@ -1,5 +1,6 @@
 //! Random take/release sequences on two streams of one device, checked after every step against a
-//! plain model: live buffers never overlap and keep their contents, the stack's use is the end of
+//! plain model: live buffers never overlap and keep their contents, each stack buffer starts where
+//! OpenCV's would (packed on 64 bytes, 2D on the texture alignment), the stack's use is the end of
 //! its highest live buffer, counters add up, and everything returns to zero at the end.
 
 use gpu_pool::{
@@ -53,13 +54,22 @@ fn run(device: &Device, ops: Vec<Op>) -> Result<(), TestCaseError> {
         Stream::new(device).map_err(fail)?,
     ];
     let pools = [BufferPool::new(&streams[0]), BufferPool::new(&streams[1])];
+    let texture = device.texture_alignment();
     let mut live: Vec<Live<'_>> = Vec::new();
     let (mut takes, mut violations) = ([0u64; 2], [0u64; 2]);
 
     for (seq, op) in ops.into_iter().enumerate() {
         match op {
             Op::Take { stream, rows, cols } => {
+                let top = streams[stream].stats().stack_in_use;
                 let mut mat = pools[stream].get_buffer::<u8>(rows, cols).map_err(fail)?;
+                if mat.source() == Source::Stack {
+                    // Placed where OpenCV's `tip` is, a row or column rounded up to 64 bytes, a
+                    // 2D buffer to the texture alignment.
+                    let base = streams[stream].stack_range().map_or(0, |r| r.start);
+                    let align = if rows > 1 && cols > 1 { texture } else { 64 };
+                    prop_assert_eq!(mat.device_ptr() - base, top.next_multiple_of(align) as u64);
+                }
                 let fill = (seq % 251) as u8 + 1;
                 mat.set_to(fill).map_err(fail)?;
                 if mat.source() != Source::Empty {

@@ -58,6 +58,7 @@ fn run_cache(ops: Vec<CacheOp>) -> Result<(), TestCaseError> {
     ];
     let pools = [BufferPool::new(&streams[0]), BufferPool::new(&streams[1])];
     let mut live: Vec<(GpuMat<'_, u8>, u8, usize)> = Vec::new(); // buffer, fill, bin size
+    let (mut peak_requested, mut peak_rounded) = (0, 0);
     let mut model = CacheModel::default();
 
     for (seq, op) in ops.into_iter().enumerate() {
@@ -117,11 +118,18 @@ fn run_cache(ops: Vec<CacheOp>) -> Result<(), TestCaseError> {
         prop_assert_eq!(stats.held_blocks, model.held.values().sum::<usize>());
         prop_assert_eq!(stats.held_bytes, held_bytes);
         prop_assert_eq!(stats.active_blocks, live.len());
-        prop_assert_eq!(stats.active_bytes, live.iter().map(|l| l.2).sum::<usize>());
+        // Requested: the 64-byte rounded length the stream asks of the pool; rounded: the bins.
+        let requested: usize = live.iter().map(|l| l.0.len().div_ceil(64) * 64).sum();
+        let rounded: usize = live.iter().map(|l| l.2).sum();
+        prop_assert_eq!(stats.active_requested_bytes, requested);
+        prop_assert_eq!(stats.active_rounded_bytes, rounded);
+        (peak_requested, peak_rounded) = (peak_requested.max(requested), peak_rounded.max(rounded));
+        prop_assert_eq!(stats.peak_active_requested_bytes, peak_requested);
+        prop_assert_eq!(stats.peak_active_rounded_bytes, peak_rounded);
         // Every byte the backend handed out is a held or an active block.
         prop_assert_eq!(
             gpu_pool::testing::host_live_bytes(&device),
-            Some(stats.held_bytes + stats.active_bytes)
+            Some(stats.held_bytes + stats.active_rounded_bytes)
         );
         prop_assert_eq!(device.stats().driver_alloc_calls, model.misses);
     }

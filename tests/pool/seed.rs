@@ -201,9 +201,11 @@ fn pitch_rules(device: &Device) -> Result<(), PoolError> {
     assert_eq!((row.step(), row.is_continuous()), (400, true));
     let col = pool.get_buffer::<f32>(100, 1)?;
     assert_eq!((col.step(), col.is_continuous()), (4, true));
-    // A row takes 400 bytes rounded to 64; the column starts on the next aligned boundary.
-    assert_eq!(col.device_ptr() - row.device_ptr(), align as u64);
-    assert_eq!(row.device_ptr() % align as u64, 0);
+    // A row takes 400 bytes rounded to 64; the column starts right after it, as OpenCV's
+    // `tip += size` puts it (a row or column block starts on 64 bytes, a 2D one on `align`).
+    assert_eq!(col.device_ptr() - row.device_ptr(), 448);
+    assert_eq!(row.device_ptr() % align as u64, 0, "it follows a 2D block");
+    assert_eq!(m.device_ptr() % align as u64, 0);
     Ok(())
 }
 

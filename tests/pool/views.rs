@@ -186,3 +186,58 @@ fn cudarc_copies_pool_buffers_and_regions() -> Result<(), Box<dyn std::error::Er
     println!("device_ref: cudarc copies of pool buffers and regions, on two streams, all correct");
     Ok(())
 }
+
+/// A zero-sized element type aligned to 4: its slices still need an aligned (dangling) address.
+#[derive(Clone, Copy, Debug, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C)]
+struct Nothing([u32; 0]);
+
+#[test]
+fn zero_sized_elements_have_rows_regions_and_callbacks_of_their_shape() -> Result<(), PoolError> {
+    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let pool = BufferPool::new(&stream);
+    let mut unit = pool.get_buffer::<()>(3, 4)?;
+    let lens: Vec<usize> = unit.host_rows()?.map(<[()]>::len).collect();
+    assert_eq!(lens, [4, 4, 4], "3 rows of 4");
+    let lens: Vec<usize> = unit
+        .roi(1..3, 1..4)?
+        .host_rows()?
+        .map(<[()]>::len)
+        .collect();
+    assert_eq!(lens, [3, 3], "a region's rows x cols");
+    assert_eq!(unit.roi(1..1, 0..4)?.host_rows()?.count(), 0);
+    assert_eq!(
+        unit.roi(0..2, 2..2)?
+            .host_rows()?
+            .map(<[()]>::len)
+            .sum::<usize>(),
+        0
+    );
+    let mut calls = Vec::new();
+    unit.for_each_host_row_mut(|r, row| calls.push((r, row.len())))?;
+    assert_eq!(calls, [(0, 4), (1, 4), (2, 4)]);
+    calls.clear();
+    unit.roi_mut(0..2, 1..4)?
+        .for_each_host_row_mut(|r, row| calls.push((r, row.len())))?;
+    assert_eq!(calls, [(0, 3), (1, 3)]);
+
+    let mut aligned = GpuMat::<Nothing>::new(&stream, 3, 4)?;
+    for row in aligned.host_rows()? {
+        assert_eq!(row.len(), 4);
+        assert_eq!(row.as_ptr() as usize % 4, 0, "aligned for the type");
+    }
+    let mut n = 0;
+    aligned.for_each_host_row_mut(|_, row| n += row.len())?;
+    assert_eq!(n, 12);
+    // One row or column, as 1D.
+    assert_eq!(
+        pool.get_buffer_1d::<()>(5)?
+            .host_rows()?
+            .map(<[()]>::len)
+            .collect::<Vec<_>>(),
+        [5]
+    );
+    assert_eq!(pool.get_buffer::<()>(5, 1)?.host_rows()?.count(), 5);
+    assert_eq!(stream.stats().stack_in_use, 0, "no memory for no bytes");
+    Ok(())
+}

@@ -270,6 +270,15 @@ impl Backend for CudaBackend {
             .map_err(|e| driver_error("cuStreamSynchronize", e))
     }
 
+    fn is_capturing(&self, stream: &RawStream) -> Result<bool, PoolError> {
+        let _guard = self.guard()?;
+        // SAFETY: the stream belongs to this context and is alive (the RawStream holds it).
+        let status = unsafe { result::stream::is_capturing(self.cu_stream(stream)?) }
+            .map_err(|e| driver_error("cuStreamIsCapturing", e))?;
+        // An invalidated capture is still a capture: work queued now joins it, and it must end.
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError> {
         let _guard = self.guard()?;
         let RawStream::Cuda(s) = stream else {
@@ -489,8 +498,11 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
-    /// Fills with a pattern no memset can write (e.g. a 3-byte pixel): row 0 is built on the host
-    /// and uploaded, then copied onto the following rows in doubling blocks, log2(rows) copies.
+    /// Fills `dst` with a pattern no single memset writes (an element of 3, 8, 12... bytes): the
+    /// first element word by word with memsets, then copies that double the filled run along row
+    /// 0, then down the rows. Nothing reads host memory, so the fill can be captured into a graph.
+    /// Elements of more than `MAX_MEMSET_WORDS` words upload their first row from the host
+    /// instead, which a graph could only replay from freed memory: refused while capturing.
     ///
     /// # Safety
     /// As [`Backend::fill`].
@@ -500,10 +512,48 @@ impl CudaBackend {
         pattern: &[u8],
         stream: &RawStream,
     ) -> Result<(), PoolError> {
-        let row: Vec<u8> = pattern.iter().copied().cycle().take(dst.width).collect();
-        let first = Region { rows: 1, ..dst };
-        // SAFETY: row 0 of `dst` is live (caller's contract); `row` holds one row.
-        unsafe { self.upload(first, &row, dst.width, stream) }?;
+        /// Memsets for the first element before its row is uploaded from the host instead.
+        const MAX_MEMSET_WORDS: usize = 64;
+        let elem = pattern.len();
+        let word = [4, 2, 1]
+            .into_iter()
+            .find(|&w| elem.is_multiple_of(w) && dst.ptr.is_multiple_of(w as u64))
+            .unwrap_or(1);
+        if elem / word <= MAX_MEMSET_WORDS {
+            // SAFETY: element 0 of `dst` is live (caller's contract).
+            unsafe { self.fill_first_element(dst.ptr, pattern, word, stream) }?;
+            // Double the filled run along row 0: [0, n) is copied to [n, 2n), disjoint and inside
+            // the row, which holds `dst.width / elem` elements.
+            let mut filled = elem;
+            while filled < dst.width {
+                let n = filled.min(dst.width - filled);
+                let from = Region {
+                    width: n,
+                    rows: 1,
+                    ..dst
+                };
+                let to = Region {
+                    ptr: dst.ptr + filled as DevPtr,
+                    ..from
+                };
+                // SAFETY: both runs lie in row 0 of `dst`, which is live, and do not overlap.
+                unsafe { self.copy(to, from, stream) }?;
+                filled += n;
+            }
+        } else {
+            if self.is_capturing(stream)? {
+                return Err(PoolError::Unsupported {
+                    device: self.id,
+                    what: "set_to inside a graph capture for an element of more than 64 memset \
+                           words (its row is uploaded from host memory the graph would outlive)",
+                });
+            }
+            let row: Vec<u8> = pattern.iter().copied().cycle().take(dst.width).collect();
+            let first = Region { rows: 1, ..dst };
+            // SAFETY: row 0 of `dst` is live (caller's contract); `row` holds one row. The copy
+            // is from pageable memory, staged before the call returns, so `row` may go after.
+            unsafe { self.upload(first, &row, dst.width, stream) }?;
+        }
         let mut filled = 1;
         while filled < dst.rows {
             let n = filled.min(dst.rows - filled);
@@ -516,6 +566,42 @@ impl CudaBackend {
             // SAFETY: rows [0, n) and [filled, filled + n) of `dst` are live and disjoint.
             unsafe { self.copy(to, from, stream) }?;
             filled += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `pattern` (one element) at `ptr`, one memset of `word` bytes per word.
+    ///
+    /// # Safety
+    /// `ptr` starts `pattern.len()` live bytes of this context, aligned to `word`, which divides
+    /// the pattern's length.
+    unsafe fn fill_first_element(
+        &self,
+        ptr: DevPtr,
+        pattern: &[u8],
+        word: usize,
+        stream: &RawStream,
+    ) -> Result<(), PoolError> {
+        let _guard = self.guard()?;
+        let s = self.cu_stream(stream)?;
+        for (i, w) in pattern.chunks_exact(word).enumerate() {
+            let at = ptr + (i * word) as DevPtr;
+            // SAFETY: word `i` of the element lies in the live bytes at `ptr` and is aligned to
+            // its size (the caller's contract), and each memset writes one word.
+            let done = unsafe {
+                match word {
+                    4 => sys::cuMemsetD32Async(
+                        at,
+                        u32::from_ne_bytes([w[0], w[1], w[2], w[3]]),
+                        1,
+                        s,
+                    ),
+                    2 => sys::cuMemsetD16Async(at, u16::from_ne_bytes([w[0], w[1]]), 1, s),
+                    _ => sys::cuMemsetD8Async(at, w[0], 1, s),
+                }
+            };
+            done.result()
+                .map_err(|e| driver_error("cuMemsetAsync", e))?;
         }
         Ok(())
     }

@@ -68,6 +68,11 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError>;
     /// Makes later work on `stream` wait for `event`, without blocking the host; consumes the event.
     fn wait_event(&self, stream: &RawStream, event: RawEvent) -> Result<(), PoolError>;
+    /// Whether work queued on `stream` now is recorded into a CUDA graph instead of run
+    /// (`cuStreamIsCapturing`); a host stream never is.
+    fn is_capturing(&self, _stream: &RawStream) -> Result<bool, PoolError> {
+        Ok(false)
+    }
     /// Whether the work an event marks is done (`cuEventQuery`).
     fn event_done(&self, event: &RawEvent) -> Result<bool, PoolError>;
     /// Drops an event in this device's context (cudarc binds the context to destroy it).

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::each_device;
+use gpu_pool::pooled;
 use gpu_pool::{
     AllocContext, AllocRequest, Allocation, BufferPool, Device, DriverAllocator, Fallback,
     FallbackReason, GpuAllocator, PoolError, Source, Stream, set_buffer_pool_config,
@@ -149,5 +150,86 @@ fn a_broken_allocator_answer_is_an_error_not_a_buffer() -> Result<(), PoolError>
     let stream = Stream::with_allocator(&private(Fallback::Driver), Arc::new(Broken))?;
     let err = BufferPool::new(&stream).get_buffer::<u8>(4, 4).unwrap_err();
     assert!(err.to_string().contains("non-null address"), "{err}");
+    Ok(())
+}
+
+/// `buffer!` of `len` bytes with a 64-byte stack buffer live under it.
+#[pooled(stream)]
+fn huge_over_a_live_buffer(stream: &Stream, len: usize) -> Result<(), PoolError> {
+    let _live = buffer!(64; u8)?;
+    let _huge = buffer!(len; u8)?;
+    Ok(())
+}
+
+#[test]
+fn a_huge_request_over_a_live_stack_buffer_is_an_error_for_every_fallback() -> Result<(), PoolError>
+{
+    // 2^64 - 128 bytes: a multiple of 64, so the layout keeps it; what is in use plus it wraps.
+    let huge = usize::MAX - 127;
+    for fallback in [
+        Fallback::Driver,
+        Fallback::StreamOrdered,
+        Fallback::Caching,
+        Fallback::Error,
+    ] {
+        let device = private(fallback);
+        set_buffer_pool_config(&device, MIB, 1)?;
+        let stream = Stream::new(&device)?;
+        let pool = BufferPool::new(&stream);
+        let mut live = pool.get_buffer_1d::<u8>(4096)?;
+        live.set_to(5)?;
+        // From the runtime API (4096 bytes in use), and from `buffer!` (4096 + 64).
+        for (err, in_use) in [
+            (pool.get_buffer_1d::<u8>(huge).unwrap_err(), 4096),
+            (
+                huge_over_a_live_buffer(&stream, huge).unwrap_err(),
+                4096 + 64,
+            ),
+        ] {
+            let text = err.to_string();
+            match (fallback, &err) {
+                (
+                    Fallback::Error,
+                    PoolError::StackExhausted {
+                        requested,
+                        available,
+                        reason: FallbackReason::TooLarge,
+                        ..
+                    },
+                ) => {
+                    assert_eq!((*requested, *available), (huge, MIB - in_use), "{text}");
+                    // No stack size holds it: the message says so instead of naming one.
+                    assert!(!text.contains("GPU_POOL_CONF=stack_size"), "{text}");
+                    assert!(text.contains("no stack size can hold it"), "{text}");
+                    assert!(text.contains(&format!("{huge} bytes requested")), "{text}");
+                }
+                (Fallback::Error, _) => panic!("{fallback:?}: {text}"),
+                (_, PoolError::OutOfMemory { request, .. }) => {
+                    let request = request.expect("a buffer asked");
+                    assert_eq!(request.stack_needed, None, "{fallback:?}: it wraps: {text}");
+                    assert!(!text.contains("GPU_POOL_CONF"), "{text}");
+                    assert!(text.starts_with("out of memory"), "{text}");
+                }
+                _ => panic!("{fallback:?}: {text}"),
+            }
+        }
+        assert_eq!(
+            live.to_vec()?,
+            vec![5; 4096],
+            "{fallback:?}: the live buffer kept"
+        );
+        assert_eq!(stream.stats().stack_in_use, 4096, "{fallback:?}");
+        drop(live);
+        // With nothing live the figure does not wrap, but no config is that large: no advice.
+        let err = pool.get_buffer_1d::<u8>(huge).unwrap_err();
+        assert!(
+            !err.to_string().contains("GPU_POOL_CONF=stack_size"),
+            "{err}"
+        );
+        if let PoolError::OutOfMemory { request, .. } = err {
+            assert_eq!(request.and_then(|r| r.stack_needed), Some(huge));
+        }
+        assert_eq!(stream.stats().stack_in_use, 0);
+    }
     Ok(())
 }

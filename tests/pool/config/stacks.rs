@@ -9,6 +9,8 @@ use gpu_pool::{
 
 use super::{MIB, private};
 
+type TestResult = Result<(), PoolError>;
+
 #[test]
 fn invalid_configs_are_refused_with_advice() {
     let device = private(Fallback::Driver);
@@ -125,11 +127,120 @@ fn stack_handover(device: &Device) -> Result<(), PoolError> {
     Ok(())
 }
 
+/// OpenCV makes the stream when the stacks' memory cannot be had, and serves it from the default
+/// allocator: so does gpu-pool, and says why each buffer fell back.
 #[test]
-fn the_stack_memory_itself_can_be_out_of_memory() {
+fn a_stream_is_made_without_memory_for_the_stacks_and_a_later_one_gets_a_stack() -> TestResult {
     let device = Device::host_with_limit(Some(MIB));
-    set_buffer_pool_config(&device, 2 * MIB, 1).unwrap();
-    let err = Stream::new(&device).unwrap_err();
-    assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
+    set_buffer_pool_config(&device, 2 * MIB, 1)?;
+    let starved = Stream::new(&device)?;
+    assert_eq!(starved.stack_index(), None);
     assert_eq!(device.stats().stacks_held, 0);
+    let b = BufferPool::new(&starved).get_buffer_1d::<u8>(1000)?;
+    assert_eq!(b.source(), Source::Fallback(FallbackReason::NoStackMemory));
+    let again = BufferPool::new(&starved).get_buffer_1d::<u8>(10)?;
+    assert_eq!(
+        again.source(),
+        Source::Fallback(FallbackReason::NoStackMemory)
+    );
+    let stats = starved.stats();
+    assert_eq!(
+        stats
+            .fallback_allocations
+            .get(FallbackReason::NoStackMemory),
+        2
+    );
+    assert_eq!(
+        stats.driver_alloc_calls, 2,
+        "no retry of the stacks' memory per take"
+    );
+    assert!(
+        stats
+            .fallback_sites
+            .iter()
+            .any(|s| s.reason == FallbackReason::NoStackMemory),
+        "the report names the site"
+    );
+    drop((b, again));
+
+    // Once the stacks fit, the next stream gets one.
+    set_buffer_pool_config(&device, MIB / 2, 1)?;
+    let later = Stream::new(&device)?;
+    assert_eq!(later.stack_index(), Some(0));
+    let s = BufferPool::new(&later).get_buffer_1d::<u8>(1000)?;
+    assert_eq!(s.source(), Source::Stack);
+    Ok(())
+}
+
+/// An element type aligned to 256 bytes, the most a buffer takes.
+#[derive(Clone, Copy, Debug, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C, align(256))]
+struct Line([u8; 256]);
+
+#[test]
+fn contiguous_buffers_pack_as_in_opencv_and_2d_buffers_stay_texture_aligned()
+-> Result<(), PoolError> {
+    each_device("packing", packing)
+}
+
+fn packing(device: &Device) -> Result<(), PoolError> {
+    device.set_fallback(Fallback::Driver);
+    set_buffer_pool_config(device, MIB, 1)?;
+    let align = device.texture_alignment();
+    let stream = Stream::new(device)?;
+    let pool = BufferPool::new(&stream);
+    let ten: Vec<_> = (0..10)
+        .map(|_| pool.get_buffer_1d::<u8>(64))
+        .collect::<Result<_, _>>()?;
+    let base = stream.stack_range().expect("a stack").start;
+    let offsets: Vec<u64> = ten.iter().map(|b| b.device_ptr() - base).collect();
+    assert_eq!(
+        offsets,
+        (0..10).map(|i| i * 64).collect::<Vec<u64>>(),
+        "OpenCV: tip += size"
+    );
+    assert_eq!(
+        stream.stats().stack_in_use,
+        640,
+        "ten 64-byte buffers take 640 bytes"
+    );
+
+    // A 2D buffer after them starts on the next texture-aligned boundary (1024 with 512).
+    let image = pool.get_buffer::<u8>(4, 100)?;
+    let at = (image.device_ptr() - base) as usize;
+    assert_eq!(at, 640usize.next_multiple_of(align));
+    assert_eq!(image.device_ptr() % align as u64, 0, "texture-aligned");
+    assert_eq!(image.step(), align);
+    assert_eq!(stream.stats().stack_in_use, at + 4 * align);
+    // A column right after it, then a 1D buffer of a 256-aligned type: on its own alignment.
+    let column = pool.get_buffer::<f32>(3, 1)?; // 12 bytes, rounded to 64
+    assert_eq!(column.device_ptr() - base, (at + 4 * align) as u64);
+    let line = pool.get_buffer_1d::<Line>(1)?;
+    assert_eq!(
+        line.device_ptr() - base,
+        (at + 4 * align + 64).next_multiple_of(256) as u64
+    );
+    assert_eq!(line.device_ptr() % 256, 0);
+    drop((line, column, image));
+    ten.into_iter().rev().for_each(drop); // last taken, first released
+    assert_eq!(stream.stats().stack_in_use, 0);
+    assert_eq!(stream.stats().lifo_violations, 0);
+    drop(stream);
+
+    // A stack sized for 64 such buffers in OpenCV holds 64 of them here too.
+    set_buffer_pool_config(device, 4096, 1)?;
+    let stream = Stream::new(device)?;
+    let pool = BufferPool::new(&stream);
+    let held: Vec<_> = (0..64)
+        .map(|_| pool.get_buffer_1d::<f32>(16))
+        .collect::<Result<_, _>>()?;
+    assert!(held.iter().all(|b| b.source() == Source::Stack));
+    let over = pool.get_buffer_1d::<f32>(16)?;
+    assert_eq!(over.source(), Source::Fallback(FallbackReason::StackFull));
+    drop(over);
+    held.into_iter().rev().for_each(drop);
+    assert_eq!(stream.stats().lifo_violations, 0);
+    drop(stream);
+    set_buffer_pool_config(device, 10 * MIB, 5)?;
+    Ok(())
 }

@@ -51,3 +51,90 @@ fn stats_and_report_recommend_a_config_that_avoids_every_fallback() -> Result<()
     assert_eq!(device.stats().fallback_allocations.total(), before);
     Ok(())
 }
+
+#[test]
+fn a_streams_reset_peak_starts_its_peaks_over_from_what_it_uses_now() -> Result<(), PoolError> {
+    let device = private(Fallback::Driver);
+    set_buffer_pool_config(&device, MIB, 1)?;
+    let stream = Stream::new(&device)?;
+    let pool = BufferPool::new(&stream);
+    let kept = pool.get_buffer_1d::<u8>(1000)?; // 1024 bytes of stack
+    let overflow = pool.get_buffer_1d::<u8>(2 * MIB)?; // a live fallback the stack would hold
+    drop(pool.get_buffer::<u8>(100, 1000)?); // 100 x 1024 bytes, gone again
+    let before = stream.stats();
+    assert_eq!(before.stack_high_water, 1024 + 100 * 1024);
+    assert_eq!(before.peak_demand, 1024 + 100 * 1024 + 2 * MIB);
+    assert!(before.peak_at.is_some());
+
+    stream.reset_peak();
+    let after = stream.stats();
+    assert_eq!(after.stack_high_water, after.stack_in_use);
+    assert_eq!(after.stack_in_use, 1024);
+    assert_eq!(
+        after.peak_demand,
+        1024 + 2 * MIB,
+        "in use, plus the live fallback"
+    );
+    assert_eq!(after.peak_at, None, "no take reached the mark since");
+    // Totals are kept.
+    assert_eq!(after.stack_allocations, before.stack_allocations);
+    assert_eq!(after.fallback_allocations, before.fallback_allocations);
+    assert_eq!(after.fallback_sites, before.fallback_sites);
+
+    // The peaks grow again from there, and the peak's line is the new one.
+    let (line, small) = (line!(), pool.get_buffer_1d::<u8>(64)?);
+    let grown = stream.stats();
+    assert_eq!(grown.stack_high_water, 1024 + 64);
+    assert_eq!(grown.peak_demand, 1024 + 64 + 2 * MIB);
+    assert_eq!(grown.peak_at.map(|p| p.line), Some(line));
+    drop((small, overflow, kept));
+    stream.reset_peak();
+    let idle = stream.stats();
+    assert_eq!((idle.stack_high_water, idle.peak_demand), (0, 0));
+    Ok(())
+}
+
+#[test]
+fn a_devices_reset_peak_starts_its_peaks_over_from_what_is_in_use_now() -> Result<(), PoolError> {
+    let device = private(Fallback::Driver);
+    set_buffer_pool_config(&device, MIB, 1)?;
+    let (s1, s2) = (Stream::new(&device)?, Stream::new(&device)?);
+    let kept = BufferPool::new(&s1).get_buffer_1d::<u8>(MIB / 2)?;
+    drop(BufferPool::new(&s1).get_buffer_1d::<u8>(3 * MIB)?); // a demand of 3.5 MiB, gone
+    drop(BufferPool::new(&s2).get_buffer_1d::<u8>(10)?); // s2 has no stack: it wants one
+    let gone = Stream::new(&device)?;
+    drop(BufferPool::new(&gone).get_buffer_1d::<u8>(5 * MIB)?); // a dropped stream's peak
+    drop(gone);
+    let before = device.stats();
+    assert_eq!(before.peak_streams_wanting_stack, 3);
+    assert_eq!(before.peak_stream_demand, 5 * MIB);
+    let s1_mark = s1.stats().stack_high_water;
+
+    device.reset_peak();
+    let after = device.stats();
+    assert_eq!(
+        after.peak_streams_wanting_stack, 2,
+        "s1 and s2 want stacks now"
+    );
+    assert_eq!(
+        after.peak_stream_demand,
+        MIB / 2,
+        "s1's buffer is all that is in use"
+    );
+    let rec = after.recommended_config().expect("buffers were requested");
+    assert_eq!((rec.stack_size(), rec.stack_count()), (MIB, 2));
+    for s in &after.streams {
+        assert_eq!(s.peak_demand, s.stack_in_use, "stream {}", s.stream);
+    }
+    // A stream's stack mark is its own thread's to reset (`Stream::reset_peak`).
+    assert_eq!(s1.stats().stack_high_water, s1_mark);
+    // Totals are kept.
+    assert_eq!(after.fallback_allocations, before.fallback_allocations);
+    assert_eq!(after.retired_fallback_sites, before.retired_fallback_sites);
+
+    // What comes next is measured from there.
+    let big = BufferPool::new(&s2).get_buffer_1d::<u8>(2 * MIB)?;
+    assert_eq!(device.stats().peak_stream_demand, 2 * MIB);
+    drop((big, kept));
+    Ok(())
+}

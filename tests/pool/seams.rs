@@ -1,0 +1,457 @@
+//! Where graph capture and cudarc meet the rest of the pool (issue 17's attacks, kept as tests):
+//! two pool streams over one CUDA stream, work that crosses streams inside a capture, `set_to`
+//! captured without host memory, failed captures that must end, fallback memory released inside
+//! a capture, and regions lent to cudarc. Each test says plainly when it skipped for want of a GPU.
+#![cfg(feature = "cuda")]
+
+use std::error::Error;
+
+use crate::common::gpu;
+use gpu_pool::cudarc::driver::{DeviceSlice, sys};
+use gpu_pool::prelude::*;
+use gpu_pool::{GpuMat, set_buffer_pool_config};
+
+type TestResult = Result<(), Box<dyn Error>>;
+const MIB: usize = 1 << 20;
+
+/// The stream takes, fills, reads back and releases a buffer, leaving its stack empty.
+fn usable(stream: &Stream) -> TestResult {
+    let mut b = BufferPool::new(stream).get_buffer::<u16>(64, 64)?;
+    b.set_to(9)?;
+    assert!(b.to_vec()?.iter().all(|&v| v == 9));
+    drop(b);
+    assert_eq!(stream.stats().stack_in_use, 0, "nothing left held");
+    let status = stream.cuda_stream().expect("CUDA").capture_status()?;
+    assert_eq!(
+        status,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    );
+    Ok(())
+}
+
+#[test]
+fn one_cuda_stream_is_wrapped_by_one_pool_stream_at_a_time() -> TestResult {
+    let Some((gpu, _lock)) = gpu("one_pool_stream_per_cuda_stream") else {
+        return Ok(());
+    };
+    let ctx = gpu.cuda_context().expect("CUDA").clone();
+    let first = Stream::new(&gpu)?;
+    let again = Stream::from_cuda(&gpu, first.cuda_stream().expect("CUDA").clone());
+    println!(
+        "wrapping a pool stream's CUDA stream again: {:?}",
+        again.as_ref().err()
+    );
+    assert!(
+        matches!(again, Err(PoolError::StreamAlreadyWrapped { existing }) if existing == first.id())
+    );
+
+    let users = ctx.new_stream()?;
+    let wrapped = Stream::from_cuda(&gpu, users.clone())?;
+    let err = Stream::from_cuda(&gpu, users.clone()).unwrap_err();
+    assert!(
+        matches!(err, PoolError::StreamAlreadyWrapped { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("use that Stream"), "{err}");
+    drop(wrapped);
+    let rewrapped = Stream::from_cuda(&gpu, users)?;
+    usable(&rewrapped)?;
+
+    // The default stream is the same null handle every time it is asked for.
+    let default = Stream::from_cuda(&gpu, ctx.default_stream())?;
+    let err = Stream::from_cuda(&gpu, ctx.default_stream()).unwrap_err();
+    assert!(
+        matches!(err, PoolError::StreamAlreadyWrapped { .. }),
+        "{err}"
+    );
+    drop(default);
+    usable(&first)?;
+    Ok(())
+}
+
+#[test]
+fn work_that_crosses_streams_inside_a_capture_is_refused() -> TestResult {
+    let Some((gpu, _lock)) = gpu("capture_cross_stream") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
+    let (a, b) = (Stream::new(&gpu)?, Stream::new(&gpu)?);
+    let mut on_b = BufferPool::new(&b).get_buffer::<u32>(32, 32)?;
+    on_b.set_to(5)?;
+
+    let err = a
+        .capture(|s| {
+            let mut t = BufferPool::new(s).get_buffer::<u32>(32, 32)?;
+            t.copy_from(&on_b)
+        })
+        .unwrap_err();
+    println!("copy_from another stream inside a capture: {err}");
+    assert!(
+        matches!(err, PoolError::CaptureCrossStream { what: "copy_from" }),
+        "{err}"
+    );
+
+    let err = a
+        .capture(|s| {
+            let mut t = BufferPool::new(s).get_buffer::<u32>(32, 32)?;
+            t.set_to(1)?;
+            let mut other = GpuMat::<u32>::new(&b, 32, 32);
+            // A driver allocation would break the capture: refused before it is tried.
+            assert!(matches!(other, Err(PoolError::CaptureNeedsStack { .. })));
+            other = BufferPool::new(&b).get_buffer::<u32>(32, 32);
+            other?.copy_from(&t)
+        })
+        .unwrap_err();
+    assert!(matches!(err, PoolError::CaptureCrossStream { .. }), "{err}");
+
+    let err = a
+        .capture(|s| {
+            let t = BufferPool::new(s).get_buffer::<u32>(32, 32)?;
+            t.record_stream(&b)
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::CaptureCrossStream {
+                what: "record_stream"
+            }
+        ),
+        "{err}"
+    );
+    usable(&a)?;
+    usable_above(&b, &on_b)?;
+    assert!(
+        on_b.to_vec()?.iter().all(|&v| v == 5),
+        "b's buffer untouched"
+    );
+    Ok(())
+}
+
+/// `usable`, for a stream that still holds `live` on its stack.
+fn usable_above(stream: &Stream, live: &GpuMat<'_, u32>) -> TestResult {
+    let before = stream.stats().stack_in_use;
+    let mut t = BufferPool::new(stream).get_buffer::<u32>(16, 16)?;
+    assert!(t.device_ptr() >= live.device_ptr() + (live.step() * live.rows()) as u64);
+    t.set_to(3)?;
+    assert!(t.to_vec()?.iter().all(|&v| v == 3));
+    drop(t);
+    assert_eq!(stream.stats().stack_in_use, before);
+    Ok(())
+}
+
+#[test]
+fn another_streams_scope_inside_a_capture_runs_eagerly_and_replays_never_touch_it() -> TestResult {
+    let Some((gpu, _lock)) = gpu("capture_other_scope") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
+    let (a, b) = (Stream::new(&gpu)?, Stream::new(&gpu)?);
+    let scratch_address = std::cell::Cell::new(0);
+    let graph = a.capture(|s| {
+        let mut t = BufferPool::new(s).get_buffer::<u32>(64, 64)?;
+        t.set_to(1)?;
+        // The user's `gpu_scope!(b, ...)` inside the capture: b's buffer is filled now, not on
+        // every replay. (Reading it back here would wait for b, which the driver refuses on a
+        // capturing thread.)
+        gpu_scope!(b, {
+            let mut x = buffer!(64, 64; u32)?;
+            x.set_to(7)?;
+            scratch_address.set(x.device_ptr());
+        });
+        Ok(())
+    })?;
+    // b's stack hands the same memory to a live buffer; replays must leave it alone.
+    let mut live = BufferPool::new(&b).get_buffer::<u32>(64, 64)?;
+    assert_eq!(live.device_ptr(), scratch_address.get());
+    live.set_to(42)?;
+    for _ in 0..3 {
+        graph.launch()?;
+    }
+    a.synchronize()?;
+    let overwritten = live.to_vec()?.iter().filter(|&&v| v != 42).count();
+    println!(
+        "replays of a's graph: {overwritten} of {} elements of b's live buffer overwritten",
+        live.len()
+    );
+    assert_eq!(overwritten, 0);
+
+    // A user who joins b to a's capture with cudarc's safe `join` gets pool work on b refused,
+    // and a capture that fails and ends.
+    let (ca, cb) = (
+        a.cuda_stream().expect("CUDA"),
+        b.cuda_stream().expect("CUDA"),
+    );
+    let err = a
+        .capture(|_| {
+            cb.join(ca).map_err(|e| PoolError::Unsupported {
+                device: gpu.id(),
+                what: Box::leak(format!("join: {e}").into_boxed_str()),
+            })?;
+            let refused = gpu_scope!(b, {
+                let mut x = buffer!(64, 64; u32)?;
+                x.set_to(9)
+            });
+            println!("set_to on a stream joined to another's capture: {refused:?}");
+            assert!(matches!(
+                refused,
+                Err(PoolError::CapturedElsewhere { what: "set_to", .. })
+            ));
+            refused
+        })
+        .unwrap_err();
+    assert!(matches!(err, PoolError::CapturedElsewhere { .. }), "{err}");
+    drop(graph);
+    usable(&a)?;
+    assert!(live.to_vec()?.iter().all(|&v| v == 42));
+    drop(live);
+    usable(&b)?;
+    Ok(())
+}
+
+#[test]
+fn set_to_of_values_no_memset_writes_is_captured_without_host_memory() -> TestResult {
+    let Some((gpu, _lock)) = gpu("capture_set_to") else {
+        return Ok(());
+    };
+    let stream = Stream::new(&gpu)?;
+    let pool = BufferPool::new(&stream);
+    // Outputs, taken before the capture: read between replays, written by it through a copy.
+    let wide = pool.get_buffer::<f64>(33, 77)?;
+    let pixels = pool.get_buffer::<[u8; 3]>(19, 101)?;
+    let words = pool.get_buffer::<[u32; 5]>(7, 9)?;
+    let graph = stream.capture(|s| {
+        filled_into(s, &wide, 2.5)?;
+        filled_into(s, &pixels, [1, 2, 3])?;
+        filled_into(s, &words, [1, 2, 3, 4, 5])
+    })?;
+    for round in 0..4 {
+        // Churn the heap, so a replay reading a freed host row would see other bytes.
+        let junk: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8 ^ 0x5a; 4096]).collect();
+        graph.launch()?;
+        drop(junk);
+        let bad = wide.to_vec()?.iter().filter(|&&v| v != 2.5).count()
+            + pixels.to_vec()?.iter().filter(|&&p| p != [1, 2, 3]).count()
+            + words
+                .to_vec()?
+                .iter()
+                .filter(|&&w| w != [1, 2, 3, 4, 5])
+                .count();
+        println!("replay {round}: {bad} elements wrong");
+        assert_eq!(bad, 0);
+    }
+    drop(graph);
+    drop((words, pixels, wide));
+
+    // An element too large for memsets is filled from a host row: eagerly, never in a capture.
+    let mut big = GpuMat::<[u8; 300]>::new(&stream, 3, 4)?;
+    big.set_to([7; 300])?;
+    assert!(big.to_vec()?.iter().all(|e| e.iter().all(|&v| v == 7)));
+    let mut odd = [0u8; 301];
+    odd.iter_mut().enumerate().for_each(|(i, v)| *v = i as u8);
+    let mut bigger = GpuMat::<[u8; 301]>::new(&stream, 2, 3)?;
+    bigger.set_to(odd)?;
+    assert!(bigger.to_vec()?.iter().all(|e| *e == odd));
+    let mut other_odd = odd;
+    other_odd.reverse();
+    let err = stream.capture(|_| bigger.set_to(other_odd)).unwrap_err();
+    println!("a 301-byte set_to inside a capture: {err}");
+    assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
+    usable(&stream)?;
+    Ok(())
+}
+
+/// A stack buffer of `out`'s shape filled with `value` by `set_to`, then copied into `out` (shared:
+/// a graph's outputs are read between replays) with a raw copy on `stream`.
+fn filled_into<T: bytemuck::Pod>(
+    stream: &Stream,
+    out: &GpuMat<'_, T>,
+    value: T,
+) -> Result<(), PoolError> {
+    let mut t = BufferPool::new(stream).get_buffer::<T>(out.rows(), out.cols())?;
+    assert_eq!(t.step(), out.step());
+    t.set_to(value)?;
+    let bytes = out.step() * out.rows();
+    // SAFETY: both buffers are live stack buffers of `bytes` (same shape and step), disjoint,
+    // ordered on `stream`; `out` outlives the graph that replays this copy.
+    unsafe {
+        gpu_pool::cudarc::driver::result::memcpy_dtod_async(
+            out.device_ptr(),
+            t.device_ptr(),
+            bytes,
+            stream.cuda_stream().expect("CUDA").cu_stream(),
+        )
+    }
+    .map_err(|e| PoolError::Unsupported {
+        device: stream.device().id(),
+        what: Box::leak(format!("memcpy: {e}").into_boxed_str()),
+    })
+}
+
+#[test]
+fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestResult {
+    let Some((gpu, _lock)) = gpu("capture_always_ends") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
+    let stream = Stream::new(&gpu)?;
+    let other = gpu.cuda_context().expect("CUDA").new_stream()?;
+
+    // cudarc's own copy on another stream, of pool memory, inside the capture.
+    let err = stream
+        .capture(|s| {
+            let mut t = BufferPool::new(s).get_buffer::<f32>(16, 100)?;
+            t.set_to(1.0)?;
+            let mut lent = t.device_mut()?;
+            let zeroed = other.memset_zeros(&mut lent);
+            println!("cudarc memset_zeros on another stream inside the capture: {zeroed:?}");
+            Ok(())
+        })
+        .unwrap_err();
+    println!("the capture: {err}");
+    assert!(matches!(err, PoolError::CaptureCrossStream { .. }), "{err}");
+    usable(&stream)?;
+
+    // The other direction: memory of another pool stream used by cudarc on the capturing one.
+    let b = Stream::new(&gpu)?;
+    let mut on_b = BufferPool::new(&b).get_buffer_1d::<f32>(1000)?;
+    on_b.set_to(4.0)?;
+    let err = stream
+        .capture(|s| {
+            let cuda = s.cuda_stream().expect("CUDA");
+            let _ = cuda.memset_zeros(&mut on_b.device_mut()?);
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(err, PoolError::CaptureCrossStream { .. }), "{err}");
+    usable(&stream)?;
+    assert!(
+        on_b.to_vec()?.iter().all(|&v| v == 4.0),
+        "no replay wrote b's buffer"
+    );
+    drop(on_b);
+
+    // A capture begun with cudarc's own API, not Stream::capture: pool work on it is refused.
+    let cuda = stream.cuda_stream().expect("CUDA").clone();
+    cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let mut t = BufferPool::new(&stream).get_buffer_1d::<f32>(256)?;
+    let refused = t.set_to(1.0);
+    assert!(
+        matches!(
+            refused,
+            Err(PoolError::CapturedElsewhere { what: "set_to", .. })
+        ),
+        "{refused:?}"
+    );
+    let lent = cuda.memset_zeros(&mut t.device_mut()?);
+    let nested = stream.capture(|_| Ok(())).unwrap_err();
+    assert!(
+        matches!(nested, PoolError::CapturedElsewhere { .. }),
+        "{nested}"
+    );
+    println!("cudarc memset on pool memory in a foreign capture: {lent:?}");
+    // The refusal invalidated the capture: no attempt to end it may yield a graph that writes
+    // pool memory (cudarc's end_capture returns an error its context recorded without ending the
+    // capture, so a user may try again).
+    let none = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    for attempt in 0..3 {
+        let ended = cuda.end_capture(sys::CUgraphInstantiate_flags(0));
+        println!(
+            "cudarc end_capture, attempt {attempt}: {:?}",
+            ended.as_ref().map(|g| g.is_some())
+        );
+        assert!(
+            !matches!(ended, Ok(Some(_))),
+            "a graph of refused pool work was made"
+        );
+        if matches!(cuda.capture_status(), Ok(s) if s == none) {
+            break;
+        }
+    }
+    drop(t);
+    usable(&stream)?;
+    Ok(())
+}
+
+#[test]
+fn a_fallback_buffer_released_inside_a_capture_lives_as_long_as_its_graph() -> TestResult {
+    let Some((gpu, _lock)) = gpu("capture_fallback_release") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, MIB, 2)?;
+    let stream = Stream::new(&gpu)?;
+    let mut out = GpuMat::<u8>::new(&stream, 1, 4 * MIB)?; // moved into the capture, too
+    let big = BufferPool::new(&stream).get_buffer_1d::<u8>(4 * MIB)?; // too large: a fallback
+    assert!(matches!(big.source(), Source::Fallback(_)));
+    let driver = GpuMat::<u8>::new(&stream, 1, 4096)?;
+    let frees_before = stream.stats().driver_free_calls;
+    let graph = stream.capture(move |_| {
+        let mut big = big;
+        big.set_to(6)?;
+        out.copy_from(&big)?;
+        drop(big); // released inside: the graph's replays still write it
+        drop(driver);
+        Ok(())
+    })?;
+    assert_eq!(
+        stream.stats().driver_free_calls,
+        frees_before,
+        "nothing freed while the graph lives"
+    );
+    for _ in 0..3 {
+        graph.launch()?;
+    }
+    stream.synchronize()?;
+    drop(graph);
+    let freed = stream.stats().driver_free_calls - frees_before;
+    println!(
+        "fallback and driver buffers released inside a capture: {freed} freed when its graph was dropped"
+    );
+    assert_eq!(freed, 3, "the fallback buffer, `driver` and `out`");
+    usable(&stream)?;
+    Ok(())
+}
+
+#[test]
+fn a_region_lent_to_cudarc_never_exposes_its_neighbours() -> TestResult {
+    let Some((gpu, _lock)) = gpu("lent_regions") else {
+        return Ok(());
+    };
+    let stream = Stream::new(&gpu)?;
+    let cuda = stream.cuda_stream().expect("CUDA").clone();
+    let mut image = BufferPool::new(&stream).get_buffer::<f32>(16, 100)?;
+    image.set_to(1.0)?;
+
+    let err = image.roi_mut(4..8, 10..20)?.device_mut().unwrap_err();
+    println!("a 4x10 region of a 16x100 image lent to cudarc: {err}");
+    assert!(matches!(err, PoolError::NotContinuous { .. }), "{err}");
+    assert!(matches!(
+        image.roi(4..8, 10..20)?.device_ref(),
+        Err(PoolError::NotContinuous { .. })
+    ));
+
+    // Rows of every column own their gaps (the buffer's padding): lent with a leading dimension.
+    let ld = image.step() / size_of::<f32>();
+    assert!(ld > 100, "a padded image");
+    {
+        let mut rows = image.row_range_mut(4..8)?;
+        let mut lent = rows.device_mut()?;
+        assert_eq!(lent.ld(), ld);
+        assert_eq!(lent.len(), 3 * lent.ld() + 100);
+        cuda.memset_zeros(&mut lent)?;
+    }
+    // One row of a region is contiguous: lent as it is.
+    cuda.memset_zeros(&mut image.roi_mut(10..11, 10..20)?.device_mut()?)?;
+    let host = image.to_vec()?;
+    let zeroed: Vec<usize> = (0..host.len()).filter(|&i| host[i] == 0.0).collect();
+    let expected: Vec<usize> = (4 * 100..8 * 100)
+        .chain(10 * 100 + 10..10 * 100 + 20)
+        .collect();
+    assert_eq!(zeroed, expected, "exactly the lent elements were zeroed");
+    assert_eq!(
+        image.device_mut()?.len(),
+        15 * ld + 100,
+        "a whole buffer lends its padding"
+    );
+    Ok(())
+}
