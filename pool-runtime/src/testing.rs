@@ -9,7 +9,8 @@
 //! assert_eq!(stream.stack_index(), None);
 //! let b = BufferPool::new(&stream).get_buffer_1d::<u8>(64)?;
 //! assert_eq!(b.source(), Source::Fallback(FallbackReason::NoStackMemory));
-//! drop((b, stream));
+//! drop(b);
+//! drop(stream);
 //! assert_eq!(host_live_bytes(&device), Some(0));
 //! # Ok::<(), PoolError>(())
 //! ```
