@@ -20,6 +20,24 @@ use crate::backend::DevPtr;
 thread_local! {
     /// Pool captures under way on this thread.
     static CAPTURES: Cell<u32> = const { Cell::new(0) };
+    /// A lent buffer was refused to cudarc during a pool capture on this thread: the capture
+    /// fails. A flag of the pool's own: cudarc's context keeps one error for every thread, and
+    /// any cudarc call clears it.
+    static REFUSED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the pool capture under way on this thread (if any) as failed by a refused cudarc call.
+#[cfg(feature = "cuda")]
+pub(crate) fn note_refused() {
+    if on_this_thread() {
+        REFUSED.with(|r| r.set(true));
+    }
+}
+
+/// Whether a cudarc call was refused since the last call; clears the mark.
+#[cfg(feature = "cuda")]
+pub(crate) fn take_refused() -> bool {
+    REFUSED.with(|r| r.replace(false))
 }
 
 /// Marks a pool capture under way on this thread for as long as it lives. Only CUDA captures.
@@ -46,7 +64,8 @@ pub(crate) fn on_this_thread() -> bool {
     CAPTURES.with(|c| c.get() > 0)
 }
 
-/// Memory of a released buffer that could not be freed yet: a capture was under way.
+/// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
+/// that may replay work on it still lives.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Kept {
     /// From the stream's fallback allocator.

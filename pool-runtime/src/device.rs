@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
 use crate::backend::host::HostBackend;
-use crate::backend::{Backend, DevPtr};
+use crate::backend::{Backend, DevPtr, RawEvent};
 use crate::caching::CachingPool;
 use crate::config::{self, Fallback, PoolConfig};
 use crate::error::{DeviceId, PoolError};
@@ -72,6 +72,9 @@ struct Arena {
     base: DevPtr,
     config: PoolConfig,
     held: Vec<bool>,
+    /// Work of the stack's last stream that nobody could wait for when it let the stack go (it
+    /// was dropped on a thread capturing a graph): the next stream to take it waits for this.
+    after: Vec<Option<RawEvent>>,
 }
 
 impl Arena {
@@ -573,9 +576,13 @@ impl DeviceInner {
         Ok(bytes)
     }
 
-    /// Takes a free stack for a stream, allocating the stack memory if this is the first. `Ok(None)`
-    /// when every stack is held.
-    pub(crate) fn claim_stack(&self, shared: &StreamShared) -> Result<Option<Stack>, PoolError> {
+    /// Takes a free stack for a stream, allocating the stack memory if this is the first, with the
+    /// event its last stream's work must be waited for at, if any. `Ok(None)` when every stack
+    /// is held.
+    pub(crate) fn claim_stack(
+        &self,
+        shared: &StreamShared,
+    ) -> Result<Option<(Stack, Option<RawEvent>)>, PoolError> {
         let mut state = self.lock_state();
         let config = state.effective_config()?;
         if state.arena.is_none() {
@@ -584,6 +591,7 @@ impl DeviceInner {
                 base,
                 config,
                 held: vec![false; config.stack_count()],
+                after: (0..config.stack_count()).map(|_| None).collect(),
             });
         }
         let arena = state.arena.as_mut().expect("set above");
@@ -593,12 +601,14 @@ impl DeviceInner {
         arena.held[index] = true;
         shared.stack_index.store(index, Relaxed);
         let size = arena.config.stack_size();
-        Ok(Some(Stack::new(
+        let after = arena.after[index].take();
+        let stack = Stack::new(
             index,
             arena.base + (index * size) as DevPtr,
             size,
             self.storage.backend.texture_alignment(),
-        )))
+        );
+        Ok(Some((stack, after)))
     }
 
     /// Whether a stream without a stack could get one now.
@@ -610,15 +620,15 @@ impl DeviceInner {
             .is_none_or(|a| a.held_count() < a.held.len())
     }
 
-    /// Gives a stack back. The caller has synchronized the stream that used it.
-    pub(crate) fn return_stack(&self, index: usize) {
-        if let Some(slot) = self
-            .lock_state()
-            .arena
-            .as_mut()
-            .and_then(|arena| arena.held.get_mut(index))
+    /// Gives a stack back. The caller has synchronized the stream that used it, or passes the
+    /// event that marks the end of its work, for the next stream to wait for.
+    pub(crate) fn return_stack(&self, index: usize, after: Option<RawEvent>) {
+        let mut state = self.lock_state();
+        if let Some(arena) = state.arena.as_mut()
+            && index < arena.held.len()
         {
-            *slot = false;
+            arena.held[index] = false;
+            arena.after[index] = after;
         }
     }
 

@@ -117,7 +117,7 @@ fn ordered<'a>(
         // Recorded into the pool stream's own capture, the memory is reserved for the graph's
         // life; recorded into any other capture, it is not.
         if user_capturing && !pool.capturing.get() {
-            refuse(user, own);
+            return refuse(user, own);
         }
         return (ptr, SyncOnDrop::Record(None));
     }
@@ -126,16 +126,25 @@ fn ordered<'a>(
         // capture wait on work outside it. Refused: the capture fails, so nothing replays this.
         // No earlier work races the call: a pool capture waits for its stream before it starts,
         // and, failing, for the device before its memory is reused.
-        refuse(user, own);
-        return (ptr, SyncOnDrop::Record(None));
+        return refuse(user, own);
     }
-    // `user` must see what `own` has queued so far ...
-    match own.record_event(None) {
-        Ok(done) => user.context().record_err(user.wait(&done)),
-        // ... and where no event can say so, the host waits for it instead.
-        Err(e) => {
-            user.context().record_err::<()>(Err(e));
-            user.context().record_err(own.synchronize());
+    // `user` must see what `own` has queued so far, and where no event can say so, the host waits
+    // for it instead. Raw calls: cudarc's would return an error its context holds for another
+    // call instead of waiting.
+    // SAFETY: both streams are live (borrowed) streams of one context, current in cudarc's
+    // calling function; the event is made, recorded, waited on and destroyed here.
+    unsafe {
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        let waited = result::event::create(flags).and_then(|event| {
+            let wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+            let done = result::event::record(event, own.cu_stream())
+                .and_then(|()| result::stream::wait_event(user.cu_stream(), event, wait));
+            let _ = result::event::destroy(event);
+            done
+        });
+        if waited.is_err() && result::stream::synchronize(own.cu_stream()).is_err() {
+            // Neither an event nor the host can order the call: it gets no address at all.
+            return (0, SyncOnDrop::Record(None));
         }
     }
     // ... and `own` may hand the memory out again only once `user`'s use is done.
@@ -151,12 +160,13 @@ fn is_capturing(stream: &CudaStream) -> bool {
         || status.is_err()
 }
 
-/// Makes the call on `user` fail, with its capture: every capture under way on either stream is
-/// invalidated (a stream query is illegal while capturing, and the driver then refuses the call
-/// and makes no graph, whoever ends the capture and however often). Under a pool capture on this
-/// thread, cudarc's context also records `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`, which
-/// `Stream::capture` reports as `PoolError::CaptureCrossStream`.
-fn refuse(user: &CudaStream, own: &CudaStream) {
+/// Makes the call on `user` fail, with its capture. The call gets a null address, which the
+/// driver refuses in cudarc's copies and fills (so nothing runs eagerly, unordered, on pool
+/// memory); every capture under way on either stream is invalidated (a stream query is illegal
+/// while capturing: the driver then makes no graph, whoever ends the capture and however often);
+/// and a pool capture on this thread is marked, for `Stream::capture` to report
+/// `PoolError::CaptureCrossStream`.
+fn refuse<'a>(user: &CudaStream, own: &CudaStream) -> (u64, SyncOnDrop<'a>) {
     for s in [user, own] {
         if is_capturing(s) {
             // SAFETY: a live stream (borrowed); the query changes nothing but the capture's
@@ -164,12 +174,8 @@ fn refuse(user: &CudaStream, own: &CudaStream) {
             let _ = unsafe { sys::cuStreamQuery(s.cu_stream()) };
         }
     }
-    if crate::capturing::on_this_thread() {
-        // For `Stream::capture` to name the cause; other captures see the invalidation only.
-        let isolation = sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
-        user.context()
-            .record_err::<()>(Err(result::DriverError(isolation)));
-    }
+    crate::capturing::note_refused();
+    (0, SyncOnDrop::Record(None))
 }
 
 /// What both lent kinds have alike: a constructor from a view's window, the leading dimension,

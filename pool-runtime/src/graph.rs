@@ -22,7 +22,13 @@
 //!   in with `PoolError::CapturedElsewhere`. Buffers of other streams (`gpu_scope!` on another
 //!   stream inside the closure) run eagerly on their stream, as outside a capture;
 //! - nothing captured reads host memory the graph could outlive: uploads wait for the host (which a
-//!   capture refuses), and `set_to` fills with device-side operations only.
+//!   capture refuses), `set_to` fills with device-side operations only, and `MixMemory` copies
+//!   are refused while capturing;
+//! - while a graph of the stream lives, fallback and driver buffers of the stream are freed only
+//!   when the last such graph is dropped (one made before the capture and released after it, through
+//!   a `RefCell` say, may be written by every replay);
+//! - only the pool can end the capture, so only the pool makes its graph: the capture is begun on
+//!   a private stream that the stream joins, and cudarc's `end_capture` on the stream fails.
 //!
 //! ```no_run
 //! use gpu_pool_runtime::{BufferPool, Device, GpuMat, PoolError, Stream};
@@ -43,11 +49,12 @@
 //! ```
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
-use cudarc::driver::{CudaGraph, result, sys};
+use cudarc::driver::{CudaContext, result, sys};
 
-use crate::backend::cuda::driver_error;
-use crate::capturing::{Kept, ThreadCapture};
+use crate::backend::cuda::{ContextGuard, driver_error};
+use crate::capturing::{self, Kept, ThreadCapture};
 use crate::error::PoolError;
 use crate::stack::Block;
 use crate::stream::Stream;
@@ -56,7 +63,7 @@ use crate::stream::Stream;
 /// was captured on. Dropping it gives back the stack memory its replays use.
 pub struct Graph<'a> {
     stream: &'a Stream,
-    exec: CudaGraph,
+    exec: Exec,
     /// The stack blocks the replays use: a one-byte fence at the capture's start, and the bytes
     /// the captured buffers reached above it. Released in reverse order on drop.
     fence: Block,
@@ -77,10 +84,20 @@ impl std::fmt::Debug for Graph<'_> {
 }
 
 impl Graph<'_> {
-    /// Replays the captured work on its stream: one driver call, no allocation.
+    /// Replays the captured work on its stream: one launch, no allocation.
+    ///
+    /// `PoolError::CapturedElsewhere` if the stream is being captured by anything else: that
+    /// graph would replay this one's memory after it is given back.
     pub fn launch(&self) -> Result<(), PoolError> {
-        self.exec
-            .launch()
+        let cu_stream = self.stream.work_stream("Graph::launch")?;
+        let cu_stream = match cu_stream {
+            crate::backend::RawStream::Cuda(s) => s.cu_stream(),
+            crate::backend::RawStream::Host => unreachable!("a graph exists only on CUDA"),
+        };
+        let _guard = ContextGuard::bind(&self.exec.ctx)?;
+        // SAFETY: `exec` is a live executable graph of this context (owned by `self`), and the
+        // stream is the graph's own, alive while it is borrowed.
+        unsafe { result::graph::launch(self.exec.exec, cu_stream) }
             .map_err(|e| driver_error("cuGraphLaunch", e))
     }
 
@@ -103,15 +120,83 @@ impl Drop for Graph<'_> {
             self.stream.release_reserved(&reserved);
         }
         self.stream.release_reserved(&self.fence);
-        self.stream.settle_kept(std::mem::take(&mut self.kept));
+        self.stream.graph_dropped(std::mem::take(&mut self.kept));
     }
+}
+
+/// An instantiated graph and the graph it came from, destroyed together.
+struct Exec {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        let _guard = ContextGuard::bind(&self.ctx);
+        // SAFETY: both handles are ours alone (made by `Capturing::end`), live, destroyed once.
+        // Launches queued on the stream keep what they need: the driver defers the release.
+        unsafe {
+            let _ = result::graph::exec_destroy(self.exec);
+            let _ = result::graph::destroy(self.graph);
+        }
+    }
+}
+
+/// A stream of the pool's own that a capture begins on, so that only the pool can end it.
+struct Origin {
+    stream: sys::CUstream,
+    ctx: Arc<CudaContext>,
+}
+
+impl Origin {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Origin, PoolError> {
+        let _guard = ContextGuard::bind(ctx)?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_error("cuStreamCreate", e))?;
+        Ok(Origin {
+            stream,
+            ctx: ctx.clone(),
+        })
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        let _guard = ContextGuard::bind(&self.ctx);
+        // SAFETY: made by `Origin::new`, no longer capturing (the capture ended first), destroyed
+        // once.
+        let _ = unsafe { result::stream::destroy(self.stream) };
+    }
+}
+
+/// Makes `later` wait for the work queued on `first` so far: an event between them, which inside a
+/// capture joins `later` to `first`'s capture.
+///
+/// # Safety
+/// Both streams are live streams of the current context.
+unsafe fn follow(first: sys::CUstream, later: sys::CUstream) -> Result<(), PoolError> {
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+    let event = result::event::create(flags).map_err(|e| driver_error("cuEventCreate", e))?;
+    // SAFETY: the event was made above; the streams are live (the caller's contract). Destroying
+    // an event with work waiting on it is allowed: the driver releases it once that work is done.
+    let joined = unsafe {
+        result::event::record(event, first).and_then(|()| {
+            result::stream::wait_event(later, event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        })
+    };
+    // SAFETY: made above, destroyed once.
+    let _ = unsafe { result::event::destroy(event) };
+    joined.map_err(|e| driver_error("cuStreamWaitEvent", e))
 }
 
 /// Ends a capture on every way out of [`Stream::capture`], a panic included, so the stream is never
 /// left capturing and the fence never left held.
 struct Capturing<'s> {
     stream: &'s Stream,
-    cuda: &'s std::sync::Arc<cudarc::driver::CudaStream>,
+    /// The pool stream's CUDA stream, which joins the capture of `origin`.
+    cu_stream: sys::CUstream,
+    origin: Origin,
     fence: Option<Block>,
     /// The stream's stack high-water mark before the capture, restored after it.
     high_water: u64,
@@ -122,46 +207,66 @@ struct Capturing<'s> {
 }
 
 impl Capturing<'_> {
-    /// Ends the capture: the graph if the driver made one.
-    ///
-    /// The capture always ends: cudarc's `end_capture` returns an error its context recorded
-    /// earlier without ending it, so that error is taken first (it fails the capture), and a
-    /// capture still under way after cudarc's call is ended here.
-    fn end(&mut self) -> Result<Option<CudaGraph>, PoolError> {
-        let recorded = self.cuda.context().check_err();
-        let ended = self.cuda.end_capture(sys::CUgraphInstantiate_flags(0));
-        let backend = &self.stream.device().storage().backend;
-        if ended.is_err() && backend.is_capturing(&self.stream.raw).unwrap_or(true) {
-            // SAFETY: the stream is alive (borrowed) and capturing; the graph the driver returns
-            // is ours alone and destroyed once, here.
-            unsafe {
-                if let Ok(graph) = result::stream::end_capture(self.cuda.cu_stream())
-                    && !graph.is_null()
-                {
-                    let _ = result::graph::destroy(graph);
-                }
-            }
-        }
+    /// Begins the capture on the private origin stream and joins the pool stream to it.
+    fn begin(&mut self) -> Result<(), PoolError> {
+        let _guard = ContextGuard::bind(&self.origin.ctx)?;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: the origin stream is live and ours.
+        unsafe { result::stream::begin_capture(self.origin.stream, mode) }
+            .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
+        capturing::take_refused();
+        self.thread = Some(ThreadCapture::begin());
+        self.stream.capturing.set(true);
+        // SAFETY: both streams are live streams of the context bound above.
+        unsafe { follow(self.origin.stream, self.cu_stream) }
+    }
+
+    /// Ends the capture: the executable graph, if the driver made one and nothing was refused.
+    /// The capture always ends, whatever happened inside; after a failed one the device is
+    /// waited for, so work that ran eagerly beside it is done before its memory is reused.
+    fn end(&mut self) -> Result<Option<Exec>, PoolError> {
+        let _guard = ContextGuard::bind(&self.origin.ctx)?;
+        // SAFETY: both streams are live streams of the context bound above.
+        let joined = unsafe { follow(self.cu_stream, self.origin.stream) };
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: the origin stream is live and capturing; `graph` receives the graph or null.
+        let ended = unsafe { sys::cuStreamEndCapture(self.origin.stream, &mut graph) }.result();
         self.stream.capturing.set(false);
         self.thread = None;
         self.peak = self.stream.end_high_water(self.high_water);
-        if let Err(e) = recorded {
-            // A refused cudarc call on another stream may still run eagerly on this stream's
-            // memory, which is reused once the capture has failed: wait for every stream first.
-            if let Err(e) = self.cuda.context().synchronize() {
-                tracing::error!(error = %e, "synchronize after a refused capture failed");
+        let refused = capturing::take_refused();
+        let made = (|| {
+            if refused {
+                return Err(PoolError::CaptureCrossStream {
+                    what: "a cudarc call with pool memory",
+                });
             }
-            return Err(
-                if e.0 == sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_ISOLATION {
-                    PoolError::CaptureCrossStream {
-                        what: "a cudarc call with pool memory",
-                    }
-                } else {
-                    driver_error("a cudarc call inside the capture", e)
-                },
-            );
+            joined?;
+            ended.map_err(|e| driver_error("cuStreamEndCapture", e))?;
+            if graph.is_null() {
+                return Ok(None);
+            }
+            // SAFETY: a graph the driver just made from our capture.
+            let exec =
+                unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
+                    .map_err(|e| driver_error("cuGraphInstantiate", e))?;
+            Ok(Some(Exec {
+                graph: std::mem::replace(&mut graph, std::ptr::null_mut()),
+                exec,
+                ctx: self.origin.ctx.clone(),
+            }))
+        })();
+        if !graph.is_null() {
+            // SAFETY: made by the driver for us, not instantiated, destroyed once.
+            let _ = unsafe { result::graph::destroy(graph) };
         }
-        ended.map_err(|e| driver_error("cuStreamEndCapture", e))
+        if made.is_err() {
+            // SAFETY: a plain device-wide wait, outside any capture of this thread now.
+            if let Err(e) = unsafe { sys::cuCtxSynchronize() }.result() {
+                tracing::error!(error = %driver_error("cuCtxSynchronize", e), "waiting after a failed capture failed");
+            }
+        }
+        made
     }
 }
 
@@ -184,9 +289,11 @@ impl Stream {
     /// stack, and the graph keeps their memory for its replays.
     ///
     /// Errors: `PoolError::Unsupported` on the host backend; `CaptureNeedsStack` for a buffer the
-    /// stack cannot serve; `CaptureKeptBuffers` if a buffer taken inside outlives the capture; the
-    /// closure's own error; `PoolError::Driver` if the driver refused the capture (a synchronizing
-    /// call such as `download` inside it). The stream stays usable after any of them.
+    /// stack cannot serve; `CaptureKeptBuffers` if a buffer taken inside outlives the capture;
+    /// `CaptureCrossStream` for work that would reach another stream; `CapturedElsewhere` if the
+    /// stream is already being captured; the closure's own error; `PoolError::Driver` if the
+    /// driver refused the capture (a synchronizing call such as `download` inside it). The stream
+    /// stays usable after any of them.
     pub fn capture<'a, F>(&'a self, work: F) -> Result<Graph<'a>, PoolError>
     where
         F: FnOnce(&'a Stream) -> Result<(), PoolError> + 'a,
@@ -213,24 +320,23 @@ impl Stream {
             // Waits on events recorded outside the capture cannot join it: issue them now.
             self.issue_deferred_waits()?;
         }
-        // Work queued before the capture is done before it starts, so an eager call on another
-        // stream during it (refused, but already issued by cudarc) races nothing.
+        // Work queued before the capture is done before it starts, so nothing eager beside the
+        // capture races it.
         self.synchronize()?;
-        // Memory released before the capture is freed before it: inside, it could not be.
+        // Memory released before the capture is freed before it (unless a graph still holds it).
         self.settle_kept(self.take_kept());
+        let origin = Origin::new(cuda.context())?;
         let fence = self.reserve_fence()?;
         let mut capturing = Capturing {
             stream: self,
-            cuda,
+            cu_stream: cuda.cu_stream(),
+            origin,
             fence: Some(fence),
             high_water: self.start_high_water(fence.end),
             peak: fence.end,
             thread: None,
         };
-        cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
-        capturing.thread = Some(ThreadCapture::begin());
-        self.capturing.set(true);
+        capturing.begin()?;
         let worked = work(self);
         let graph = capturing.end();
         if let Err(e @ PoolError::CaptureCrossStream { .. }) = graph {
@@ -249,6 +355,7 @@ impl Stream {
         }
         let reserved = self.reserve_up_to(capturing.peak)?;
         capturing.fence = None;
+        self.graph_made();
         Ok(Graph {
             stream: self,
             exec,

@@ -102,8 +102,11 @@ impl<'a> MixMemory<'a> {
 
     /// Waits for a copy still in flight.
     pub fn synchronize(&mut self) -> Result<(), PoolError> {
-        if let Some(stream) = self.pending.take() {
-            self.device.storage().backend.synchronize(&stream)?;
+        if let Some(stream) = &self.pending {
+            // Forgotten only once waited for: a refused wait leaves the copy pending, so every
+            // later access and release waits (or fails) again, and nothing is freed under it.
+            self.device.storage().backend.synchronize(stream)?;
+            self.pending = None;
         }
         Ok(())
     }
@@ -262,6 +265,14 @@ impl<'a> MixMemory<'a> {
             return Err(PoolError::DeviceMismatch {
                 expected: self.device.id(),
                 actual: stream.device().id(),
+            });
+        }
+        if stream.is_capturing() {
+            // A captured copy would read or write the host side on every replay, after the pair
+            // may have reallocated or freed it.
+            return Err(PoolError::Unsupported {
+                device: self.device.id(),
+                what: "MixMemory copies inside a graph capture (copy before or after it)",
             });
         }
         self.synchronize()?;

@@ -63,9 +63,11 @@ pub struct Stream {
     pub(crate) capturing: Cell<bool>,
     /// Whether this stream records its takes and releases (`shared.recorder` is set).
     recording: bool,
-    /// Fallback and driver memory released while a capture was under way on this thread: kept
-    /// until it is over (see `capturing`).
+    /// Fallback and driver memory released while a capture was under way on this thread, or while
+    /// a graph of this stream lived: kept until neither is true (see `capturing`).
     kept: RefCell<Vec<Kept>>,
+    /// Graphs of this stream alive now.
+    live_graphs: Cell<usize>,
     /// This pool stream's claim on its CUDA stream: no other pool stream may wrap it.
     #[cfg(feature = "cuda")]
     _wrapped: Option<capturing::Wrapped>,
@@ -119,18 +121,7 @@ impl Stream {
         if !config::buffer_pool_usage()? {
             return Ok(());
         }
-        match self.claim_stack() {
-            Err(PoolError::OutOfMemory { requested, .. }) => {
-                tracing::warn!(
-                    stream = self.id(),
-                    requested,
-                    "no device memory for the stacks: this stream's buffers come from its fallback"
-                );
-                self.no_stack_memory.set(true);
-                Ok(())
-            }
-            claimed => claimed.map(drop),
-        }
+        self.claim_stack().map(drop)
     }
 
     /// Makes a stream whose buffers all come from `allocator` (OpenCV's `Stream(allocator)`): it
@@ -153,6 +144,17 @@ impl Stream {
         device: &Device,
         stream: Arc<cudarc::driver::CudaStream>,
     ) -> Result<Stream, PoolError> {
+        // `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` are handles whose stream depends on the
+        // calling thread (or that alias the null stream): a `Send` pool stream over one would
+        // move to another CUDA stream with its thread, or share a stack with another pool stream.
+        let handle = stream.cu_stream() as usize;
+        if handle == 1 || handle == 2 {
+            return Err(PoolError::Unsupported {
+                device: device.id(),
+                what: "a pool stream over CU_STREAM_LEGACY or CU_STREAM_PER_THREAD (wrap the null \
+                       default stream, or a stream of your own)",
+            });
+        }
         let ours = device.cuda_context().map(|c| c.cu_ctx());
         if ours != Some(stream.context().cu_ctx()) {
             return Err(PoolError::DeviceMismatch {
@@ -217,6 +219,7 @@ impl Stream {
             capturing: Cell::new(false),
             recording: record > 0,
             kept: RefCell::new(Vec::new()),
+            live_graphs: Cell::new(0),
             #[cfg(feature = "cuda")]
             _wrapped: wrapped,
         })
@@ -311,9 +314,28 @@ impl Stream {
         if !self.device.inner.has_free_stack() {
             return Ok(None);
         }
-        match self.device.inner.claim_stack(&self.shared)? {
-            Some(stack) => Ok(Some(self.stack.get_or_init(|| stack))),
-            None => Ok(None),
+        match self.device.inner.claim_stack(&self.shared) {
+            Ok(Some((stack, after))) => {
+                if let Some(event) = after {
+                    // The stack's last stream could not wait for its own work: this one does,
+                    // before any of its work can touch the stack.
+                    // Unordered use would race that work: on an error the stack stays held, unused.
+                    self.device.storage().backend.wait_event(&self.raw, event)?;
+                }
+                Ok(Some(self.stack.get_or_init(|| stack)))
+            }
+            Ok(None) => Ok(None),
+            Err(PoolError::OutOfMemory { requested, .. }) => {
+                // OpenCV's rule: no memory for the stacks is no error; the buffers fall back.
+                tracing::warn!(
+                    stream = self.id(),
+                    requested,
+                    "no device memory for the stacks: this stream's buffers come from its fallback"
+                );
+                self.no_stack_memory.set(true);
+                Ok(None)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -603,7 +625,7 @@ impl Stream {
     /// work that uses it is queued on this stream.
     #[cold]
     unsafe fn free_or_keep(&self, kept: Kept) -> Result<(), PoolError> {
-        if capturing::on_this_thread() {
+        if self.must_keep() {
             self.kept.borrow_mut().push(kept);
             return Ok(());
         }
@@ -630,11 +652,34 @@ impl Stream {
     /// Frees what releases during a capture kept, once no capture is under way on this thread.
     #[cold]
     fn free_kept_now(&self) {
-        if capturing::on_this_thread() || self.kept.borrow().is_empty() {
+        if self.must_keep() || self.kept.borrow().is_empty() {
             return;
         }
         let kept = std::mem::take(&mut *self.kept.borrow_mut());
         self.settle_kept(kept);
+    }
+
+    /// Whether released fallback and driver memory must be kept rather than freed: a capture is
+    /// under way on this thread (a free would break it, and its work may use the memory), or a
+    /// graph of this stream lives (its replays may write any memory its capture used, a buffer
+    /// made before the capture and released after it included).
+    fn must_keep(&self) -> bool {
+        capturing::on_this_thread() || self.live_graphs.get() > 0
+    }
+
+    /// A graph of this stream was made: until it is dropped, released memory is kept.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn graph_made(&self) {
+        self.live_graphs.set(self.live_graphs.get() + 1);
+    }
+
+    /// A graph of this stream was dropped, with the memory released during its capture: freed
+    /// with whatever was kept meanwhile once no graph is left.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn graph_dropped(&self, kept: Vec<Kept>) {
+        self.live_graphs.set(self.live_graphs.get() - 1);
+        self.settle_kept(kept);
+        self.free_kept_now();
     }
 
     /// Memory kept since the last call: what a capture's graph must hold for its replays.
@@ -647,7 +692,7 @@ impl Stream {
     /// while another capture is under way on this thread. Errors are logged: nothing waits for
     /// them.
     pub(crate) fn settle_kept(&self, kept: Vec<Kept>) {
-        if capturing::on_this_thread() {
+        if self.must_keep() {
             self.kept.borrow_mut().extend(kept);
             return;
         }
@@ -658,6 +703,11 @@ impl Stream {
                 tracing::error!(stream = self.id(), error = %e, "freeing memory kept for a capture failed");
             }
         }
+    }
+
+    /// Whether this stream's own [`capture`](Stream::capture) is under way.
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.capturing.get()
     }
 
     /// The backend stream for pool work named `what`: `PoolError::CapturedElsewhere` if the
@@ -844,28 +894,49 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let waited = self.has_deferred_waits.get();
-        if waited && let Err(e) = self.issue_deferred_waits() {
+        if self.has_deferred_waits.get()
+            && let Err(e) = self.issue_deferred_waits()
+        {
             tracing::error!(stream = self.id(), error = %e, "waiting for recorded uses failed");
         }
-        if let Some(stack) = self.stack.get() {
-            // Queued work may still use the stack; the next stream to take it must not race it.
-            if (waited || self.counters().stack_high_water.get() > 0)
-                && let Err(e) = self.synchronize()
-            {
-                tracing::error!(stream = self.id(), error = %e, "synchronize before returning the stack failed");
+        // Queued work may still use the stack and kept memory: the next stream to take the stack,
+        // and the allocator, must not race it. A capture on this thread refuses a wait (and would
+        // break): there the stack goes back with an event its next stream waits for, and kept
+        // memory, which no event can guard, is leaked, and said so.
+        let holds = self.stack.get().is_some() || !self.kept.borrow().is_empty();
+        let waited = if !holds {
+            Ok(None)
+        } else if capturing::on_this_thread() {
+            let backend = &self.device.storage().backend;
+            backend.record_event(&self.raw).and_then(|event| {
+                event.map(Some).ok_or(PoolError::CaptureCrossStream {
+                    what: "dropping a stream",
+                })
+            })
+        } else {
+            self.synchronize().map(|()| None)
+        };
+        match waited {
+            Ok(after) => {
+                if let Some(stack) = self.stack.get() {
+                    self.device.inner.return_stack(stack.index, after);
+                }
             }
-            self.device.inner.return_stack(stack.index);
+            Err(e) => {
+                tracing::error!(stream = self.id(), error = %e, "a stream dropped with work nobody can wait for: its stack is kept out of use")
+            }
         }
         let kept = std::mem::take(&mut *self.kept.borrow_mut());
-        if !kept.is_empty() {
-            // Dropped inside a capture, the stream frees now what it could not then: better an
-            // error from the driver than memory nobody can free.
-            if let Err(e) = self.synchronize() {
-                tracing::error!(stream = self.id(), error = %e, "synchronize before freeing kept memory failed");
-            }
+        if capturing::on_this_thread() && !kept.is_empty() {
+            tracing::error!(
+                stream = self.id(),
+                blocks = kept.len(),
+                "a stream dropped inside a capture: its kept fallback memory is leaked"
+            );
+        } else {
             for k in kept {
-                // SAFETY: as in `settle_kept`: each block is freed once, here.
+                // SAFETY: as in `settle_kept`: each block is freed once, here, and its work is
+                // done (waited for above).
                 if let Err(e) = unsafe { self.free_kept(k) } {
                     tracing::error!(stream = self.id(), error = %e, "freeing kept memory failed");
                 }

@@ -455,3 +455,257 @@ fn a_region_lent_to_cudarc_never_exposes_its_neighbours() -> TestResult {
     );
     Ok(())
 }
+
+// Found by review of the first fix: what safe code could still reach.
+
+#[test]
+fn cudarcs_own_end_capture_inside_a_capture_yields_no_graph() -> TestResult {
+    let Some((gpu, _lock)) = gpu("capture_end_by_cudarc") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
+    let stream = Stream::new(&gpu)?;
+    let stolen = std::cell::RefCell::new(None);
+    let result = stream.capture(|s| {
+        let mut t = BufferPool::new(s).get_buffer_1d::<u8>(MIB)?;
+        t.set_to(0xAB)?;
+        let ended = s
+            .cuda_stream()
+            .expect("CUDA")
+            .end_capture(sys::CUgraphInstantiate_flags(0));
+        println!(
+            "cudarc's end_capture inside Stream::capture: {:?}",
+            ended.as_ref().map(Option::is_some)
+        );
+        *stolen.borrow_mut() = ended.ok().flatten();
+        Ok(())
+    });
+    println!(
+        "the pool's capture: {:?}",
+        result.as_ref().map(|_| "a graph")
+    );
+    assert!(
+        stolen.borrow().is_none(),
+        "only the pool makes the capture's graph"
+    );
+    drop(result);
+    usable(&stream)?;
+    Ok(())
+}
+
+#[test]
+fn memory_made_before_a_capture_and_freed_after_it_lives_while_the_graph_does() -> TestResult {
+    let Some((gpu, _lock)) = gpu("capture_refcell_free") else {
+        return Ok(());
+    };
+    let stream = Stream::new(&gpu)?;
+    let slot = std::cell::RefCell::new(Some(GpuMat::<u8>::new(&stream, 1, 4 * MIB)?));
+    let address = slot.borrow().as_ref().map(GpuMat::device_ptr);
+    let graph = stream.capture(|_| slot.borrow_mut().as_mut().expect("made above").set_to(0xAB))?;
+    let frees = stream.stats().driver_free_calls;
+    drop(slot.borrow_mut().take()); // released while the graph, which writes it, lives
+    assert_eq!(
+        stream.stats().driver_free_calls,
+        frees,
+        "kept for the graph"
+    );
+    let mut victim = GpuMat::<u8>::new(&stream, 1, 4 * MIB)?;
+    assert_ne!(
+        Some(victim.device_ptr()),
+        address,
+        "the kept memory is not handed out"
+    );
+    victim.set_to(1)?;
+    graph.launch()?;
+    assert!(victim.to_vec()?.iter().all(|&v| v == 1));
+    drop(graph);
+    assert_eq!(
+        stream.stats().driver_free_calls,
+        frees + 1,
+        "freed with the graph"
+    );
+
+    // MixMemory's host side could be reallocated under a captured copy: refused.
+    let mut mix = gpu_pool::MixMemory::new(&gpu)?;
+    mix.cpu::<u32>(1024)?.fill(3);
+    mix.gpu::<u32>(1024)?;
+    let err = stream.capture(|s| mix.copy_to_cpu_async(s)).unwrap_err();
+    println!("a MixMemory copy inside a capture: {err}");
+    assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
+    usable(&stream)?;
+    Ok(())
+}
+
+#[test]
+fn a_refused_lend_fails_its_capture_whatever_cudarc_does_next() -> TestResult {
+    let Some((gpu, _lock)) = gpu("refused_lend") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
+    let stream = Stream::new(&gpu)?;
+    let other = gpu.cuda_context().expect("CUDA").new_stream()?;
+    let err = stream
+        .capture(|s| {
+            let mut t = BufferPool::new(s).get_buffer_1d::<f32>(1000)?;
+            t.set_to(1.0)?;
+            let refused = other.memset_zeros(&mut t.device_mut()?);
+            println!("memset on another stream inside a capture: {refused:?}");
+            assert!(refused.is_err(), "the call got no address to write");
+            // Any cudarc call clears cudarc's one error slot: the refusal must not depend on it.
+            let _ = other.context().check_err();
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(err, PoolError::CaptureCrossStream { .. }), "{err}");
+    usable(&stream)?;
+
+    // Outside any pool capture: a cudarc capture begun by the user on the stream; a call on
+    // another stream with a buffer of it is refused (not run eagerly, unordered).
+    let cuda = stream.cuda_stream().expect("CUDA").clone();
+    let mut t = BufferPool::new(&stream).get_buffer_1d::<f32>(1000)?;
+    t.set_to(4.0)?;
+    stream.synchronize()?;
+    cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let refused = other.memset_zeros(&mut t.device_mut()?);
+    println!("memset on another stream during a foreign capture: {refused:?}");
+    assert!(refused.is_err());
+    let none = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    for _ in 0..3 {
+        assert!(!matches!(
+            cuda.end_capture(sys::CUgraphInstantiate_flags(0)),
+            Ok(Some(_))
+        ));
+        if matches!(cuda.capture_status(), Ok(s) if s == none) {
+            break;
+        }
+    }
+    other.synchronize()?;
+    assert!(
+        t.to_vec()?.iter().all(|&v| v == 4.0),
+        "nothing wrote the buffer"
+    );
+    drop(t);
+    usable(&stream)?;
+
+    // A graph launched into someone else's capture would outlive its memory: refused.
+    let graph = stream.capture(|s| {
+        let mut t = BufferPool::new(s).get_buffer_1d::<f32>(64)?;
+        t.set_to(2.0)
+    })?;
+    cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let launched = graph.launch();
+    let _ = cuda.end_capture(sys::CUgraphInstantiate_flags(0));
+    println!("Graph::launch inside a foreign capture: {launched:?}");
+    assert!(matches!(
+        launched,
+        Err(PoolError::CapturedElsewhere {
+            what: "Graph::launch",
+            ..
+        })
+    ));
+    graph.launch()?;
+    drop(graph);
+    usable(&stream)?;
+    Ok(())
+}
+
+#[test]
+fn per_thread_stream_handles_are_not_wrapped() -> TestResult {
+    let Some((gpu, _lock)) = gpu("per_thread_handles") else {
+        return Ok(());
+    };
+    let ctx = gpu.cuda_context().expect("CUDA").clone();
+    let err = Stream::from_cuda(&gpu, ctx.per_thread_stream()).unwrap_err();
+    println!("from_cuda(per_thread_stream): {err}");
+    assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
+    Ok(())
+}
+
+#[test]
+fn a_dropped_stream_hands_its_stack_on_only_once_its_work_is_done() -> TestResult {
+    let Some((gpu, _lock)) = gpu("drop_waits") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 256 * MIB, 1)?;
+    let first = Stream::new(&gpu)?;
+    {
+        let mut big = BufferPool::new(&first).get_buffer_1d::<u8>(200 * MIB)?;
+        for _ in 0..40 {
+            big.set_to(1)?; // queued, still running when the stream is dropped
+        }
+    }
+    first.reset_peak(); // the stack's high-water mark back to 0: no reason to skip the wait
+    drop(first);
+    let second = Stream::new(&gpu)?;
+    let mut reused = BufferPool::new(&second).get_buffer_1d::<u8>(200 * MIB)?;
+    reused.set_to(2)?;
+    let stale = reused.to_vec()?.iter().filter(|&&v| v != 2).count();
+    println!("a stack handed on after reset_peak: {stale} bytes written by the old stream's work");
+    assert_eq!(stale, 0);
+    drop(reused);
+
+    // Dropped inside another stream's capture, where no wait is allowed: its stack goes back
+    // with an event, which the next stream to take it waits for.
+    drop(second);
+    set_buffer_pool_config(&gpu, 64 * MIB, 2)?;
+    let a = Stream::new(&gpu)?;
+    let graph = a.capture(|_| {
+        let b = Stream::new(&gpu)?;
+        gpu_scope!(b, {
+            let mut x = buffer!(48 * MIB; u8)?;
+            for _ in 0..20 {
+                x.set_to(5)?; // still running when b is dropped
+            }
+        });
+        drop(b);
+        Ok(())
+    });
+    println!(
+        "a stream dropped inside a capture: {:?}",
+        graph.as_ref().map(|_| "a graph")
+    );
+    drop(graph);
+    assert_eq!(gpu.stats().stacks_held, 1, "b's stack went back");
+    let c = Stream::new(&gpu)?;
+    let mut y = BufferPool::new(&c).get_buffer_1d::<u8>(48 * MIB)?;
+    y.set_to(6)?;
+    let stale = y.to_vec()?.iter().filter(|&&v| v != 6).count();
+    println!("the next stream on that stack: {stale} bytes written by the dropped stream's work");
+    assert_eq!(stale, 0);
+    drop(y);
+    usable(&a)?;
+    usable(&c)?;
+    Ok(())
+}
+
+#[test]
+fn a_mix_memory_copy_whose_wait_is_refused_stays_pending() -> TestResult {
+    let Some((gpu, _lock)) = gpu("mix_pending") else {
+        return Ok(());
+    };
+    let (a, b) = (Stream::new(&gpu)?, Stream::new(&gpu)?);
+    let mut mix = gpu_pool::MixMemory::new(&gpu)?;
+    mix.cpu::<u32>(1 << 20)?.fill(3);
+    mix.gpu::<u32>(1 << 20)?;
+    let mix = std::cell::RefCell::new(mix);
+    let err = a
+        .capture(|_| {
+            let mut m = mix.borrow_mut();
+            m.copy_to_cpu_async(&b)?; // eager, on b
+            let first = m.cpu::<u32>(1 << 20).map(|_| ());
+            let second = m.cpu::<u32>(1 << 20).map(|_| ());
+            println!("host access while the wait is refused: {first:?}, then {second:?}");
+            assert!(first.is_err() && second.is_err(), "the copy stays pending");
+            first
+        })
+        .unwrap_err();
+    println!("the capture: {err}");
+    let mut m = mix.borrow_mut();
+    assert!(
+        m.cpu::<u32>(1 << 20)?.iter().all(|&v| v == 0),
+        "the copy landed, waited for"
+    );
+    drop(m);
+    usable(&a)?;
+    Ok(())
+}

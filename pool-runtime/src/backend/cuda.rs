@@ -416,6 +416,9 @@ impl Backend for CudaBackend {
             rows,
         } = dst;
         let uniform = pattern.iter().all(|&b| b == pattern[0]);
+        // A 2- or 4-byte memset needs its address and pitch aligned to its width, which a custom
+        // allocator's answer for `[u8; 4]` need not be: otherwise the pattern is written by parts.
+        let aligned = |w: usize| ptr.is_multiple_of(w as u64) && pitch.is_multiple_of(w);
         // Each memset writes `rows` rows of `width` bytes at `pitch`: inside `dst`, which lies in live
         // memory of this context (the caller's contract). Element counts are `width` divided by the
         // memset's size, which divides the row width since the pattern is one element.
@@ -424,14 +427,14 @@ impl Backend for CudaBackend {
             _ if uniform => unsafe {
                 sys::cuMemsetD2D8Async(ptr, pitch, pattern[0], width, rows, s)
             },
-            2 => {
+            2 if aligned(2) => {
                 let value = u16::from_ne_bytes([pattern[0], pattern[1]]);
-                // SAFETY: see above; 2-byte elements keep every row 2-byte aligned.
+                // SAFETY: see above; the address and the pitch are 2-byte aligned (checked).
                 unsafe { sys::cuMemsetD2D16Async(ptr, pitch, value, width / 2, rows, s) }
             }
-            4 => {
+            4 if aligned(4) => {
                 let value = u32::from_ne_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]);
-                // SAFETY: see above; 4-byte elements keep every row 4-byte aligned.
+                // SAFETY: see above; the address and the pitch are 4-byte aligned (checked).
                 unsafe { sys::cuMemsetD2D32Async(ptr, pitch, value, width / 4, rows, s) }
             }
             // SAFETY: forwarded contract.

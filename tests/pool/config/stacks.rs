@@ -244,3 +244,27 @@ fn packing(device: &Device) -> Result<(), PoolError> {
     set_buffer_pool_config(device, 10 * MIB, 5)?;
     Ok(())
 }
+
+/// The same rule when a stream asks for its stack later than its creation (it had none free then):
+/// no memory for the stacks at that moment is a fallback, not an error, and is not retried per take.
+#[test]
+fn a_later_claim_without_memory_for_the_stacks_falls_back() -> TestResult {
+    let device = Device::host_with_limit(Some(MIB));
+    set_buffer_pool_config(&device, MIB / 2, 1)?;
+    let first = Stream::new(&device)?;
+    let second = Stream::new(&device)?; // the one stack is held: none for it yet
+    assert_eq!(second.stack_index(), None);
+    drop(first);
+    device.release_stack_memory()?;
+    set_buffer_pool_config(&device, 2 * MIB, 1)?; // more than the device has
+    let b = BufferPool::new(&second).get_buffer_1d::<u8>(64)?;
+    assert_eq!(b.source(), Source::Fallback(FallbackReason::NoStackMemory));
+    let c = BufferPool::new(&second).get_buffer_1d::<u8>(64)?;
+    assert_eq!(c.source(), Source::Fallback(FallbackReason::NoStackMemory));
+    assert_eq!(
+        second.stats().driver_alloc_calls,
+        2,
+        "the stacks' memory is asked for once"
+    );
+    Ok(())
+}
