@@ -65,9 +65,18 @@ pub(crate) fn on_this_thread() -> bool {
 }
 
 /// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
-/// that may replay work on it still lives.
+/// whose capture began after the memory was allocated (so its replays may use it) still lives.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Kept {
+pub(crate) struct Kept {
+    pub(crate) memory: Memory,
+    /// The stream's capture count when the memory was allocated: graphs of later captures may
+    /// use it, graphs of earlier ones cannot.
+    pub(crate) epoch: u64,
+}
+
+/// Where kept memory came from, and so how it is freed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Memory {
     /// From the stream's fallback allocator.
     Fallback(Allocation),
     /// From `cuMemAlloc`/`cuMemAllocPitch` ([`GpuMat::new`](crate::GpuMat::new)).

@@ -567,10 +567,18 @@ impl DeviceInner {
                 held,
             });
         }
+        // A stack given back with an event (its stream was dropped where it could not wait): that
+        // work may still use the memory, so it is waited for here, by polling (a rare path).
+        for event in arena.after.iter().flatten() {
+            while !self.storage.backend.event_done(event)? {
+                std::thread::yield_now();
+            }
+        }
         let (base, bytes) = (arena.base, arena.config.total_bytes());
         // SAFETY: no stack is held, so no stream can hand out or use stack memory; streams
-        // synchronize before giving their stack back, so no queued work uses it either. The arena
-        // is dropped right after, so the address is freed once.
+        // synchronize before giving their stack back, or give it back with an event waited for
+        // just above, so no queued work uses it either. The arena is dropped right after, so the
+        // address is freed once.
         unsafe { self.storage.free(base, None) }?;
         state.arena = None;
         Ok(bytes)

@@ -22,9 +22,11 @@
 //! Graph capture: a call on the buffer's own stream inside that stream's
 //! [`Stream::capture`](crate::Stream::capture) is recorded like any pooled work. A call that would
 //! cross streams while either is capturing, or one on a stream captured by anything else, cannot
-//! be ordered without pulling pool memory into a graph the pool does not reserve it for: cudarc's
-//! context records `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`, so the call's capture fails
-//! (`PoolError::CaptureCrossStream` from `Stream::capture`) and no graph replays it.
+//! be ordered without pulling pool memory into a graph the pool does not reserve it for: every
+//! capture it would reach is invalidated, so no graph of it is ever made (`Stream::capture` then
+//! reports `PoolError::CaptureCrossStream`). Where the call would run at once, unordered with
+//! work queued before someone else's capture of the buffer's stream, it gets address 0: cudarc's
+//! copies and fills are refused by the driver, and a kernel given it faults.
 //!
 //! ```no_run
 //! use gpu_pool_runtime::{BufferPool, Device, Stream};
@@ -117,16 +119,27 @@ fn ordered<'a>(
         // Recorded into the pool stream's own capture, the memory is reserved for the graph's
         // life; recorded into any other capture, it is not.
         if user_capturing && !pool.capturing.get() {
-            return refuse(user, own);
+            // The call joins the capture refuse() invalidates: the driver refuses to queue it.
+            refuse(user, own);
         }
         return (ptr, SyncOnDrop::Record(None));
     }
-    if user_capturing || pool.capturing.get() || is_capturing(own) {
+    let foreign = !pool.capturing.get() && is_capturing(own);
+    if user_capturing || pool.capturing.get() || foreign {
         // An event between the two would join one stream to the other's capture, or make a
-        // capture wait on work outside it. Refused: the capture fails, so nothing replays this.
-        // No earlier work races the call: a pool capture waits for its stream before it starts,
-        // and, failing, for the device before its memory is reused.
-        return refuse(user, own);
+        // capture wait on work outside it. Refused: every capture involved is invalidated, so
+        // nothing replays the call, and a call into one is not even queued.
+        refuse(user, own);
+        if foreign && !user_capturing {
+            // The call would run now, unordered with what the memory's stream queued before
+            // someone else's capture began, and nothing could wait for that: no address at all
+            // (the driver refuses copies and fills to it; kernels given it fault).
+            return (0, SyncOnDrop::Record(None));
+        }
+        // Run now (on `user`, outside any capture) the call races nothing: a pool capture waited
+        // for its stream before it began, its own work never runs, and, failing, it waits for
+        // the device before its memory is reused.
+        return (ptr, SyncOnDrop::Record(None));
     }
     // `user` must see what `own` has queued so far, and where no event can say so, the host waits
     // for it instead. Raw calls: cudarc's would return an error its context holds for another
@@ -160,13 +173,12 @@ fn is_capturing(stream: &CudaStream) -> bool {
         || status.is_err()
 }
 
-/// Makes the call on `user` fail, with its capture. The call gets a null address, which the
-/// driver refuses in cudarc's copies and fills (so nothing runs eagerly, unordered, on pool
-/// memory); every capture under way on either stream is invalidated (a stream query is illegal
-/// while capturing: the driver then makes no graph, whoever ends the capture and however often);
-/// and a pool capture on this thread is marked, for `Stream::capture` to report
+/// Fails the captures a call on `user` would reach: every capture under way on either stream is
+/// invalidated (a stream query is illegal while capturing: the driver then makes no graph,
+/// whoever ends the capture and however often, and queues nothing more into it), and a pool
+/// capture on this thread is marked, for `Stream::capture` to report
 /// `PoolError::CaptureCrossStream`.
-fn refuse<'a>(user: &CudaStream, own: &CudaStream) -> (u64, SyncOnDrop<'a>) {
+fn refuse(user: &CudaStream, own: &CudaStream) {
     for s in [user, own] {
         if is_capturing(s) {
             // SAFETY: a live stream (borrowed); the query changes nothing but the capture's
@@ -175,7 +187,6 @@ fn refuse<'a>(user: &CudaStream, own: &CudaStream) -> (u64, SyncOnDrop<'a>) {
         }
     }
     crate::capturing::note_refused();
-    (0, SyncOnDrop::Record(None))
 }
 
 /// What both lent kinds have alike: a constructor from a view's window, the leading dimension,

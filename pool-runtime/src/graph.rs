@@ -24,9 +24,9 @@
 //! - nothing captured reads host memory the graph could outlive: uploads wait for the host (which a
 //!   capture refuses), `set_to` fills with device-side operations only, and `MixMemory` copies
 //!   are refused while capturing;
-//! - while a graph of the stream lives, fallback and driver buffers of the stream are freed only
-//!   when the last such graph is dropped (one made before the capture and released after it, through
-//!   a `RefCell` say, may be written by every replay);
+//! - a fallback or driver buffer of the stream made before the capture began, and released while
+//!   the graph lives (inside the closure, or after it through a `RefCell` say), is freed when the
+//!   graph is dropped: every replay may write it. Buffers made after the capture are no graph's;
 //! - only the pool can end the capture, so only the pool makes its graph: the capture is begun on
 //!   a private stream that the stream joins, and cudarc's `end_capture` on the stream fails.
 //!
@@ -54,7 +54,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, result, sys};
 
 use crate::backend::cuda::{ContextGuard, driver_error};
-use crate::capturing::{self, Kept, ThreadCapture};
+use crate::capturing::{self, ThreadCapture};
 use crate::error::PoolError;
 use crate::stack::Block;
 use crate::stream::Stream;
@@ -68,8 +68,9 @@ pub struct Graph<'a> {
     /// the captured buffers reached above it. Released in reverse order on drop.
     fence: Block,
     reserved: Option<Block>,
-    /// Fallback and driver memory released during the capture, which replays may use.
-    kept: Vec<Kept>,
+    /// The stream's capture count when this graph's capture began: memory allocated before it
+    /// may be used by the replays, and is kept when released until the graph is dropped.
+    epoch: u64,
     /// Whatever the captured closure borrowed stays borrowed while the graph lives.
     _captures: PhantomData<&'a ()>,
 }
@@ -120,7 +121,7 @@ impl Drop for Graph<'_> {
             self.stream.release_reserved(&reserved);
         }
         self.stream.release_reserved(&self.fence);
-        self.stream.graph_dropped(std::mem::take(&mut self.kept));
+        self.stream.graph_dropped(self.epoch);
     }
 }
 
@@ -210,7 +211,10 @@ impl Capturing<'_> {
     /// Begins the capture on the private origin stream and joins the pool stream to it.
     fn begin(&mut self) -> Result<(), PoolError> {
         let _guard = ContextGuard::bind(&self.origin.ctx)?;
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // Relaxed: the thread may still wait for other streams and free memory (a stream dropped
+        // inside, a lend to cudarc on another stream, MixMemory's waits). What would break the
+        // capture is refused by the pool itself, before the driver sees it.
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: the origin stream is live and ours.
         unsafe { result::stream::begin_capture(self.origin.stream, mode) }
             .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
@@ -225,7 +229,9 @@ impl Capturing<'_> {
     /// The capture always ends, whatever happened inside; after a failed one the device is
     /// waited for, so work that ran eagerly beside it is done before its memory is reused.
     fn end(&mut self) -> Result<Option<Exec>, PoolError> {
-        let _guard = ContextGuard::bind(&self.origin.ctx)?;
+        // Best effort: the capture must end even if the context cannot be bound (the calls below
+        // name their streams, which carry their context).
+        let _guard = ContextGuard::bind(&self.origin.ctx).ok();
         // SAFETY: both streams are live streams of the context bound above.
         let joined = unsafe { follow(self.cu_stream, self.origin.stream) };
         let mut graph: sys::CUgraph = std::ptr::null_mut();
@@ -278,7 +284,7 @@ impl Drop for Capturing<'_> {
         if let Some(fence) = self.fence.take() {
             self.stream.release_reserved(&fence);
             // No graph: what releases kept for it can go.
-            self.stream.settle_kept(self.stream.take_kept());
+            self.stream.free_kept_now();
         }
     }
 }
@@ -320,13 +326,18 @@ impl Stream {
             // Waits on events recorded outside the capture cannot join it: issue them now.
             self.issue_deferred_waits()?;
         }
-        // Work queued before the capture is done before it starts, so nothing eager beside the
-        // capture races it.
-        self.synchronize()?;
-        // Memory released before the capture is freed before it (unless a graph still holds it).
-        self.settle_kept(self.take_kept());
         let origin = Origin::new(cuda.context())?;
+        // The fence may claim the stream's stack, and with it a wait for its last stream's work.
         let fence = self.reserve_fence()?;
+        // Work queued before the capture is done before it starts, so nothing eager beside the
+        // capture races it (if it fails here, the fence goes back as a release out of order).
+        if let Err(e) = self.synchronize() {
+            self.release_reserved(&fence);
+            return Err(e);
+        }
+        // Memory released before the capture is freed before it (unless a graph still needs it).
+        self.free_kept_now();
+        let epoch = self.capture_begun();
         let mut capturing = Capturing {
             stream: self,
             cu_stream: cuda.cu_stream(),
@@ -355,13 +366,13 @@ impl Stream {
         }
         let reserved = self.reserve_up_to(capturing.peak)?;
         capturing.fence = None;
-        self.graph_made();
+        self.graph_made(epoch);
         Ok(Graph {
             stream: self,
             exec,
             fence,
             reserved,
-            kept: self.take_kept(),
+            epoch,
             _captures: PhantomData,
         })
     }

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::allocator::{self, AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent, RawStream};
-use crate::capturing::{self, Kept};
+use crate::capturing::{self, Kept, Memory};
 use crate::config;
 use crate::device::{Device, StreamShared};
 use crate::error::{PoolError, Request};
@@ -63,11 +63,13 @@ pub struct Stream {
     pub(crate) capturing: Cell<bool>,
     /// Whether this stream records its takes and releases (`shared.recorder` is set).
     recording: bool,
-    /// Fallback and driver memory released while a capture was under way on this thread, or while
-    /// a graph of this stream lived: kept until neither is true (see `capturing`).
+    /// Fallback and driver memory released while a capture was under way on this thread, or
+    /// while a graph that may use it lived: kept until neither is true (see `capturing`).
     kept: RefCell<Vec<Kept>>,
-    /// Graphs of this stream alive now.
-    live_graphs: Cell<usize>,
+    /// Captures begun on this stream: the epoch a fallback or driver allocation is stamped with.
+    captures_begun: Cell<u64>,
+    /// The epochs of this stream's live graphs (each its capture's count when it began).
+    live_graphs: RefCell<Vec<u64>>,
     /// This pool stream's claim on its CUDA stream: no other pool stream may wrap it.
     #[cfg(feature = "cuda")]
     _wrapped: Option<capturing::Wrapped>,
@@ -80,7 +82,8 @@ pub(crate) enum Origin {
     Stack(Block),
     /// Boxed: rare, and it keeps every buffer small, which the hot path feels.
     Fallback(Box<FallbackOrigin>),
-    Driver(DevPtr),
+    /// A driver allocation, stamped with the stream's capture epoch (see `Kept`).
+    Driver(DevPtr, u64),
 }
 
 #[derive(Debug)]
@@ -88,6 +91,7 @@ pub(crate) struct FallbackOrigin {
     allocation: Allocation,
     reason: FallbackReason,
     bytes: usize,
+    epoch: u64,
 }
 
 impl Origin {
@@ -96,7 +100,7 @@ impl Origin {
             Origin::Empty => Source::Empty,
             Origin::Stack(_) => Source::Stack,
             Origin::Fallback(f) => Source::Fallback(f.reason),
-            Origin::Driver(_) => Source::Driver,
+            Origin::Driver(..) => Source::Driver,
         }
     }
 }
@@ -219,7 +223,8 @@ impl Stream {
             capturing: Cell::new(false),
             recording: record > 0,
             kept: RefCell::new(Vec::new()),
-            live_graphs: Cell::new(0),
+            captures_begun: Cell::new(0),
+            live_graphs: RefCell::new(Vec::new()),
             #[cfg(feature = "cuda")]
             _wrapped: wrapped,
         })
@@ -475,6 +480,7 @@ impl Stream {
                 allocation,
                 reason,
                 bytes: layout.bytes,
+                epoch: self.captures_begun.get(),
             })),
         ))
     }
@@ -510,7 +516,7 @@ impl Stream {
                 what: "a driver allocation that is not aligned for the element type",
             });
         }
-        Ok((ptr, pitch, Origin::Driver(ptr)))
+        Ok((ptr, pitch, Origin::Driver(ptr, self.captures_begun.get())))
     }
 
     fn alloc_context(&self) -> AllocContext<'_> {
@@ -595,6 +601,7 @@ impl Stream {
                     allocation,
                     reason,
                     bytes,
+                    epoch,
                 } = **f;
                 if reason != FallbackReason::Disabled {
                     let overflow = self.overflow_live.get().saturating_sub(bytes);
@@ -610,22 +617,29 @@ impl Stream {
                     );
                 }
                 // SAFETY: forwarded: the allocation came from this stream's allocator, once.
-                unsafe { self.free_or_keep(Kept::Fallback(allocation)) }
+                let memory = Memory::Fallback(allocation);
+                unsafe { self.free_or_keep(Kept { memory, epoch }) }
             }
             // SAFETY: forwarded: `ptr` came from `take_from_driver`, once.
-            &Origin::Driver(ptr) => unsafe { self.free_or_keep(Kept::Driver(ptr)) },
+            &Origin::Driver(ptr, epoch) => unsafe {
+                self.free_or_keep(Kept {
+                    memory: Memory::Driver(ptr),
+                    epoch,
+                })
+            },
         }
     }
 
-    /// Frees released memory, or, while a capture is under way on this thread (whose work may
-    /// use it, and which a driver free would invalidate), keeps it until the capture is over.
+    /// Frees released memory, or keeps it while something may still use it: a capture under way
+    /// on this thread (whose work may use it, and which a driver free would break), a live graph
+    /// whose capture began after it was allocated, or a capture of the stream begun elsewhere.
     ///
     /// # Safety
     /// `kept` came from this stream's allocator or `take_from_driver`, is given here once, and
     /// work that uses it is queued on this stream.
     #[cold]
     unsafe fn free_or_keep(&self, kept: Kept) -> Result<(), PoolError> {
-        if self.must_keep() {
+        if self.must_keep(kept.epoch) {
             self.kept.borrow_mut().push(kept);
             return Ok(());
         }
@@ -637,72 +651,77 @@ impl Stream {
     /// # Safety
     /// As [`Stream::free_or_keep`].
     unsafe fn free_kept(&self, kept: Kept) -> Result<(), PoolError> {
-        match kept {
+        match kept.memory {
             // SAFETY: forwarded: the allocation came from this stream's allocator, once; its work
             // is queued on this stream, which the allocator's free is ordered after.
-            Kept::Fallback(allocation) => unsafe {
+            Memory::Fallback(allocation) => unsafe {
                 self.allocator.deallocate(&self.alloc_context(), allocation)
             },
             // SAFETY: forwarded: `ptr` came from `take_from_driver`, once; the driver's free
             // synchronizes, so queued work using it is done.
-            Kept::Driver(ptr) => unsafe { self.device.storage().free(ptr, Some(self.counters())) },
+            Memory::Driver(ptr) => unsafe {
+                self.device.storage().free(ptr, Some(self.counters()))
+            },
         }
     }
 
-    /// Frees what releases during a capture kept, once no capture is under way on this thread.
+    /// Whether memory allocated at `epoch` must be kept rather than freed now.
+    fn must_keep(&self, epoch: u64) -> bool {
+        capturing::on_this_thread()
+            || self.live_graphs.borrow().iter().any(|&graph| graph > epoch)
+            || (!self.capturing.get()
+                && self
+                    .device
+                    .storage()
+                    .backend
+                    .is_capturing(&self.raw)
+                    .unwrap_or(true))
+    }
+
+    /// Frees the kept memory that nothing may use any more.
     #[cold]
-    fn free_kept_now(&self) {
-        if self.must_keep() || self.kept.borrow().is_empty() {
+    pub(crate) fn free_kept_now(&self) {
+        if self.kept.borrow().is_empty() {
             return;
         }
         let kept = std::mem::take(&mut *self.kept.borrow_mut());
-        self.settle_kept(kept);
-    }
-
-    /// Whether released fallback and driver memory must be kept rather than freed: a capture is
-    /// under way on this thread (a free would break it, and its work may use the memory), or a
-    /// graph of this stream lives (its replays may write any memory its capture used, a buffer
-    /// made before the capture and released after it included).
-    fn must_keep(&self) -> bool {
-        capturing::on_this_thread() || self.live_graphs.get() > 0
-    }
-
-    /// A graph of this stream was made: until it is dropped, released memory is kept.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn graph_made(&self) {
-        self.live_graphs.set(self.live_graphs.get() + 1);
-    }
-
-    /// A graph of this stream was dropped, with the memory released during its capture: freed
-    /// with whatever was kept meanwhile once no graph is left.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn graph_dropped(&self, kept: Vec<Kept>) {
-        self.live_graphs.set(self.live_graphs.get() - 1);
-        self.settle_kept(kept);
-        self.free_kept_now();
-    }
-
-    /// Memory kept since the last call: what a capture's graph must hold for its replays.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn take_kept(&self) -> Vec<Kept> {
-        std::mem::take(&mut *self.kept.borrow_mut())
-    }
-
-    /// Frees memory a capture kept (a graph's, when it is dropped), or keeps it on the stream
-    /// while another capture is under way on this thread. Errors are logged: nothing waits for
-    /// them.
-    pub(crate) fn settle_kept(&self, kept: Vec<Kept>) {
-        if self.must_keep() {
-            self.kept.borrow_mut().extend(kept);
-            return;
-        }
         for k in kept {
+            if self.must_keep(k.epoch) {
+                self.kept.borrow_mut().push(k);
+                continue;
+            }
             // SAFETY: every kept block came from `free_or_keep`, which owned it once, and left
-            // the stream's list (or a graph's) when it was taken here.
+            // the stream's list when it was taken here.
             if let Err(e) = unsafe { self.free_kept(k) } {
-                tracing::error!(stream = self.id(), error = %e, "freeing memory kept for a capture failed");
+                tracing::error!(stream = self.id(), error = %e, "freeing memory kept for a graph failed");
             }
         }
+    }
+
+    /// A capture begins: allocations from now on are of a later epoch than its graph's.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn capture_begun(&self) -> u64 {
+        let epoch = self.captures_begun.get() + 1;
+        self.captures_begun.set(epoch);
+        epoch
+    }
+
+    /// A graph of the capture begun at `epoch` was made: memory allocated before that capture is
+    /// kept, when released, until the graph is dropped.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn graph_made(&self, epoch: u64) {
+        self.live_graphs.borrow_mut().push(epoch);
+    }
+
+    /// The graph of `epoch` was dropped: what only it held is freed.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn graph_dropped(&self, epoch: u64) {
+        let mut live = self.live_graphs.borrow_mut();
+        if let Some(i) = live.iter().position(|&e| e == epoch) {
+            live.swap_remove(i);
+        }
+        drop(live);
+        self.free_kept_now();
     }
 
     /// Whether this stream's own [`capture`](Stream::capture) is under way.
@@ -916,6 +935,7 @@ impl Drop for Stream {
         } else {
             self.synchronize().map(|()| None)
         };
+        let idle = matches!(waited, Ok(None));
         match waited {
             Ok(after) => {
                 if let Some(stack) = self.stack.get() {
@@ -927,20 +947,20 @@ impl Drop for Stream {
             }
         }
         let kept = std::mem::take(&mut *self.kept.borrow_mut());
-        if capturing::on_this_thread() && !kept.is_empty() {
-            tracing::error!(
-                stream = self.id(),
-                blocks = kept.len(),
-                "a stream dropped inside a capture: its kept fallback memory is leaked"
-            );
-        } else {
+        if idle && !capturing::on_this_thread() {
             for k in kept {
-                // SAFETY: as in `settle_kept`: each block is freed once, here, and its work is
-                // done (waited for above).
+                // SAFETY: each kept block is freed once, here; the stream's work is done (waited
+                // for above), and no graph of it is left (graphs borrow their stream).
                 if let Err(e) = unsafe { self.free_kept(k) } {
                     tracing::error!(stream = self.id(), error = %e, "freeing kept memory failed");
                 }
             }
+        } else if !kept.is_empty() {
+            tracing::error!(
+                stream = self.id(),
+                blocks = kept.len(),
+                "a stream dropped with work nobody could wait for: its kept fallback memory is leaked"
+            );
         }
         self.device
             .inner

@@ -265,9 +265,15 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self, stream: &RawStream) -> Result<(), PoolError> {
         let _guard = self.guard()?;
-        // SAFETY: the stream belongs to this context and is alive (the RawStream holds it).
-        unsafe { result::stream::synchronize(self.cu_stream(stream)?) }
-            .map_err(|e| driver_error("cuStreamSynchronize", e))
+        let s = self.cu_stream(stream)?;
+        // This thread may be capturing a graph in a mode that forbids waiting for other streams
+        // (cudarc's `begin_capture` on another stream, say); the pool's waits guard memory, so
+        // they run in relaxed mode. A wait for a stream that is itself capturing still fails.
+        relaxed(|| {
+            // SAFETY: the stream belongs to this context and is alive (the RawStream holds it).
+            unsafe { result::stream::synchronize(s) }
+        })
+        .map_err(|e| driver_error("cuStreamSynchronize", e))
     }
 
     fn is_capturing(&self, stream: &RawStream) -> Result<bool, PoolError> {
@@ -498,6 +504,19 @@ impl Backend for CudaBackend {
         copy.dstPitch = dst.pitch;
         self.memcpy2d(&copy, stream)
     }
+}
+
+/// Runs `f` with this thread's stream-capture mode relaxed, then restores the mode it had.
+fn relaxed<R>(f: impl FnOnce() -> R) -> R {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges this thread's capture mode with `mode`, a valid value; restored below.
+    let exchanged = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result();
+    let out = f();
+    if exchanged.is_ok() {
+        // SAFETY: puts back the mode the exchange above returned.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+    out
 }
 
 impl CudaBackend {
