@@ -616,8 +616,8 @@ impl Stream {
                         None,
                     );
                 }
-                // SAFETY: forwarded: the allocation came from this stream's allocator, once.
                 let memory = Memory::Fallback(allocation);
+                // SAFETY: forwarded: the allocation came from this stream's allocator, once.
                 unsafe { self.free_or_keep(Kept { memory, epoch }) }
             }
             // SAFETY: forwarded: `ptr` came from `take_from_driver`, once.
