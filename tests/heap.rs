@@ -1,24 +1,32 @@
 //! The host heap the pool itself uses: releasing buffers frees every record the pool made for
-//! them. A counting global allocator sees what a leak checker would.
+//! them. A counting global allocator sees what a leak checker would, counted per thread: the
+//! pool makes no thread of its own, and the test harness's threads allocate when they please.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+use std::cell::Cell;
 
 use gpu_pool::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
 
 struct Counting;
 
-static LIVE: AtomicIsize = AtomicIsize::new(0);
+thread_local! {
+    /// Bytes this thread allocated and did not free (a const `Cell`: no allocation, no destructor).
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+}
+
+fn live() -> isize {
+    LIVE.with(Cell::get)
+}
 
 // SAFETY: forwards to the system allocator, only counting.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Relaxed);
+        let _ = LIVE.try_with(|l| l.set(l.get() + layout.size() as isize));
         // SAFETY: forwarded with the caller's layout.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Relaxed);
+        let _ = LIVE.try_with(|l| l.set(l.get() - layout.size() as isize));
         // SAFETY: forwarded: `ptr` came from `alloc` with this layout.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -39,12 +47,12 @@ fn released_and_dropped_fallback_buffers_free_their_records() -> Result<(), Pool
     pool.get_buffer_1d::<u8>(1000)?.release()?;
     drop(pool.get_buffer_1d::<u8>(1000)?);
 
-    let before = LIVE.load(Relaxed);
+    let before = live();
     for _ in 0..1000 {
         pool.get_buffer_1d::<u8>(1000)?.release()?; // 1000 bytes of device memory, and a record
         drop(pool.get_buffer_1d::<u8>(1000)?);
     }
-    let grown = LIVE.load(Relaxed) - before;
+    let grown = live() - before;
     assert_eq!(
         grown, 0,
         "the pool's heap grew by {grown} bytes over 2000 fallback buffers"
