@@ -6,9 +6,10 @@
 //! - one pool stream per CUDA stream ([`Wrapped`]): two pool streams over one CUDA stream would
 //!   have two stacks whose work one capture records as one;
 //! - while a pool capture is under way on a thread ([`ThreadCapture`]), no driver allocation or
-//!   free runs on that thread (CUDA's thread-local capture mode would invalidate the capture), so
-//!   memory released meanwhile is [`Kept`]: by the capturing stream's graph for its life, by any
-//!   other stream until the capture is over;
+//!   free runs on that thread (the captured work may use the memory, and an allocation would
+//!   land in the graph), so memory released meanwhile is [`Kept`]; and memory allocated before a
+//!   capture began stays kept, once released, while that capture's graph lives (its replays may
+//!   write it);
 //! - work that crosses streams, and pool work on a CUDA stream captured by anyone but its own
 //!   pool stream, is refused (the checks live on `Stream`, which knows both sides).
 
