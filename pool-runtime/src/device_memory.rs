@@ -118,14 +118,14 @@ fn ordered<'a>(
     if same {
         // Recorded into the pool stream's own capture, the memory is reserved for the graph's
         // life; recorded into any other capture, it is not.
-        if user_capturing && !pool.capturing.get() {
+        if user_capturing && !pool.in_own_capture() {
             // The call joins the capture refuse() invalidates: the driver refuses to queue it.
             refuse(user, own);
         }
         return (ptr, SyncOnDrop::Record(None));
     }
-    let foreign = !pool.capturing.get() && is_capturing(own);
-    if user_capturing || pool.capturing.get() || foreign {
+    let foreign = !pool.in_own_capture() && is_capturing(own);
+    if user_capturing || pool.in_own_capture() || foreign {
         // An event between the two would join one stream to the other's capture, or make a
         // capture wait on work outside it. Refused: every capture involved is invalidated, so
         // nothing replays the call, and a call into one is not even queued.

@@ -63,6 +63,8 @@ use crate::stream::Stream;
 /// was captured on. Dropping it gives back the stack memory its replays use.
 pub struct Graph<'a> {
     stream: &'a Stream,
+    /// The stream's CUDA stream, which the replays are queued on.
+    cu_stream: sys::CUstream,
     exec: Exec,
     /// The stack blocks the replays use: a one-byte fence at the capture's start, and the bytes
     /// the captured buffers reached above it. Released in reverse order on drop.
@@ -90,15 +92,11 @@ impl Graph<'_> {
     /// `PoolError::CapturedElsewhere` if the stream is being captured by anything else: that
     /// graph would replay this one's memory after it is given back.
     pub fn launch(&self) -> Result<(), PoolError> {
-        let cu_stream = self.stream.work_stream("Graph::launch")?;
-        let cu_stream = match cu_stream {
-            crate::backend::RawStream::Cuda(s) => s.cu_stream(),
-            crate::backend::RawStream::Host => unreachable!("a graph exists only on CUDA"),
-        };
+        self.stream.work_stream("Graph::launch")?;
         let _guard = ContextGuard::bind(&self.exec.ctx)?;
         // SAFETY: `exec` is a live executable graph of this context (owned by `self`), and the
         // stream is the graph's own, alive while it is borrowed.
-        unsafe { result::graph::launch(self.exec.exec, cu_stream) }
+        unsafe { result::graph::launch(self.exec.exec, self.cu_stream) }
             .map_err(|e| driver_error("cuGraphLaunch", e))
     }
 
@@ -369,6 +367,7 @@ impl Stream {
         self.graph_made(epoch);
         Ok(Graph {
             stream: self,
+            cu_stream: cuda.cu_stream(),
             exec,
             fence,
             reserved,

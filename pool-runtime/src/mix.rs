@@ -267,7 +267,7 @@ impl<'a> MixMemory<'a> {
                 actual: stream.device().id(),
             });
         }
-        if stream.is_capturing() {
+        if stream.in_own_capture() {
             // A captured copy would read or write the host side on every replay, after the pair
             // may have reallocated or freed it.
             return Err(PoolError::Unsupported {

@@ -724,8 +724,9 @@ impl Stream {
         self.free_kept_now();
     }
 
-    /// Whether this stream's own [`capture`](Stream::capture) is under way.
-    pub(crate) fn is_capturing(&self) -> bool {
+    /// Whether this stream's own [`capture`](Stream::capture) is under way (not whether the
+    /// driver records its CUDA stream: `Backend::is_capturing` says that).
+    pub(crate) fn in_own_capture(&self) -> bool {
         self.capturing.get()
     }
 
