@@ -46,14 +46,16 @@ use proc_macro::TokenStream;
 ///     let mut tmp = {
 ///         let __gpu_pool_size_0: usize = src.rows();   // sizes first: their temporaries are
 ///         let __gpu_pool_size_1: usize = src.cols();   // gone before the buffer is taken
-///         __gpu_pool_frame.take::<u8>(__gpu_pool_size_0, __gpu_pool_size_1)
+///         ::gpu_pool::__private::take::<u8>(
+///             &__gpu_pool_frame, __gpu_pool_size_0, __gpu_pool_size_1, "tmp",
+///         )
 ///     }?;
-///     let mut tmp = tmp.handle();                       // the handle shadows its owner
+///     let mut tmp = ::gpu_pool::__private::handle(&mut tmp); // the handle shadows its owner
 ///     let mut sums = {
 ///         let __gpu_pool_size_0: usize = src.rows();
-///         __gpu_pool_frame.take_1d::<f32>(__gpu_pool_size_0)
+///         ::gpu_pool::__private::take_1d::<f32>(&__gpu_pool_frame, __gpu_pool_size_0, "sums")
 ///     }?;
-///     let sums = sums.handle();
+///     let sums = ::gpu_pool::__private::handle(&mut sums);
 ///     tmp.copy_from(src)?;
 ///     Ok(tmp.step() + sums.len())
 /// }
@@ -122,8 +124,11 @@ pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// {
 ///     let __gpu_pool_stream = &(a);
 ///     let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
-///     let mut x = { let __gpu_pool_size_0: usize = 16; __gpu_pool_frame.take_1d::<u8>(__gpu_pool_size_0) }?;
-///     let mut x = x.handle();
+///     let mut x = {
+///         let __gpu_pool_size_0: usize = 16;
+///         ::gpu_pool::__private::take_1d::<u8>(&__gpu_pool_frame, __gpu_pool_size_0, "x")
+///     }?;
+///     let mut x = ::gpu_pool::__private::handle(&mut x);
 ///     ...
 /// }
 /// ```

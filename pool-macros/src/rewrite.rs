@@ -79,8 +79,12 @@ impl Rewriter {
         // Spanned on the user's `buffer!`, so a bad element type is reported there, and so the
         // call's `#[track_caller]` location is the user's line.
         let take = match sizes.as_slice() {
-            [len] => quote_spanned!(mac.span()=> #frame.take_1d::<#elem>(#len, #name)),
-            [rows, cols] => quote_spanned!(mac.span()=> #frame.take::<#elem>(#rows, #cols, #name)),
+            [len] => quote_spanned!(mac.span()=>
+                ::gpu_pool::__private::take_1d::<#elem>(&#frame, #len, #name)
+            ),
+            [rows, cols] => quote_spanned!(mac.span()=>
+                ::gpu_pool::__private::take::<#elem>(&#frame, #rows, #cols, #name)
+            ),
             _ => unreachable!("BufferArgs holds one or two sizes"),
         };
         let postfix = postfix.tokens();
@@ -96,7 +100,7 @@ impl Rewriter {
             } #postfix;
         })?;
         // Spanned on `buffer!` too: a borrow error about the handle points at the user's line.
-        let handle = quote_spanned!(mac.span()=> #owner.handle());
+        let handle = quote_spanned!(mac.span()=> ::gpu_pool::__private::handle(&mut #owner));
         let handle_stmt: Stmt = syn::parse2(quote! { #(#attrs)* let #pat = #handle; })?;
         Ok([owner_stmt, handle_stmt])
     }

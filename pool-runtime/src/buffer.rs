@@ -7,11 +7,10 @@ use std::ops::Range;
 use bytemuck::Pod;
 
 use crate::allocator::GpuAllocator;
-use crate::backend::{DevPtr, Region};
+use crate::backend::Region;
 use crate::error::PoolError;
-use crate::layout::Layout;
 use crate::source::{CallSite, Source};
-use crate::stream::{Origin, Stream};
+use crate::stream::{Lease, Stream};
 use crate::view::{CudaOrder, GpuView, GpuViewMut, Window};
 
 /// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`).
@@ -48,7 +47,7 @@ impl<'s> BufferPool<'s> {
     ///
     /// From the stack when it fits (no lock, no heap allocation, no driver call), else from the
     /// stream's fallback allocator.
-    // Always inlined: returned through memory, the buffer's origin is stored in two halves and
+    // Always inlined: returned through memory, the buffer's lease is stored in two halves and
     // reloaded whole by the caller, a store-forwarding stall that costs more than the rest of the
     // take (measured: 20 ns against 9 ns in a crate with the default 16 codegen units).
     ///
@@ -68,17 +67,8 @@ impl<'s> BufferPool<'s> {
         cols: usize,
         site: CallSite,
     ) -> Result<GpuMat<'s, T>, PoolError> {
-        let layout = Layout::of::<T>(rows, cols, self.stream.texture_alignment)?;
-        let (ptr, pitch, origin) = self.stream.take(&layout, site)?;
-        Ok(GpuMat {
-            ptr,
-            rows,
-            cols,
-            pitch,
-            origin,
-            stream: self.stream,
-            _elem: PhantomData,
-        })
+        let lease = self.stream.take::<T>(rows, cols, site)?;
+        Ok(GpuMat::on(lease, rows, cols))
     }
 
     /// A contiguous buffer of `len` elements (a `1 x len` [`GpuMat`]).
@@ -110,12 +100,10 @@ impl<'s> BufferPool<'s> {
 /// };
 /// ```
 pub struct GpuMat<'s, T> {
-    pub(crate) ptr: DevPtr,
+    /// The memory, which goes back to its stream when the buffer is dropped.
+    lease: Lease<'s>,
     rows: usize,
     cols: usize,
-    pitch: usize,
-    origin: Origin,
-    stream: &'s Stream,
     _elem: PhantomData<T>,
 }
 
@@ -125,28 +113,8 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     /// Its pitch is the driver's choice.
     #[track_caller]
     pub fn new(stream: &'s Stream, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
-        let site = CallSite::here("");
-        let layout = Layout::of::<T>(rows, cols, stream.device().texture_alignment())?;
-        let (ptr, pitch, origin) = if layout.is_empty() {
-            (0, layout.pitch, Origin::Empty)
-        } else {
-            stream.take_from_driver(&layout).map_err(|e| {
-                e.at(crate::error::Request {
-                    site,
-                    stream: stream.id(),
-                    stack_needed: None,
-                })
-            })?
-        };
-        Ok(GpuMat {
-            ptr,
-            rows,
-            cols,
-            pitch,
-            origin,
-            stream,
-            _elem: PhantomData,
-        })
+        let lease = stream.take_from_driver::<T>(rows, cols, CallSite::here(""))?;
+        Ok(GpuMat::on(lease, rows, cols))
     }
 
     /// [`GpuMat::new`] filled from `data` (`rows * cols` elements, row-major).
@@ -159,6 +127,25 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         let mut mat = GpuMat::new(stream, rows, cols)?;
         mat.upload(data)?;
         Ok(mat)
+    }
+}
+
+impl<'s, T> GpuMat<'s, T> {
+    /// A `rows x cols` buffer on `lease`'s memory, which a take of that shape made.
+    #[inline(always)]
+    fn on(lease: Lease<'s>, rows: usize, cols: usize) -> GpuMat<'s, T> {
+        GpuMat {
+            lease,
+            rows,
+            cols,
+            _elem: PhantomData,
+        }
+    }
+
+    /// The address field kernel arguments point at.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn ptr_field(&self) -> &u64 {
+        self.lease.ptr_field()
     }
 }
 
@@ -186,7 +173,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
 
     /// Bytes from the start of one row to the next.
     pub fn step(&self) -> usize {
-        self.pitch
+        self.lease.pitch()
     }
 
     /// Whether the rows follow each other with no padding.
@@ -196,23 +183,23 @@ impl<'s, T: Pod> GpuMat<'s, T> {
 
     /// Where the memory came from.
     pub fn source(&self) -> Source {
-        self.origin.source()
+        self.lease.source()
     }
 
     /// The stream the buffer belongs to; its operations run there.
     pub fn stream(&self) -> &'s Stream {
-        self.stream
+        self.lease.stream()
     }
 
     /// The device address of row 0 (0 for an empty buffer).
     pub fn device_ptr(&self) -> u64 {
-        self.ptr
+        self.lease.ptr()
     }
 
     fn region(&self) -> Region {
         Region {
-            ptr: self.ptr,
-            pitch: self.pitch,
+            ptr: self.lease.ptr(),
+            pitch: self.lease.pitch(),
             width: self.cols * size_of::<T>(),
             rows: self.rows,
         }
@@ -239,18 +226,12 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         if self.is_empty() || size_of::<T>() == 0 {
             return Ok(());
         }
-        let region = self.region();
-        let stream = self.stream.work_stream("upload")?;
-        // SAFETY: `region` is this buffer's live memory (its shape is what was allocated), and
-        // `data` holds `rows` rows of `width` bytes back to back; it stays borrowed until the
-        // synchronize below has seen the copy finish.
+        // SAFETY: the region is this buffer's live memory (its shape is what was taken), which
+        // `&mut self` keeps from other writes; `data` holds its `rows` rows back to back.
         unsafe {
-            self.backend()
-                .upload(region, bytemuck::cast_slice(data), region.width, stream)
-        }?;
-        // `data` is borrowed only for this call. From pageable memory the driver returns once it
-        // has staged the bytes, but from page-locked memory the copy is still in flight.
-        self.stream.synchronize()
+            self.stream()
+                .upload(self.region(), bytemuck::cast_slice(data))
+        }
     }
 
     /// Copies the buffer into `out` (`rows * cols` elements, row-major) and waits for the copy.
@@ -259,12 +240,10 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         if self.is_empty() || size_of::<T>() == 0 {
             return Ok(());
         }
-        let region = self.region();
-        let stream = self.stream.work_stream("download")?;
         // SAFETY: as in `upload`; `out` has room for every row.
         unsafe {
-            self.backend()
-                .download(region, bytemuck::cast_slice_mut(out), region.width, stream)
+            self.stream()
+                .download(self.region(), bytemuck::cast_slice_mut(out))
         }
     }
 
@@ -280,13 +259,11 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         if self.is_empty() || size_of::<T>() == 0 {
             return Ok(());
         }
-        let region = self.region();
-        let stream = self.stream.work_stream("set_to")?;
-        // SAFETY: `region` is this buffer's live memory; the pattern is one element, which divides
-        // the row width.
+        // SAFETY: the region is this buffer's live memory; the pattern is one element, which
+        // divides the row width.
         unsafe {
-            self.backend()
-                .fill(region, bytemuck::bytes_of(&value), stream)
+            self.stream()
+                .fill(self.region(), bytemuck::bytes_of(&value))
         }
     }
 
@@ -297,10 +274,11 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     /// until the copy is done (as after [`record_stream`](Self::record_stream)). Neither stream
     /// blocks the host.
     pub fn copy_from(&mut self, src: &GpuMat<'_, T>) -> Result<(), PoolError> {
-        if src.stream.device() != self.stream.device() {
+        let (stream, src_stream) = (self.stream(), src.stream());
+        if src_stream.device() != stream.device() {
             return Err(PoolError::DeviceMismatch {
-                expected: self.stream.device().id(),
-                actual: src.stream.device().id(),
+                expected: stream.device().id(),
+                actual: src_stream.device().id(),
             });
         }
         if (src.rows, src.cols) != (self.rows, self.cols) {
@@ -312,21 +290,9 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         if self.is_empty() || size_of::<T>() == 0 {
             return Ok(());
         }
-        let cross_stream = !std::ptr::eq(src.stream, self.stream);
-        if cross_stream {
-            self.stream.check_cross_stream(src.stream, "copy_from")?;
-        }
-        let stream = self.stream.work_stream("copy_from")?;
-        if cross_stream && let Some(written) = self.backend().record_event(&src.stream.raw)? {
-            self.backend().wait_event(stream, written)?;
-        }
-        // SAFETY: both regions are live buffers of this device; `&mut self` and `&src` cannot be
-        // the same buffer, and live buffers never overlap.
-        unsafe { self.backend().copy(self.region(), src.region(), stream) }?;
-        if cross_stream {
-            src.stream.defer_wait_for(self.stream)?;
-        }
-        Ok(())
+        // SAFETY: both regions are live buffers of this device, of one shape; `&mut self` and
+        // `&src` cannot be the same buffer, and live buffers never overlap.
+        unsafe { stream.copy(self.region(), src.region(), src_stream) }
     }
 
     /// Tells the pool that work queued on `user` (another stream of the same device) so far uses this
@@ -334,31 +300,33 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     /// handed out again (PyTorch's `record_stream`). Call it after queuing the last such work.
     /// Without it, memory is reused in the owning stream's order only.
     pub fn record_stream(&self, user: &Stream) -> Result<(), PoolError> {
-        if std::ptr::eq(user, self.stream) {
+        let stream = self.stream();
+        if std::ptr::eq(user, stream) {
             return Ok(());
         }
-        if user.device() != self.stream.device() {
+        if user.device() != stream.device() {
             return Err(PoolError::DeviceMismatch {
-                expected: self.stream.device().id(),
+                expected: stream.device().id(),
                 actual: user.device().id(),
             });
         }
-        self.stream.defer_wait_for(user)
+        stream.defer_wait_for(user)
     }
 
     fn window(&self) -> Window {
         Window {
-            ptr: self.ptr,
+            ptr: self.lease.ptr(),
             rows: self.rows,
             cols: self.cols,
-            pitch: self.pitch,
+            pitch: self.lease.pitch(),
             owns_gaps: true,
         }
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_order(&self) -> CudaOrder<'_> {
-        self.stream.cuda_stream().map(|_| self.stream)
+        let stream = self.stream();
+        stream.cuda_stream().map(|_| stream)
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -368,12 +336,20 @@ impl<'s, T: Pod> GpuMat<'s, T> {
 
     /// A read-only view for kernels.
     pub fn view(&self) -> GpuView<'_, T> {
-        GpuView::new(self.window(), self.stream.device().id(), self.cuda_order())
+        GpuView::new(
+            self.window(),
+            self.stream().device().id(),
+            self.cuda_order(),
+        )
     }
 
     /// A writable view for kernels.
     pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        GpuViewMut::new(self.window(), self.stream.device().id(), self.cuda_order())
+        GpuViewMut::new(
+            self.window(),
+            self.stream().device().id(),
+            self.cuda_order(),
+        )
     }
 
     /// The region `rows x cols` (OpenCV's ROI): a view with this buffer's step, borrowing it.
@@ -392,7 +368,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         let window = self.window().region::<T>(rows, cols)?;
         Ok(GpuViewMut::new(
             window,
-            self.stream.device().id(),
+            self.stream().device().id(),
             self.cuda_order(),
         ))
     }
@@ -425,7 +401,11 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     /// [`device_ref`](Self::device_ref).
     #[cfg(feature = "cuda")]
     pub fn device_mut(&mut self) -> Result<crate::DeviceMut<'_, T>, PoolError> {
-        crate::DeviceMut::new(self.window(), self.stream.device().id(), self.cuda_order())
+        crate::DeviceMut::new(
+            self.window(),
+            self.stream().device().id(),
+            self.cuda_order(),
+        )
     }
 
     /// All elements as one writable contiguous row; `PoolError::NotContinuous` for padded rows.
@@ -433,7 +413,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         let window = self.window().flat::<T>()?;
         Ok(GpuViewMut::new(
             window,
-            self.stream.device().id(),
+            self.stream().device().id(),
             self.cuda_order(),
         ))
     }
@@ -451,35 +431,13 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     ) -> Result<(), PoolError> {
         self.view_mut().for_each_host_row_mut(f)
     }
-
-    fn backend(&self) -> &dyn crate::backend::Backend {
-        &*self.stream.device().storage().backend
-    }
 }
 
 impl<T> GpuMat<'_, T> {
     /// Gives the memory back now and reports what went wrong: a driver error from the fallback's
     /// free, or, in strict mode, `PoolError::LifoViolation` (the memory is still reclaimed).
     pub fn release(self) -> Result<(), PoolError> {
-        // `Drop` must not run after this: the memory is given back here, once.
-        let mut this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `origin` came from `take` on `stream` when this buffer was made; this buffer is
-        // never dropped, so it is given back once. Its work was queued on its own stream.
-        let released = unsafe { this.stream.give_back(this.ptr, &this.origin) };
-        // The origin still owns the heap record of a fallback buffer, which no `Drop` frees here
-        // (the fuzzer's leak sanitizer found it leaking).
-        drop(std::mem::replace(&mut this.origin, Origin::Empty));
-        released
-    }
-}
-
-impl<T> Drop for GpuMat<'_, T> {
-    #[inline]
-    fn drop(&mut self) {
-        // SAFETY: as in `release`: drop runs once, and `release` forgets the buffer.
-        if let Err(e) = unsafe { self.stream.give_back(self.ptr, &self.origin) } {
-            tracing::error!(error = %e, "releasing a buffer failed");
-        }
+        self.lease.release()
     }
 }
 
@@ -488,10 +446,10 @@ impl<T> fmt::Debug for GpuMat<'_, T> {
         f.debug_struct("GpuMat")
             .field("rows", &self.rows)
             .field("cols", &self.cols)
-            .field("step", &self.pitch)
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("source", &self.origin.source())
-            .field("stream", &self.stream.id())
+            .field("step", &self.lease.pitch())
+            .field("ptr", &format_args!("{:#x}", self.lease.ptr()))
+            .field("source", &self.lease.source())
+            .field("stream", &self.lease.stream().id())
             .finish()
     }
 }

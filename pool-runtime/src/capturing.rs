@@ -7,16 +7,13 @@
 //!   have two stacks whose work one capture records as one;
 //! - while a pool capture is under way on a thread ([`ThreadCapture`]), no driver allocation or
 //!   free runs on that thread (the captured work may use the memory, and an allocation would
-//!   land in the graph), so memory released meanwhile is [`Kept`]; and memory allocated before a
+//!   land in the graph), so memory released meanwhile is kept (`stream/capture.rs`); and memory allocated before a
 //!   capture began stays kept, once released, while that capture's graph lives (its replays may
 //!   write it);
 //! - work that crosses streams, and pool work on a CUDA stream captured by anyone but its own
 //!   pool stream, is refused (the checks live on `Stream`, which knows both sides).
 
 use std::cell::Cell;
-
-use crate::allocator::Allocation;
-use crate::backend::DevPtr;
 
 thread_local! {
     /// Pool captures under way on this thread.
@@ -63,25 +60,6 @@ impl Drop for ThreadCapture {
 /// Whether a pool capture is under way on this thread.
 pub(crate) fn on_this_thread() -> bool {
     CAPTURES.with(|c| c.get() > 0)
-}
-
-/// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
-/// whose capture began after the memory was allocated (so its replays may use it) still lives.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Kept {
-    pub(crate) memory: Memory,
-    /// The stream's capture count when the memory was allocated: graphs of later captures may
-    /// use it, graphs of earlier ones cannot.
-    pub(crate) epoch: u64,
-}
-
-/// Where kept memory came from, and so how it is freed.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Memory {
-    /// From the stream's fallback allocator.
-    Fallback(Allocation),
-    /// From `cuMemAlloc`/`cuMemAllocPitch` ([`GpuMat::new`](crate::GpuMat::new)).
-    Driver(DevPtr),
 }
 
 #[cfg(feature = "cuda")]

@@ -5,22 +5,20 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::panic::Location;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
+use crate::arena::Arena;
 use crate::backend::host::HostBackend;
-use crate::backend::{Backend, DevPtr, RawEvent};
+use crate::backend::{Backend, RawEvent};
 use crate::caching::CachingPool;
 use crate::config::{self, Fallback, PoolConfig};
 use crate::error::{DeviceId, PoolError};
-use crate::record::{Event, Ring, StreamRecording};
-use crate::source::{CallSite, FallbackReason};
+use crate::ledger::Ledger;
+use crate::record::StreamRecording;
 use crate::stack::Stack;
-use crate::stats::{
-    DeviceStats, PeakSite, Retired, SiteFallbacks, StreamCounters, StreamStats, sum_streams,
-};
+use crate::stats::{DeviceStats, Retired, StreamStats, sum_streams};
 use crate::storage::Storage;
 use crate::sync;
 use crate::unique::Counter;
@@ -56,7 +54,7 @@ struct DeviceState {
     arena: Option<Arena>,
     streams_wanting: usize,
     streams_wanting_peak: usize,
-    live_streams: Vec<Weak<StreamShared>>,
+    live_streams: Vec<Weak<Ledger>>,
     retired: Retired,
     /// Events per stream to record for streams made from now on; `None`: `GPU_POOL_CONF`'s.
     recording: Option<usize>,
@@ -66,109 +64,6 @@ struct DeviceState {
 
 /// How many dropped streams' recordings a device keeps.
 const RETIRED_RECORDINGS: usize = 64;
-
-/// The one allocation holding every stack, and which stacks are taken.
-struct Arena {
-    base: DevPtr,
-    config: PoolConfig,
-    held: Vec<bool>,
-    /// Work of the stack's last stream that nobody could wait for when it let the stack go (it
-    /// was dropped on a thread capturing a graph): the next stream to take it waits for this.
-    after: Vec<Option<RawEvent>>,
-}
-
-impl Arena {
-    fn held_count(&self) -> usize {
-        self.held.iter().filter(|h| **h).count()
-    }
-}
-
-/// What a stream shares with its device for reporting.
-#[derive(Debug)]
-pub(crate) struct StreamShared {
-    pub(crate) id: u64,
-    pub(crate) counters: StreamCounters,
-    /// The stack index, or `usize::MAX` while the stream holds none.
-    pub(crate) stack_index: sync::AtomicUsize,
-    /// Where the stack's high-water mark was reached: a `&'static Location`, or null. One relaxed
-    /// store when a take raises the mark, so the stack path stays lock-free.
-    pub(crate) peak_at: AtomicPtr<Location<'static>>,
-    /// Fallbacks by call site; touched on the fallback path only.
-    pub(crate) fallback_sites: Mutex<Vec<SiteFallbacks>>,
-    /// The recording, for a stream made while recording was on.
-    pub(crate) recorder: Option<Mutex<Ring>>,
-}
-
-impl StreamShared {
-    pub(crate) fn new(id: u64, record: usize) -> StreamShared {
-        StreamShared {
-            id,
-            counters: StreamCounters::default(),
-            stack_index: sync::AtomicUsize::new(usize::MAX),
-            peak_at: AtomicPtr::new(std::ptr::null_mut()),
-            fallback_sites: Mutex::new(Vec::new()),
-            recorder: (record > 0).then(|| Mutex::new(Ring::new(record))),
-        }
-    }
-
-    pub(crate) fn snapshot(&self, device: DeviceId) -> StreamStats {
-        let index = self.stack_index.load(Relaxed);
-        let mut stats =
-            self.counters
-                .snapshot(self.id, device, (index != usize::MAX).then_some(index));
-        stats.fallback_sites = sync::lock(&self.fallback_sites).clone();
-        let peak = self.peak_at.load(Relaxed);
-        // SAFETY: `peak_at` holds null or a pointer made from a `&'static Location` (`note_peak`).
-        stats.peak_at = unsafe { peak.as_ref() }.map(|at| PeakSite {
-            file: at.file(),
-            line: at.line(),
-        });
-        stats
-    }
-
-    /// Sets the stream's peaks to what it uses now: the stack's mark to `stack` where given (then
-    /// with no site: none reached it since), the demand peak to `demand`.
-    pub(crate) fn reset_peaks(&self, stack: Option<usize>, demand: usize) {
-        self.counters.reset_peaks(stack, demand as u64);
-        if stack.is_some() {
-            self.peak_at.store(std::ptr::null_mut(), Relaxed);
-        }
-    }
-
-    /// Remembers where the stack's peak was reached.
-    #[inline]
-    pub(crate) fn note_peak(&self, at: &'static Location<'static>) {
-        self.peak_at
-            .store(std::ptr::from_ref(at).cast_mut(), Relaxed);
-    }
-
-    /// Counts a fallback of `site`, `short` bytes short of what the stack had.
-    #[cold]
-    pub(crate) fn note_fallback(&self, site: CallSite, reason: FallbackReason, short: usize) {
-        let mut sites = sync::lock(&self.fallback_sites);
-        match sites.iter_mut().find(|s| s.site == site) {
-            Some(s) => {
-                s.count += 1;
-                s.reason = reason;
-                s.bytes_short = s.bytes_short.max(short);
-            }
-            None => sites.push(SiteFallbacks {
-                site,
-                reason,
-                count: 1,
-                bytes_short: short,
-            }),
-        }
-    }
-
-    /// Records `event`, where this stream records.
-    #[cold]
-    pub(crate) fn record(&self, event: Event) {
-        if let Some(recorder) = &self.recorder {
-            sync::lock(recorder).push(event);
-        }
-    }
-}
 
 static REGISTRY: Mutex<Vec<Weak<DeviceInner>>> = Mutex::new(Vec::new());
 
@@ -540,7 +435,7 @@ impl Eq for Device {}
 impl DeviceState {
     fn effective_config(&self) -> Result<PoolConfig, PoolError> {
         if let Some(arena) = &self.arena {
-            return Ok(arena.config);
+            return Ok(arena.config());
         }
         config::setting(
             self.explicit_config,
@@ -557,101 +452,56 @@ impl DeviceInner {
 
     /// Frees the stack memory if no stack is held: the bytes freed.
     fn free_arena(&self, state: &mut DeviceState) -> Result<usize, PoolError> {
-        let Some(arena) = &state.arena else {
-            return Ok(0);
-        };
-        let held = arena.held_count();
-        if held > 0 {
-            return Err(PoolError::ConfigInUse {
-                device: self.storage.id,
-                held,
-            });
-        }
-        // A stack given back with an event (its stream was dropped where it could not wait): that
-        // work may still use the memory, so it is waited for here, by polling (a rare path).
-        for event in arena.after.iter().flatten() {
-            while !self.storage.backend.event_done(event)? {
-                std::thread::yield_now();
-            }
-        }
-        let (base, bytes) = (arena.base, arena.config.total_bytes());
-        // SAFETY: no stack is held, so no stream can hand out or use stack memory; streams
-        // synchronize before giving their stack back, or give it back with an event waited for
-        // just above, so no queued work uses it either. The arena is dropped right after, so the
-        // address is freed once.
-        unsafe { self.storage.free(base, None) }?;
-        state.arena = None;
-        Ok(bytes)
+        Arena::free(&mut state.arena, &self.storage)
     }
 
-    /// Takes a free stack for a stream, allocating the stack memory if this is the first, with the
-    /// event its last stream's work must be waited for at, if any. `Ok(None)` when every stack
-    /// is held.
+    /// Takes a free stack for the stream of `ledger`, allocating the stack memory if this is the
+    /// first, with the event its last stream's work must be waited for at, if any. `Ok(None)` when
+    /// every stack is held.
     pub(crate) fn claim_stack(
         &self,
-        shared: &StreamShared,
+        ledger: &Ledger,
     ) -> Result<Option<(Stack, Option<RawEvent>)>, PoolError> {
         let mut state = self.lock_state();
-        let config = state.effective_config()?;
         if state.arena.is_none() {
-            let base = self.storage.alloc(config.total_bytes(), None)?;
-            state.arena = Some(Arena {
-                base,
-                config,
-                held: vec![false; config.stack_count()],
-                after: (0..config.stack_count()).map(|_| None).collect(),
-            });
+            let config = state.effective_config()?;
+            state.arena = Some(Arena::allocate(&self.storage, config)?);
         }
         let arena = state.arena.as_mut().expect("set above");
-        let Some(index) = arena.held.iter().position(|h| !h) else {
-            return Ok(None);
-        };
-        arena.held[index] = true;
-        shared.stack_index.store(index, Relaxed);
-        let size = arena.config.stack_size();
-        let after = arena.after[index].take();
-        let stack = Stack::new(
-            index,
-            arena.base + (index * size) as DevPtr,
-            size,
-            self.storage.backend.texture_alignment(),
-        );
-        Ok(Some((stack, after)))
+        let claimed = arena.claim(self.storage.backend.texture_alignment());
+        if let Some((stack, _)) = &claimed {
+            ledger.stack_index.store(stack.index, Relaxed);
+        }
+        Ok(claimed)
     }
 
     /// Whether a stream without a stack could get one now.
     pub(crate) fn has_free_stack(&self) -> bool {
         let state = self.lock_state();
-        state
-            .arena
-            .as_ref()
-            .is_none_or(|a| a.held_count() < a.held.len())
+        state.arena.as_ref().is_none_or(Arena::has_free)
     }
 
     /// Gives a stack back. The caller has synchronized the stream that used it, or passes the
     /// event that marks the end of its work, for the next stream to wait for.
     pub(crate) fn return_stack(&self, index: usize, after: Option<RawEvent>) {
         let mut state = self.lock_state();
-        if let Some(arena) = state.arena.as_mut()
-            && index < arena.held.len()
-        {
-            arena.held[index] = false;
-            arena.after[index] = after;
+        if let Some(arena) = state.arena.as_mut() {
+            arena.give_back(index, after);
         }
     }
 
-    pub(crate) fn register_stream(&self, shared: &Arc<StreamShared>) {
+    pub(crate) fn register_stream(&self, ledger: &Arc<Ledger>) {
         let mut state = self.lock_state();
         state.live_streams.retain(|s| s.strong_count() > 0);
-        state.live_streams.push(Arc::downgrade(shared));
+        state.live_streams.push(Arc::downgrade(ledger));
     }
 
-    pub(crate) fn retire_stream(&self, shared: &StreamShared, wanted_stack: bool) {
-        let snapshot = shared.snapshot(self.storage.id);
-        let recording = shared
+    pub(crate) fn retire_stream(&self, ledger: &Ledger, wanted_stack: bool) {
+        let snapshot = ledger.snapshot(self.storage.id);
+        let recording = ledger
             .recorder
             .as_ref()
-            .map(|r| StreamRecording::of(self.storage.id, shared.id, &sync::lock(r)));
+            .map(|r| StreamRecording::of(self.storage.id, ledger.id, &sync::lock(r)));
         let mut state = self.lock_state();
         state.retired.absorb(&snapshot);
         if let Some(recording) = recording {
@@ -662,7 +512,7 @@ impl DeviceInner {
         }
         state
             .live_streams
-            .retain(|s| s.strong_count() > 0 && !std::ptr::eq(s.as_ptr(), shared));
+            .retain(|s| s.strong_count() > 0 && !std::ptr::eq(s.as_ptr(), ledger));
         if wanted_stack {
             state.streams_wanting -= 1;
         }
@@ -679,10 +529,7 @@ impl DeviceInner {
 impl Drop for DeviceInner {
     fn drop(&mut self) {
         if let Some(arena) = self.lock_state().arena.take() {
-            // SAFETY: the last handle is gone, and streams hold one, so no stream uses the stacks.
-            if let Err(e) = unsafe { self.storage.backend.free(arena.base) } {
-                tracing::error!(device = %self.storage.id, error = %e, "freeing the stack memory failed");
-            }
+            arena.free_at_exit(&self.storage);
         }
     }
 }

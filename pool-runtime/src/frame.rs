@@ -1,11 +1,17 @@
-//! What the DSL expands to: a frame that takes buffers from one stream, owners that hold them, and
-//! the handles user code sees.
+//! What the DSL expands to: a frame (the [`BufferPool`] of one stream), buffers owned by hidden
+//! locals, and the handles user code sees.
 //!
-//! `#[pooled(stream)]` and `gpu_scope!` turn `let x = buffer!(rows, cols; T)?;` into
+//! `#[pooled(stream)]` and `gpu_scope!` open the frame first,
+//! `let __gpu_pool_frame = ::gpu_pool::__private::frame(&*stream);`, then turn
+//! `let x = buffer!(rows, cols; T)?;` into
 //!
 //! ```text
-//! let mut x = { let rows_ = rows; let cols_ = cols; __gpu_pool_frame.take::<T>(rows_, cols_, "x") }?;
-//! let x = x.handle(); // the handle shadows its hidden owner
+//! let mut x = {
+//!     let __gpu_pool_size_0: usize = rows;
+//!     let __gpu_pool_size_1: usize = cols;
+//!     ::gpu_pool::__private::take::<T>(&__gpu_pool_frame, __gpu_pool_size_0, __gpu_pool_size_1, "x")
+//! }?;
+//! let x = ::gpu_pool::__private::handle(&mut x); // the handle shadows its hidden owner
 //! ```
 //!
 //! The owner is a local the user cannot name (mixed-site hygiene), so Rust drops it, and so gives its
@@ -63,63 +69,46 @@ pub trait Element: Pod {}
 
 impl<T: Pod> Element for T {}
 
-/// The buffers of one `#[pooled]` function or `gpu_scope!` block come from this frame's stream.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug)]
-pub struct Frame<'s> {
-    pool: BufferPool<'s>,
-}
-
-/// Opens a frame on `stream` (what the DSL's expansion calls).
+/// Opens a frame on `stream`: the pool every `buffer!` of one `#[pooled]` function or
+/// `gpu_scope!` block takes from.
 #[doc(hidden)]
 #[inline]
-pub fn frame<S: AsStream + ?Sized>(stream: &S) -> Frame<'_> {
-    Frame {
-        pool: BufferPool::new(stream.as_stream()),
-    }
+pub fn frame<S: AsStream + ?Sized>(stream: &S) -> BufferPool<'_> {
+    BufferPool::new(stream.as_stream())
 }
 
-impl<'s> Frame<'s> {
-    /// `let name = buffer!(rows, cols; T)`: the caller's line and `name` are its call site.
-    // Always inlined, as `BufferPool::get_buffer` is, for the same reason.
-    #[inline(always)]
-    #[track_caller]
-    pub fn take<T: Element>(
-        &self,
-        rows: usize,
-        cols: usize,
-        name: &'static str,
-    ) -> Result<Owner<'s, T>, PoolError> {
-        let site = CallSite::here(name);
-        self.pool.take_at(rows, cols, site).map(|mat| Owner { mat })
-    }
-
-    /// `let name = buffer!(len; T)`.
-    #[inline(always)]
-    #[track_caller]
-    pub fn take_1d<T: Element>(
-        &self,
-        len: usize,
-        name: &'static str,
-    ) -> Result<Owner<'s, T>, PoolError> {
-        let site = CallSite::here(name);
-        self.pool.take_at(1, len, site).map(|mat| Owner { mat })
-    }
-}
-
-/// Holds one DSL buffer for the length of its scope; dropping it gives the memory back.
+/// `let name = buffer!(rows, cols; T)?`: the buffer, owned by a hidden local of the caller; the
+/// caller's line and `name` are its call site.
+// Always inlined, as `BufferPool::get_buffer` is, for the same reason.
 #[doc(hidden)]
-#[derive(Debug)]
-pub struct Owner<'s, T> {
-    mat: GpuMat<'s, T>,
+#[inline(always)]
+#[track_caller]
+pub fn take<'s, T: Element>(
+    frame: &BufferPool<'s>,
+    rows: usize,
+    cols: usize,
+    name: &'static str,
+) -> Result<GpuMat<'s, T>, PoolError> {
+    frame.take_at(rows, cols, CallSite::here(name))
 }
 
-impl<'s, T> Owner<'s, T> {
-    /// The handle the user's name binds.
-    #[inline]
-    pub fn handle(&mut self) -> Pooled<'_, 's, T> {
-        Pooled { mat: &mut self.mat }
-    }
+/// `let name = buffer!(len; T)?`.
+#[doc(hidden)]
+#[inline(always)]
+#[track_caller]
+pub fn take_1d<'s, T: Element>(
+    frame: &BufferPool<'s>,
+    len: usize,
+    name: &'static str,
+) -> Result<GpuMat<'s, T>, PoolError> {
+    frame.take_at(1, len, CallSite::here(name))
+}
+
+/// The handle the user's name binds, borrowing the hidden owner.
+#[doc(hidden)]
+#[inline]
+pub fn handle<'a, 's, T>(owner: &'a mut GpuMat<'s, T>) -> Pooled<'a, 's, T> {
+    Pooled { mat: owner }
 }
 
 /// A buffer taken with `buffer!`: reads through `Deref` to [`GpuMat`], writes through its own
@@ -131,11 +120,11 @@ impl<'s, T> Owner<'s, T> {
 /// below (with a hidden owner name no user code can write):
 ///
 /// ```
-/// # use gpu_pool_runtime::{Device, PoolError, Stream, __private::frame};
+/// # use gpu_pool_runtime::{Device, PoolError, Stream, __private::{frame, handle, take}};
 /// # let stream = Stream::new(&Device::host())?;
 /// # let frame = frame(&stream);
-/// let mut owner = frame.take::<f32>(4, 4, "x")?; // "x": the name, for reports and errors
-/// let mut x = owner.handle();
+/// let mut owner = take::<f32>(&frame, 4, 4, "x")?; // "x": the name, for reports and errors
+/// let mut x = handle(&mut owner);
 /// x.set_to(0.5)?;
 /// assert_eq!(x.to_vec()?, vec![0.5; 16]);
 /// # Ok::<(), PoolError>(())
@@ -221,6 +210,6 @@ impl<T> Pooled<'_, '_, T> {
     /// The address field kernel arguments point at.
     #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
-        &self.mat.ptr
+        self.mat.ptr_field()
     }
 }

@@ -66,9 +66,8 @@ pub struct Graph<'a> {
     /// The stream's CUDA stream, which the replays are queued on.
     cu_stream: sys::CUstream,
     exec: Exec,
-    /// The stack blocks the replays use: a one-byte fence at the capture's start, and the bytes
-    /// the captured buffers reached above it. Released in reverse order on drop.
-    fence: Block,
+    /// The stack block the replays use: a one-byte fence at the capture's start, grown to the
+    /// bytes the captured buffers reached above it. Released on drop.
     reserved: Option<Block>,
     /// The stream's capture count when this graph's capture began: memory allocated before it
     /// may be used by the replays, and is kept when released until the graph is dropped.
@@ -107,8 +106,9 @@ impl Graph<'_> {
 
     /// Stack bytes held for the replays' buffers (the fence included).
     pub fn stack_bytes(&self) -> usize {
-        let top = self.reserved.map_or(self.fence.end, |r| r.end);
-        top - self.fence.prev_top
+        self.reserved
+            .as_ref()
+            .map_or(0, |block| block.end() - block.prev_top())
     }
 }
 
@@ -116,9 +116,8 @@ impl Drop for Graph<'_> {
     fn drop(&mut self) {
         // Replays queued on the stream run before any later use of this memory on that stream.
         if let Some(reserved) = self.reserved.take() {
-            self.stream.release_reserved(&reserved);
+            self.stream.release_reserved(reserved);
         }
-        self.stream.release_reserved(&self.fence);
         self.stream.graph_dropped(self.epoch);
     }
 }
@@ -218,7 +217,7 @@ impl Capturing<'_> {
             .map_err(|e| driver_error("cuStreamBeginCapture", e))?;
         capturing::take_refused();
         self.thread = Some(ThreadCapture::begin());
-        self.stream.capturing.set(true);
+        self.stream.set_own_capture(true);
         // SAFETY: both streams are live streams of the context bound above.
         unsafe { follow(self.origin.stream, self.cu_stream) }
     }
@@ -235,7 +234,7 @@ impl Capturing<'_> {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: the origin stream is live and capturing; `graph` receives the graph or null.
         let ended = unsafe { sys::cuStreamEndCapture(self.origin.stream, &mut graph) }.result();
-        self.stream.capturing.set(false);
+        self.stream.set_own_capture(false);
         self.thread = None;
         self.peak = self.stream.end_high_water(self.high_water);
         let refused = capturing::take_refused();
@@ -276,11 +275,11 @@ impl Capturing<'_> {
 
 impl Drop for Capturing<'_> {
     fn drop(&mut self) {
-        if self.stream.capturing.get() {
+        if self.stream.in_own_capture() {
             drop(self.end());
         }
         if let Some(fence) = self.fence.take() {
-            self.stream.release_reserved(&fence);
+            self.stream.release_reserved(fence);
             // No graph: what releases kept for it can go.
             self.stream.free_kept_now();
         }
@@ -308,41 +307,35 @@ impl Stream {
                 what: "CUDA graph capture",
             });
         };
-        if self.capturing.get() {
+        if self.in_own_capture() {
             return Err(PoolError::Unsupported {
                 device: self.device().id(),
                 what: "a capture inside a capture of the same stream",
             });
         }
-        if self.device().storage().backend.is_capturing(&self.raw)? {
-            return Err(PoolError::CapturedElsewhere {
-                what: "Stream::capture",
-                stream: self.id(),
-            });
-        }
-        if self.has_deferred_waits.get() {
-            // Waits on events recorded outside the capture cannot join it: issue them now.
-            self.issue_deferred_waits()?;
-        }
+        self.work_stream("Stream::capture")?;
+        // Waits on events recorded outside the capture cannot join it: issue them now.
+        self.issue_deferred_waits()?;
         let origin = Origin::new(cuda.context())?;
         // The fence may claim the stream's stack, and with it a wait for its last stream's work.
         let fence = self.reserve_fence()?;
         // Work queued before the capture is done before it starts, so nothing eager beside the
         // capture races it (if it fails here, the fence goes back as a release out of order).
         if let Err(e) = self.synchronize() {
-            self.release_reserved(&fence);
+            self.release_reserved(fence);
             return Err(e);
         }
         // Memory released before the capture is freed before it (unless a graph still needs it).
         self.free_kept_now();
         let epoch = self.capture_begun();
+        let fence_end = fence.end();
         let mut capturing = Capturing {
             stream: self,
             cu_stream: cuda.cu_stream(),
             origin,
             fence: Some(fence),
-            high_water: self.start_high_water(fence.end),
-            peak: fence.end,
+            high_water: self.start_high_water(fence_end),
+            peak: fence_end,
             thread: None,
         };
         capturing.begin()?;
@@ -358,18 +351,22 @@ impl Stream {
             device: self.device().id(),
             what: "a capture the driver made no graph of",
         })?;
-        if self.stack_top() != Some(fence.end) {
+        if self.stack_top() != Some(fence_end) {
             // A buffer taken inside is still live: the graph would write memory it owns.
             return Err(PoolError::CaptureKeptBuffers);
         }
-        let reserved = self.reserve_up_to(capturing.peak)?;
-        capturing.fence = None;
+        // The fence grows to what the captured buffers used; until the graph holds it, `capturing`
+        // gives it back on every way out.
+        let fence = capturing.fence.as_mut();
+        if let Some(fence) = fence {
+            self.reserve_up_to(fence, capturing.peak)?;
+        }
+        let reserved = capturing.fence.take();
         self.graph_made(epoch);
         Ok(Graph {
             stream: self,
             cu_stream: cuda.cu_stream(),
             exec,
-            fence,
             reserved,
             epoch,
             _captures: PhantomData,

@@ -29,24 +29,24 @@ use crate::frame::Pooled;
 use crate::view::{GpuView, GpuViewMut};
 
 macro_rules! push_address {
-    ($($ty:ty => $($field:ident).+),* $(,)?) => {$(
+    ($($ty:ty => |$buffer:ident| $address:expr),* $(,)?) => {$(
         // SAFETY: pushes a pointer to the buffer's device address, a `u64` stored in the buffer
         // (or view), which is borrowed for 'b and so outlives the launch builder ('a). The driver
         // reads the argument at launch; the kernel receives the address by value.
         unsafe impl<'a, 'b: 'a, 's, T> PushKernelArg<$ty> for LaunchArgs<'a> {
             #[inline(always)]
-            fn arg(&mut self, buffer: $ty) -> &mut Self {
-                <Self as PushKernelArg<&'b u64>>::arg(self, &buffer.$($field).+)
+            fn arg(&mut self, $buffer: $ty) -> &mut Self {
+                <Self as PushKernelArg<&'b u64>>::arg(self, $address)
             }
         }
     )*};
 }
 
 push_address!(
-    &'b GpuMat<'s, T> => ptr,
-    &'b mut GpuMat<'s, T> => ptr,
-    &'b GpuView<'s, T> => window.ptr,
-    &'b mut GpuViewMut<'s, T> => window.ptr,
+    &'b GpuMat<'s, T> => |buffer| buffer.ptr_field(),
+    &'b mut GpuMat<'s, T> => |buffer| buffer.ptr_field(),
+    &'b GpuView<'s, T> => |view| &view.window.ptr,
+    &'b mut GpuViewMut<'s, T> => |view| &view.window.ptr,
 );
 
 // SAFETY: as above; the address lives in the buffer the handle borrows for 'b.

@@ -46,6 +46,7 @@
 //!    chart) and `testing` (hooks for tests), over everything.
 
 mod allocator;
+mod arena;
 mod backend;
 mod buffer;
 mod caching;
@@ -61,6 +62,7 @@ pub mod graph;
 #[cfg(feature = "cuda")]
 mod kernel_args;
 mod layout;
+mod ledger;
 mod mix;
 pub mod pplcv;
 mod record;
@@ -110,7 +112,7 @@ pub struct ReadmeDoctests;
 /// What the DSL's expansion calls; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::frame::{Frame, Owner, frame};
+    pub use crate::frame::{frame, handle, take, take_1d};
 }
 
 /// The cudarc this crate was built with, for launching kernels on pool buffers.

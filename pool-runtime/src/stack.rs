@@ -12,13 +12,30 @@ use std::cell::{Cell, RefCell};
 use crate::backend::DevPtr;
 use crate::layout::MAX_ELEMENT_ALIGN;
 
-/// A block of a stack, as its buffer remembers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A block of a stack, held by whoever took it until it is given back.
+///
+/// Neither `Copy` nor `Clone`, and made only by [`Stack::take_aligned`]: each block is one taker's
+/// (a buffer's lease, a graph), which releases it when it goes, so a block is given back once, and
+/// only one that a take handed out.
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Block {
     /// Offset one past the last byte.
-    pub(crate) end: usize,
+    end: usize,
     /// The top before this block was taken: where the top returns when it is released.
-    pub(crate) prev_top: usize,
+    prev_top: usize,
+}
+
+impl Block {
+    /// Offset one past the block's last byte.
+    #[inline]
+    pub(crate) fn end(&self) -> usize {
+        self.end
+    }
+
+    /// The top before the block was taken (its padding included, the block starts here).
+    pub(crate) fn prev_top(&self) -> usize {
+        self.prev_top
+    }
 }
 
 #[derive(Debug)]
@@ -99,6 +116,8 @@ impl Stack {
     /// Gives `block` back. Reclaims it at once if it is topmost, else once everything above it is
     /// released.
     #[inline]
+    // By reference: the holder reads its block in place (copied out right after it was written,
+    // it stalls store forwarding), and is itself consumed by the release.
     pub(crate) fn release(&self, block: &Block) -> Release {
         if block.end == self.top.get() {
             self.top.set(block.prev_top);
@@ -107,28 +126,42 @@ impl Stack {
             }
             Release::InOrder
         } else {
-            self.defer(*block);
+            self.defer(block);
             Release::OutOfOrder
         }
     }
 
+    /// Grows `block`, the topmost block, so it ends at `end` (no change if it already ends there or
+    /// past it). `false`, and no change, if the block is not topmost or `end` is past the stack.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn grow(&self, block: &mut Block, end: usize) -> bool {
+        if block.end != self.top.get() || end > self.size {
+            return false;
+        }
+        if end > block.end {
+            block.end = end;
+            self.top.set(end);
+        }
+        true
+    }
+
     #[cold]
-    fn defer(&self, block: Block) {
+    fn defer(&self, block: &Block) {
         let mut pending = self.pending.borrow_mut();
         let at = pending.partition_point(|b| b.end < block.end);
-        pending.insert(at, block);
+        let waiting = Block {
+            end: block.end,
+            prev_top: block.prev_top,
+        };
+        pending.insert(at, waiting);
         self.has_pending.set(true);
     }
 
     #[cold]
     fn reclaim_pending(&self) {
         let mut pending = self.pending.borrow_mut();
-        while let Some(last) = pending.last().copied() {
-            if last.end != self.top.get() {
-                break;
-            }
+        while let Some(last) = pending.pop_if(|b| b.end == self.top.get()) {
             self.top.set(last.prev_top);
-            pending.pop();
         }
         self.has_pending.set(!pending.is_empty());
     }
@@ -196,53 +229,10 @@ mod tests {
         for block in [odd, wide, image] {
             assert_eq!(s.release(&block), Release::InOrder);
         }
-        for (_, row) in rows.iter().rev() {
-            assert_eq!(s.release(row), Release::InOrder);
+        for (_, row) in rows.into_iter().rev() {
+            assert_eq!(s.release(&row), Release::InOrder);
         }
         assert_eq!(s.top(), 0);
-    }
-
-    /// What a CUDA graph capture does to a stream's stack (`graph.rs`), on the host: a fence, packed
-    /// buffers above it, and a reservation of what they reached; buffers taken while the graph lives
-    /// never get memory its replays write.
-    #[cfg(feature = "cuda")]
-    #[test]
-    fn a_capture_reserves_what_its_packed_buffers_used() -> Result<(), crate::PoolError> {
-        let device = crate::Device::host_with_limit(None);
-        let stream = crate::Stream::new(&device)?;
-        let pool = crate::BufferPool::new(&stream);
-        let before = pool.get_buffer_1d::<u8>(64)?; // the top is not texture-aligned
-        let fence = stream.reserve_fence()?;
-        assert_eq!((fence.prev_top, fence.end), (64, 513));
-        let high_water = stream.start_high_water(fence.end);
-        let captured = [
-            pool.get_buffer_1d::<u8>(64)?.device_ptr(),
-            pool.get_buffer_1d::<u8>(100)?.device_ptr(),
-        ];
-        let base = stream.stack_range().expect("a stack").start;
-        assert_eq!(
-            captured.map(|p| p - base),
-            [576, 640],
-            "packed right above the fence"
-        );
-        let peak = stream.end_high_water(high_water);
-        assert_eq!(peak, 768);
-        let reserved = stream
-            .reserve_up_to(peak)?
-            .expect("the captured buffers used bytes");
-        assert_eq!((reserved.prev_top, reserved.end), (513, 768));
-        let after = pool.get_buffer_1d::<u8>(64)?;
-        assert!(
-            after.device_ptr() - base >= 768,
-            "nothing a replay writes is handed out"
-        );
-        drop(after);
-        stream.release_reserved(&reserved);
-        stream.release_reserved(&fence);
-        drop(before);
-        assert_eq!(stream.stats().stack_in_use, 0);
-        assert_eq!(stream.stats().lifo_violations, 0);
-        Ok(())
     }
 
     #[test]
@@ -253,5 +243,22 @@ mod tests {
         assert!(s.take(1).is_none());
         s.release(&a);
         assert!(s.take(1).is_some());
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn only_the_topmost_block_grows_and_only_within_the_stack() {
+        let s = Stack::new(0, 0, 4096, 512);
+        let (_, mut a) = s.take(1).unwrap();
+        assert!(s.grow(&mut a, 1000));
+        assert_eq!((a.end(), s.top()), (1000, 1000));
+        assert!(s.grow(&mut a, 10), "a smaller end leaves it as it is");
+        assert_eq!(a.end(), 1000);
+        assert!(!s.grow(&mut a, 4097), "past the stack");
+        let (_, b) = s.take(1).unwrap();
+        assert!(!s.grow(&mut a, 3000), "not topmost");
+        assert_eq!(s.release(&b), Release::InOrder);
+        assert_eq!(s.release(&a), Release::InOrder);
+        assert_eq!(s.top(), 0);
     }
 }

@@ -5,17 +5,21 @@ fn steps(stream: Stream, n: usize) -> Result<usize, PoolError> {
     for i in 0..n {
         let mut t = {
             let __gpu_pool_size_0: usize = i + 1;
-            __gpu_pool_frame.take_1d::<f32>(__gpu_pool_size_0, "t")
+            ::gpu_pool::__private::take_1d::<
+                f32,
+            >(&__gpu_pool_frame, __gpu_pool_size_0, "t")
         }
             .expect("fits");
-        let t = t.handle();
+        let t = ::gpu_pool::__private::handle(&mut t);
         if i % 2 == 0 {
             let mut __gpu_pool_owner_1 = {
                 let __gpu_pool_size_0: usize = 8;
                 let __gpu_pool_size_1: usize = 8;
-                __gpu_pool_frame.take::<u8>(__gpu_pool_size_0, __gpu_pool_size_1, "_")
+                ::gpu_pool::__private::take::<
+                    u8,
+                >(&__gpu_pool_frame, __gpu_pool_size_0, __gpu_pool_size_1, "_")
             }?;
-            let _ = __gpu_pool_owner_1.handle();
+            let _ = ::gpu_pool::__private::handle(&mut __gpu_pool_owner_1);
             continue;
         }
         total += t.len();

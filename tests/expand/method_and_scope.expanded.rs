@@ -4,17 +4,21 @@ impl Filter {
         let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
         let mut x = {
             let __gpu_pool_size_0: usize = 16;
-            __gpu_pool_frame.take_1d::<u32>(__gpu_pool_size_0, "x")
+            ::gpu_pool::__private::take_1d::<
+                u32,
+            >(&__gpu_pool_frame, __gpu_pool_size_0, "x")
         }?;
-        let x = x.handle();
+        let x = ::gpu_pool::__private::handle(&mut x);
         let y = {
             let __gpu_pool_stream = &(other);
             let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
             let mut y = {
                 let __gpu_pool_size_0: usize = 16;
-                __gpu_pool_frame.take_1d::<u32>(__gpu_pool_size_0, "y")
+                ::gpu_pool::__private::take_1d::<
+                    u32,
+                >(&__gpu_pool_frame, __gpu_pool_size_0, "y")
             }?;
-            let mut y = y.handle();
+            let mut y = ::gpu_pool::__private::handle(&mut y);
             y.copy_from(&x)?;
             y.len() as u32
         };

@@ -3,14 +3,18 @@ fn gray_threshold(stream: &Stream, src: &GpuMat<[u8; 3]>) -> Result<(), PoolErro
     let mut gray = {
         let __gpu_pool_size_0: usize = src.rows();
         let __gpu_pool_size_1: usize = src.cols();
-        __gpu_pool_frame.take::<u8>(__gpu_pool_size_0, __gpu_pool_size_1, "gray")
+        ::gpu_pool::__private::take::<
+            u8,
+        >(&__gpu_pool_frame, __gpu_pool_size_0, __gpu_pool_size_1, "gray")
     }?;
-    let mut gray = gray.handle();
+    let mut gray = ::gpu_pool::__private::handle(&mut gray);
     let mut sums = {
         let __gpu_pool_size_0: usize = src.rows();
-        __gpu_pool_frame.take_1d::<f32>(__gpu_pool_size_0, "sums")
+        ::gpu_pool::__private::take_1d::<
+            f32,
+        >(&__gpu_pool_frame, __gpu_pool_size_0, "sums")
     }?;
-    let sums = sums.handle();
+    let sums = ::gpu_pool::__private::handle(&mut sums);
     gray.set_to(0)?;
     Ok(())
 }

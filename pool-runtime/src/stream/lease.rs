@@ -1,0 +1,425 @@
+//! The take and the give-back: a request becomes a [`Lease`] on the stream's stack, its fallback
+//! allocator or the driver, and the lease gives that memory back, once, when it is dropped.
+//!
+//! Read top to bottom, this file is a buffer's whole life in the pool: [`Stream::take`] (the stack,
+//! else [`Stream::take_fallback`]), [`Stream::take_from_driver`] for long-lived buffers, then
+//! [`Lease`]'s drop and [`Stream::give_back`] (the stack, else the allocator or the driver, or
+//! kept for a graph).
+
+use std::fmt;
+use std::mem::ManuallyDrop;
+
+use crate::allocator::{self, AllocContext, AllocRequest, Allocation};
+use crate::backend::DevPtr;
+use crate::capturing;
+use crate::error::{PoolError, Request};
+use crate::layout::Layout;
+use crate::record::EventKind;
+use crate::source::{CallSite, FallbackReason, Source};
+use crate::stack::{Block, Release, Stack};
+
+use super::Stream;
+use super::capture::Kept;
+
+/// Memory a buffer holds and how it goes back: its address and pitch, where it came from, and the
+/// stream it goes back to.
+///
+/// Made only by the stream's take ([`Stream::take`], [`Stream::take_from_driver`]); neither `Copy`
+/// nor `Clone`, and it gives its memory back when dropped (or through [`release`](Lease::release),
+/// which consumes it), so memory goes back exactly once.
+pub(crate) struct Lease<'s> {
+    stream: &'s Stream,
+    ptr: DevPtr,
+    pitch: usize,
+    /// Taken out once, by `drop` or `release`: no drop glue runs after them (a test and a branch
+    /// on every release that the hot path would feel).
+    held: ManuallyDrop<Held>,
+}
+
+/// What a lease holds, and so how it goes back.
+enum Held {
+    /// An empty buffer: nothing.
+    Nothing,
+    Stack(Block),
+    /// Boxed: rare, and it keeps every lease small, which the hot path feels.
+    Fallback(Box<FallbackHeld>),
+    /// `cuMemAlloc`/`cuMemAllocPitch` memory of a long-lived buffer, stamped with the stream's
+    /// capture epoch (see `Kept`).
+    Driver {
+        epoch: u64,
+    },
+}
+
+struct FallbackHeld {
+    allocation: Allocation,
+    reason: FallbackReason,
+    bytes: usize,
+    epoch: u64,
+}
+
+impl<'s> Lease<'s> {
+    fn new(stream: &'s Stream, ptr: DevPtr, pitch: usize, held: Held) -> Lease<'s> {
+        Lease {
+            stream,
+            ptr,
+            pitch,
+            held: ManuallyDrop::new(held),
+        }
+    }
+
+    /// The device address of row 0 (0 for an empty buffer).
+    #[inline]
+    pub(crate) fn ptr(&self) -> DevPtr {
+        self.ptr
+    }
+
+    /// The address itself, which kernel arguments point at.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn ptr_field(&self) -> &DevPtr {
+        &self.ptr
+    }
+
+    /// Bytes from one row to the next.
+    #[inline]
+    pub(crate) fn pitch(&self) -> usize {
+        self.pitch
+    }
+
+    /// The stream the memory goes back to.
+    #[inline]
+    pub(crate) fn stream(&self) -> &'s Stream {
+        self.stream
+    }
+
+    /// Where the memory came from.
+    pub(crate) fn source(&self) -> Source {
+        match &*self.held {
+            Held::Nothing => Source::Empty,
+            Held::Stack(_) => Source::Stack,
+            Held::Fallback(f) => Source::Fallback(f.reason),
+            Held::Driver { .. } => Source::Driver,
+        }
+    }
+
+    /// Gives the memory back now and says what went wrong: a driver error from a free, or, in
+    /// strict mode, `PoolError::LifoViolation` (the memory is reclaimed all the same).
+    pub(crate) fn release(self) -> Result<(), PoolError> {
+        // `drop` must not run: the memory goes back here, once.
+        let mut this = ManuallyDrop::new(self);
+        this.give_back()
+    }
+
+    /// Gives the memory back; called once, by `drop` or `release`.
+    #[inline]
+    fn give_back(&mut self) -> Result<(), PoolError> {
+        // A stack block is read in place (the hot path); anything else is taken out.
+        if let Held::Stack(block) = &*self.held {
+            return self.stream.give_back_block(self.ptr, block);
+        }
+        // SAFETY: `held` is taken once: `give_back` runs once per lease, and nothing reads `held`
+        // after it.
+        let held = unsafe { ManuallyDrop::take(&mut self.held) };
+        self.stream.give_back_other(self.ptr, held)
+    }
+}
+
+impl Drop for Lease<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Err(e) = self.give_back() {
+            tracing::error!(error = %e, "releasing a buffer failed");
+        }
+    }
+}
+
+impl fmt::Debug for Lease<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("pitch", &self.pitch)
+            .field("source", &self.source())
+            .field("stream", &self.stream.id())
+            .finish()
+    }
+}
+
+/// The take.
+impl Stream {
+    /// A `rows x cols` buffer of `T`, asked for at `site`: from the stack when it fits (no lock, no
+    /// heap allocation, no driver call), else from the allocator.
+    // Always inlined, with its callers: the site is then a constant used only on cold paths, and
+    // the lease is not returned through memory (stored in halves and reloaded whole, a
+    // store-forwarding stall that cost more than the rest of the take).
+    #[inline(always)]
+    pub(crate) fn take<T>(
+        &self,
+        rows: usize,
+        cols: usize,
+        site: CallSite,
+    ) -> Result<Lease<'_>, PoolError> {
+        let layout = Layout::of::<T>(rows, cols, self.texture_alignment)?;
+        if layout.is_empty() {
+            return Ok(Lease::new(self, 0, layout.pitch, Held::Nothing));
+        }
+        let stack = match self.stack.get() {
+            Some(stack) => stack,
+            None => match self.claim_stack()? {
+                Some(stack) => stack,
+                None => {
+                    let reason = if self.no_stack_memory.get() {
+                        FallbackReason::NoStackMemory
+                    } else if self.wants_stack.get() {
+                        FallbackReason::NoStack
+                    } else {
+                        FallbackReason::Disabled
+                    };
+                    return self.take_fallback(&layout, reason, (0, 0), site);
+                }
+            },
+        };
+        let Some((offset, block)) = stack.take_aligned(layout.bytes, layout.block_align) else {
+            let reason = if layout.bytes > stack.size() {
+                FallbackReason::TooLarge
+            } else {
+                FallbackReason::StackFull
+            };
+            return self.take_fallback(&layout, reason, (stack.free_bytes(), stack.size()), site);
+        };
+        let c = self.counters();
+        c.stack_allocations.add(1);
+        c.stack_in_use.set(block.end() as u64);
+        if block.end() as u64 > c.stack_high_water.get() {
+            c.stack_high_water.set(block.end() as u64);
+            self.ledger.note_peak(site.location());
+        }
+        if self.recording {
+            self.record(
+                EventKind::Take,
+                Source::Stack,
+                (offset, layout.bytes),
+                Some(site),
+            );
+        }
+        c.demand_peak
+            .raise_to((block.end() + self.overflow_live.get()) as u64);
+        let ptr = stack.base + offset as DevPtr;
+        Ok(Lease::new(self, ptr, layout.pitch, Held::Stack(block)))
+    }
+
+    /// What the stack could not serve, from the allocator. `(stack_free, stack_size)` is the
+    /// stack's state (zeros without one).
+    #[cold]
+    fn take_fallback(
+        &self,
+        layout: &Layout,
+        reason: FallbackReason,
+        (stack_free, stack_size): (usize, usize),
+        site: CallSite,
+    ) -> Result<Lease<'_>, PoolError> {
+        let short = layout.bytes.saturating_sub(stack_free);
+        if reason != FallbackReason::Disabled {
+            self.ledger.note_fallback(site, reason, short);
+        }
+        if self.in_own_capture() || capturing::on_this_thread() {
+            // The driver refuses allocations from a capturing thread, and invalidates the capture.
+            return Err(PoolError::CaptureNeedsStack {
+                requested: layout.bytes,
+                available: stack_free,
+            });
+        }
+        self.free_kept_now();
+        let request = AllocRequest {
+            rows: layout.rows,
+            cols: layout.cols,
+            width_bytes: layout.width_bytes,
+            pitched: layout.is_pitched(),
+            bytes: layout.bytes,
+            pitch: layout.pitch,
+            reason,
+            stack_free,
+            stack_size,
+            align: layout.elem_align,
+        };
+        let allocation = self
+            .allocator
+            .allocate(&self.alloc_context(), &request)
+            .map_err(|e| {
+                // What was in use plus the request; `None` where that wraps (no stack holds it).
+                let stack_needed =
+                    matches!(reason, FallbackReason::StackFull | FallbackReason::TooLarge)
+                        .then(|| (stack_size - stack_free).checked_add(layout.bytes))
+                        .flatten();
+                e.at(Request {
+                    site,
+                    stream: self.id(),
+                    stack_needed,
+                })
+            })?;
+        let ptr = match allocator::validate(&allocation, &request, self.device.id()) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                // SAFETY: the allocation came from this allocator just now and is not used.
+                let _ = unsafe { self.allocator.deallocate(&self.alloc_context(), allocation) };
+                return Err(e);
+            }
+        };
+        let c = self.counters();
+        c.fallback[reason as usize].add(1);
+        if reason != FallbackReason::Disabled {
+            let overflow = self.overflow_live.get().saturating_add(layout.bytes);
+            self.overflow_live.set(overflow);
+            c.overflow_live.set(overflow as u64);
+            let top = self.stack.get().map_or(0, Stack::top);
+            c.demand_peak.raise_to(top.saturating_add(overflow) as u64);
+        }
+        if self.recording {
+            let source = Source::Fallback(reason);
+            self.record(EventKind::Take, source, (0, layout.bytes), Some(site));
+        }
+        let held = Held::Fallback(Box::new(FallbackHeld {
+            allocation,
+            reason,
+            bytes: layout.bytes,
+            epoch: self.capture_epoch(),
+        }));
+        Ok(Lease::new(self, ptr, allocation.pitch, held))
+    }
+
+    /// Memory of its own for a long-lived `rows x cols` buffer of `T`, asked for at `site`:
+    /// `cuMemAllocPitch` or `cuMemAlloc`, counted.
+    pub(crate) fn take_from_driver<T>(
+        &self,
+        rows: usize,
+        cols: usize,
+        site: CallSite,
+    ) -> Result<Lease<'_>, PoolError> {
+        let layout = Layout::of::<T>(rows, cols, self.texture_alignment)?;
+        if layout.is_empty() {
+            return Ok(Lease::new(self, 0, layout.pitch, Held::Nothing));
+        }
+        let request = Request {
+            site,
+            stream: self.id(),
+            stack_needed: None,
+        };
+        if self.in_own_capture() || capturing::on_this_thread() {
+            return Err(PoolError::CaptureNeedsStack {
+                requested: layout.bytes,
+                available: 0,
+            });
+        }
+        self.free_kept_now();
+        let storage = self.device.storage();
+        let (ptr, pitch) = if layout.is_pitched() {
+            storage.alloc_pitch(layout.width_bytes, layout.rows, Some(self.counters()))
+        } else {
+            storage
+                .alloc(layout.bytes, Some(self.counters()))
+                .map(|ptr| (ptr, layout.pitch))
+        }
+        .map_err(|e| e.at(request))?;
+        if !layout.is_aligned(ptr, pitch) {
+            // Not seen on any driver (allocations are 256-aligned, pitches multiples of 256), but
+            // host slices of the rows would be misaligned, so it is checked, not assumed.
+            // SAFETY: allocated just above, not used, freed once.
+            unsafe { storage.free(ptr, Some(self.counters())) }?;
+            return Err(PoolError::Unsupported {
+                device: self.device.id(),
+                what: "a driver allocation that is not aligned for the element type",
+            });
+        }
+        let held = Held::Driver {
+            epoch: self.capture_epoch(),
+        };
+        Ok(Lease::new(self, ptr, pitch, held))
+    }
+
+    /// The counted driver operations this stream's allocator may use.
+    pub(super) fn alloc_context(&self) -> AllocContext<'_> {
+        AllocContext {
+            storage: self.device.storage(),
+            stream: &self.raw,
+            stream_id: self.ledger.id,
+            counters: self.counters(),
+        }
+    }
+}
+
+/// The give-back.
+impl Stream {
+    /// Gives back the stack block of a lease at `ptr`. Its work was queued on this stream, so the
+    /// memory is reused in stream order.
+    #[inline]
+    fn give_back_block(&self, ptr: DevPtr, block: &Block) -> Result<(), PoolError> {
+        // One flag for everything a release may have to do besides releasing, so a stream that
+        // neither waits for other streams nor records pays one test.
+        if self.release_hooks.get() {
+            return self.give_back_hooked(ptr, block);
+        }
+        self.release_block(ptr, block)
+    }
+
+    #[inline(always)]
+    fn release_block(&self, ptr: DevPtr, block: &Block) -> Result<(), PoolError> {
+        // A block exists only once the stack that made it does.
+        let Some(stack) = self.stack.get() else {
+            return Ok(());
+        };
+        let release = stack.release(block);
+        self.counters().stack_in_use.set(stack.top() as u64);
+        match release {
+            Release::InOrder => Ok(()),
+            Release::OutOfOrder => self.lifo_violation(ptr - stack.base),
+        }
+    }
+
+    /// A stack release with waits to issue first or an event to record after.
+    #[cold]
+    fn give_back_hooked(&self, ptr: DevPtr, block: &Block) -> Result<(), PoolError> {
+        if self.waits.any() {
+            self.issue_deferred_waits()?;
+        }
+        let released = self.release_block(ptr, block);
+        if self.recording
+            && let Some(stack) = self.stack.get()
+        {
+            self.record_release(ptr - stack.base, block.end(), Source::Stack);
+        }
+        released
+    }
+
+    /// Gives back what a lease at `ptr` held besides a stack block.
+    #[cold]
+    fn give_back_other(&self, ptr: DevPtr, held: Held) -> Result<(), PoolError> {
+        if self.waits.any() {
+            self.issue_deferred_waits()?;
+        }
+        match held {
+            // A stack block is released by `give_back_block`.
+            Held::Nothing | Held::Stack(_) => Ok(()),
+            Held::Fallback(f) => {
+                let FallbackHeld {
+                    allocation,
+                    reason,
+                    bytes,
+                    epoch,
+                } = *f;
+                if reason != FallbackReason::Disabled {
+                    let overflow = self.overflow_live.get().saturating_sub(bytes);
+                    self.overflow_live.set(overflow);
+                    self.counters().overflow_live.set(overflow as u64);
+                }
+                if self.recording {
+                    self.record(
+                        EventKind::Release,
+                        Source::Fallback(reason),
+                        (0, bytes),
+                        None,
+                    );
+                }
+                self.free_or_keep(Kept::fallback(allocation, epoch))
+            }
+            Held::Driver { epoch } => self.free_or_keep(Kept::driver(ptr, epoch)),
+        }
+    }
+}

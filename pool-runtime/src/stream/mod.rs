@@ -1,0 +1,429 @@
+//! Streams: a backend stream, the stack it holds, and the allocator behind the stack.
+//!
+//! A stream and its stack are used by one thread at a time: [`Stream`] is `Send` but not `Sync`. The
+//! stack's top is a plain `Cell`, so taking a buffer needs no atomic and no lock; sharing a stream
+//! between threads would need both on every allocation. Move the stream to the thread that uses it,
+//! or give each thread its own.
+
+mod capture;
+mod lease;
+mod work;
+
+use std::cell::{Cell, OnceCell};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::allocator::GpuAllocator;
+use crate::backend::{DevPtr, RawStream};
+use crate::capturing;
+use crate::config;
+use crate::device::Device;
+use crate::error::PoolError;
+use crate::ledger::Ledger;
+use crate::record::{Event, EventKind};
+use crate::source::{CallSite, Source};
+use crate::stack::Stack;
+use crate::stats::{StreamCounters, StreamStats};
+
+use capture::Graphs;
+pub(crate) use lease::Lease;
+use work::Waits;
+
+/// A stream of work on a device, with the stack that its temporary buffers come from.
+///
+/// ```
+/// use gpu_pool_runtime::{Device, Stream};
+/// let stream = Stream::new(&Device::host())?;
+/// assert_eq!(stream.device(), &Device::host());
+/// stream.synchronize()?;
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// ```
+///
+/// `Stream` is `Send` but not `Sync`:
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<gpu_pool_runtime::Stream>();
+/// ```
+pub struct Stream {
+    device: Device,
+    raw: RawStream,
+    /// The device's texture alignment, kept here so the hot path makes no virtual call.
+    texture_alignment: usize,
+    ledger: Arc<Ledger>,
+    stack: OnceCell<Stack>,
+    allocator: Arc<dyn GpuAllocator>,
+    /// A user's allocator serves every buffer; the stack is not used.
+    custom_allocator: bool,
+    strict_lifo: bool,
+    wants_stack: Cell<bool>,
+    /// The device had no memory for the stacks when this stream first asked: it does not ask
+    /// again (a driver call on every take), and its buffers fall back.
+    no_stack_memory: Cell<bool>,
+    /// Bytes of live fallback buffers that a large enough stack would have held.
+    overflow_live: Cell<usize>,
+    /// Whether this stream records its takes and releases (`ledger.recorder` is set).
+    recording: bool,
+    /// `waits.any() || recording`: whether a release has more to do than release.
+    release_hooks: Cell<bool>,
+    waits: Waits,
+    graphs: Graphs,
+    /// This pool stream's claim on its CUDA stream: no other pool stream may wrap it.
+    #[cfg(feature = "cuda")]
+    _wrapped: Option<capturing::Wrapped>,
+}
+
+impl Stream {
+    /// Makes a stream on `device`. With pooling on it takes a free stack of the device (allocating
+    /// the device's stack memory if it is the first); with none free, its buffers come from the
+    /// fallback until one is.
+    ///
+    /// Errors: `GPU_POOL_CONF` malformed, or the backend could not make a stream. Without device
+    /// memory for the stacks the stream is still made (as OpenCV's is): its buffers fall back with
+    /// `FallbackReason::NoStackMemory`, and a stream made once memory is free gets a stack.
+    pub fn new(device: &Device) -> Result<Stream, PoolError> {
+        let stream = Stream::build(device, device.fallback_allocator()?, false)?;
+        stream.first_claim()?;
+        Ok(stream)
+    }
+
+    /// A new stream's claim on a stack. Without device memory for the stacks the stream is made
+    /// all the same, its buffers falling back with `FallbackReason::NoStackMemory`.
+    fn first_claim(&self) -> Result<(), PoolError> {
+        if !config::buffer_pool_usage()? {
+            return Ok(());
+        }
+        self.claim_stack().map(drop)
+    }
+
+    /// Makes a stream whose buffers all come from `allocator` (OpenCV's `Stream(allocator)`): it
+    /// takes no stack.
+    pub fn with_allocator(
+        device: &Device,
+        allocator: Arc<dyn GpuAllocator>,
+    ) -> Result<Stream, PoolError> {
+        Stream::build(device, allocator, true)
+    }
+
+    /// Wraps a cudarc stream of `device`'s context, so pooled buffers and your own kernels share it.
+    /// Takes a stack as [`Stream::new`] does.
+    ///
+    /// One pool stream per CUDA stream: `PoolError::StreamAlreadyWrapped` if a live pool stream
+    /// (made by `from_cuda` or [`Stream::new`]) already wraps `stream`. Two stacks ordered as one
+    /// stream would be recorded together by a graph capture that reserves only one of them.
+    #[cfg(feature = "cuda")]
+    pub fn from_cuda(
+        device: &Device,
+        stream: Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Stream, PoolError> {
+        // `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` are handles whose stream depends on the
+        // calling thread (or that alias the null stream): a `Send` pool stream over one would
+        // move to another CUDA stream with its thread, or share a stack with another pool stream.
+        let handle = stream.cu_stream() as usize;
+        if handle == 1 || handle == 2 {
+            return Err(PoolError::Unsupported {
+                device: device.id(),
+                what: "a pool stream over CU_STREAM_LEGACY or CU_STREAM_PER_THREAD (wrap the null \
+                       default stream, or a stream of your own)",
+            });
+        }
+        let ours = device.cuda_context().map(|c| c.cu_ctx());
+        if ours != Some(stream.context().cu_ctx()) {
+            return Err(PoolError::DeviceMismatch {
+                expected: device.id(),
+                actual: crate::error::DeviceId::Cuda(stream.context().ordinal()),
+            });
+        }
+        let fallback = device.fallback_allocator()?;
+        let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
+        made.first_claim()?;
+        Ok(made)
+    }
+
+    /// The cudarc stream, on a CUDA device: launch kernels on it.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+        match &self.raw {
+            RawStream::Cuda(s) => Some(s),
+            RawStream::Host => None,
+        }
+    }
+
+    fn build(
+        device: &Device,
+        allocator: Arc<dyn GpuAllocator>,
+        custom_allocator: bool,
+    ) -> Result<Stream, PoolError> {
+        config::env_config()?;
+        let raw = device.storage().backend.new_stream()?;
+        Stream::build_on(device, raw, allocator, custom_allocator)
+    }
+
+    fn build_on(
+        device: &Device,
+        raw: RawStream,
+        allocator: Arc<dyn GpuAllocator>,
+        custom_allocator: bool,
+    ) -> Result<Stream, PoolError> {
+        config::env_config()?;
+        static STREAM_IDS: crate::unique::Counter = crate::unique::Counter::new();
+        let record = device.recording()?;
+        let id = STREAM_IDS.next();
+        #[cfg(feature = "cuda")]
+        let wrapped = capturing::Wrapped::claim(&raw, id)?;
+        let ledger = Arc::new(Ledger::new(id, record));
+        device.inner.register_stream(&ledger);
+        Ok(Stream {
+            device: device.clone(),
+            raw,
+            texture_alignment: device.texture_alignment(),
+            ledger,
+            stack: OnceCell::new(),
+            allocator,
+            custom_allocator,
+            strict_lifo: device.strict_lifo()?,
+            wants_stack: Cell::new(false),
+            no_stack_memory: Cell::new(false),
+            overflow_live: Cell::new(0),
+            recording: record > 0,
+            release_hooks: Cell::new(record > 0),
+            waits: Waits::default(),
+            graphs: Graphs::default(),
+            #[cfg(feature = "cuda")]
+            _wrapped: wrapped,
+        })
+    }
+
+    /// The stream's device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A number unique to this stream within the process.
+    pub fn id(&self) -> u64 {
+        self.ledger.id
+    }
+
+    /// The index of the stack this stream holds, if any.
+    pub fn stack_index(&self) -> Option<usize> {
+        self.stack.get().map(|s| s.index)
+    }
+
+    /// The device addresses of the stack this stream holds, if any.
+    pub fn stack_range(&self) -> Option<std::ops::Range<u64>> {
+        self.stack
+            .get()
+            .map(|s| s.base..s.base + s.size() as DevPtr)
+    }
+
+    /// Waits until all work queued on the stream is done.
+    pub fn synchronize(&self) -> Result<(), PoolError> {
+        self.device.storage().backend.synchronize(&self.raw)
+    }
+
+    /// A snapshot of this stream's counters.
+    pub fn stats(&self) -> StreamStats {
+        self.ledger.snapshot(self.device.id())
+    }
+
+    /// Starts this stream's peaks over from what it uses now (PyTorch's `reset_peak_memory_stats`),
+    /// to measure one phase of a program: afterwards
+    /// [`stack_high_water`](StreamStats::stack_high_water) equals `stack_in_use`,
+    /// [`peak_demand`](StreamStats::peak_demand) equals the stack in use plus the live fallback
+    /// buffers it would have held, and [`peak_at`](StreamStats::peak_at) is `None` until a take
+    /// raises the mark again. Counts (allocations, fallbacks, driver calls, violations) and the
+    /// fallback sites are totals, not peaks, and are kept.
+    ///
+    /// While the stream captures a CUDA graph its stack mark measures what the graph's replays will
+    /// use, so it is not lowered then (the other figures are reset).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// let stream = Stream::new(&Device::host_with_limit(None))?;
+    /// let pool = BufferPool::new(&stream);
+    /// let kept = pool.get_buffer_1d::<u8>(1000)?;   // 1024 bytes of stack
+    /// drop(pool.get_buffer_1d::<f32>(4096)?);       // a peak of 1024 + 16 KiB, gone
+    /// assert_eq!(stream.stats().stack_high_water, 1024 + (16 << 10));
+    /// stream.reset_peak();
+    /// let stats = stream.stats();
+    /// assert_eq!((stats.stack_high_water, stats.peak_demand), (1024, 1024));
+    /// assert_eq!(stats.peak_at, None);
+    /// drop(kept);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    pub fn reset_peak(&self) {
+        let top = self.stack.get().map_or(0, Stack::top);
+        // A capture's reservation is its high-water mark: lowering it mid-capture would leave
+        // memory its replays write to later buffers.
+        let stack = (!self.in_own_capture()).then_some(top);
+        let demand = top.saturating_add(self.overflow_live.get());
+        self.ledger.reset_peaks(stack, demand);
+    }
+
+    /// The allocator behind the stack (or the only one, for a stream made with
+    /// [`Stream::with_allocator`]).
+    pub fn allocator(&self) -> Arc<dyn GpuAllocator> {
+        self.allocator.clone()
+    }
+
+    #[inline]
+    fn counters(&self) -> &StreamCounters {
+        &self.ledger.counters
+    }
+
+    /// Takes a stack if pooling is on and one is free; returns it.
+    #[cold]
+    fn claim_stack(&self) -> Result<Option<&Stack>, PoolError> {
+        if self.custom_allocator || self.no_stack_memory.get() || !config::buffer_pool_usage()? {
+            return Ok(None);
+        }
+        if !self.wants_stack.replace(true) {
+            self.device.inner.note_stream_wants_stack();
+        }
+        if !self.device.inner.has_free_stack() {
+            return Ok(None);
+        }
+        match self.device.inner.claim_stack(&self.ledger) {
+            Ok(Some((stack, after))) => {
+                if let Some(event) = after {
+                    // The stack's last stream could not wait for its own work: this one does,
+                    // before any of its work can touch the stack.
+                    // Unordered use would race that work: on an error the stack stays held, unused.
+                    self.device.storage().backend.wait_event(&self.raw, event)?;
+                }
+                Ok(Some(self.stack.get_or_init(|| stack)))
+            }
+            Ok(None) => Ok(None),
+            Err(PoolError::OutOfMemory { requested, .. }) => {
+                // OpenCV's rule: no memory for the stacks is no error; the buffers fall back.
+                tracing::warn!(
+                    stream = self.id(),
+                    requested,
+                    "no device memory for the stacks: this stream's buffers come from its fallback"
+                );
+                self.no_stack_memory.set(true);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What a stream tells its ledger: recordings and LIFO violations.
+impl Stream {
+    /// Records a take or a release: `(offset, bytes)` of the buffer.
+    #[cold]
+    fn record(
+        &self,
+        kind: EventKind,
+        source: Source,
+        (offset, bytes): (usize, usize),
+        site: Option<CallSite>,
+    ) {
+        self.ledger.record(Event {
+            t_ns: crate::record::now_ns(),
+            kind,
+            source,
+            offset,
+            bytes,
+            stack_in_use: self.stack.get().map_or(0, Stack::top),
+            site,
+        });
+    }
+
+    /// Records the release of the stack block at `offset` that ended at `end`.
+    #[cold]
+    fn record_release(&self, offset: u64, end: usize, source: Source) {
+        let offset = offset as usize;
+        let bytes = end.saturating_sub(offset);
+        self.record(EventKind::Release, source, (offset, bytes), None);
+    }
+
+    /// Counts a release out of LIFO order (of the block at `offset`), logged once per device; an
+    /// error in strict mode.
+    #[cold]
+    fn lifo_violation(&self, offset: u64) -> Result<(), PoolError> {
+        self.counters().lifo_violations.add(1);
+        let error = PoolError::LifoViolation {
+            device: self.device.id(),
+            offset: offset as usize,
+        };
+        if !self.device.inner.lifo_warned.swap(true, Relaxed) {
+            tracing::warn!(
+                stream = self.id(),
+                "{error} (logged once per device; see lifo_violations in the stats)"
+            );
+        }
+        if self.strict_lifo { Err(error) } else { Ok(()) }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.waits.any()
+            && let Err(e) = self.issue_deferred_waits()
+        {
+            tracing::error!(stream = self.id(), error = %e, "waiting for recorded uses failed");
+        }
+        // Queued work may still use the stack and kept memory: the next stream to take the stack,
+        // and the allocator, must not race it. A capture on this thread refuses a wait (and would
+        // break): there the stack goes back with an event its next stream waits for, and kept
+        // memory, which no event can guard, is leaked, and said so.
+        let holds = self.stack.get().is_some() || self.keeps_memory();
+        let waited = if !holds {
+            Ok(None)
+        } else if capturing::on_this_thread() {
+            let backend = &self.device.storage().backend;
+            backend.record_event(&self.raw).and_then(|event| {
+                event.map(Some).ok_or(PoolError::CaptureCrossStream {
+                    what: "dropping a stream",
+                })
+            })
+        } else {
+            self.synchronize().map(|()| None)
+        };
+        let idle = matches!(waited, Ok(None));
+        match waited {
+            Ok(after) => {
+                if let Some(stack) = self.stack.get() {
+                    self.device.inner.return_stack(stack.index, after);
+                }
+            }
+            Err(e) => {
+                tracing::error!(stream = self.id(), error = %e, "a stream dropped with work nobody can wait for: its stack is kept out of use")
+            }
+        }
+        let kept = self.take_kept();
+        if idle && !capturing::on_this_thread() {
+            // The stream's work is done (waited for above), and no graph of it is left (graphs
+            // borrow their stream).
+            for k in kept {
+                if let Err(e) = self.free_kept(k) {
+                    tracing::error!(stream = self.id(), error = %e, "freeing kept memory failed");
+                }
+            }
+        } else if !kept.is_empty() {
+            tracing::error!(
+                stream = self.id(),
+                blocks = kept.len(),
+                "a stream dropped with work nobody could wait for: its kept fallback memory is leaked"
+            );
+        }
+        self.device
+            .inner
+            .retire_stream(&self.ledger, self.wants_stack.get());
+        let raw = std::mem::replace(&mut self.raw, RawStream::Host);
+        self.device.storage().backend.drop_stream(raw);
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.ledger.id)
+            .field("device", &self.device.id())
+            .field("stack", &self.stack_index())
+            .field("allocator", &self.allocator)
+            .finish()
+    }
+}

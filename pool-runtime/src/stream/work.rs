@@ -1,0 +1,155 @@
+//! Work queued on a stream for its buffers (copies and fills), and the ordering between streams
+//! that memory crossing them needs: the checks that keep that work out of a foreign capture, and
+//! the waits a release must issue for other streams' use of the memory (`record_stream`).
+
+use std::cell::{Cell, RefCell};
+
+use crate::backend::{RawEvent, RawStream, Region};
+use crate::error::PoolError;
+
+use super::Stream;
+
+/// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
+///
+/// [`GpuMat::record_stream`]: crate::GpuMat::record_stream
+#[derive(Default)]
+pub(super) struct Waits {
+    events: RefCell<Vec<RawEvent>>,
+    /// Whether `events` is non-empty, read by every release that has hooks.
+    any: Cell<bool>,
+}
+
+impl Waits {
+    pub(super) fn any(&self) -> bool {
+        self.any.get()
+    }
+}
+
+impl Stream {
+    /// The backend stream for pool work named `what`: `PoolError::CapturedElsewhere` if the
+    /// CUDA stream is being captured by anything but this stream's own
+    /// [`capture`](Stream::capture), whose graph would replay it on memory the pool does not
+    /// reserve.
+    pub(crate) fn work_stream(&self, what: &'static str) -> Result<&RawStream, PoolError> {
+        if !self.in_own_capture() && self.device.storage().backend.is_capturing(&self.raw)? {
+            return Err(PoolError::CapturedElsewhere {
+                what,
+                stream: self.id(),
+            });
+        }
+        Ok(&self.raw)
+    }
+
+    /// `PoolError::CaptureCrossStream` if this stream or `other` is capturing: an event between
+    /// them would join one to the other's capture or make a capture wait on outside work.
+    pub(crate) fn check_cross_stream(
+        &self,
+        other: &Stream,
+        what: &'static str,
+    ) -> Result<(), PoolError> {
+        let backend = &self.device.storage().backend;
+        for s in [self, other] {
+            if s.in_own_capture() || backend.is_capturing(&s.raw)? {
+                return Err(PoolError::CaptureCrossStream { what });
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `data` (rows of `region.width` bytes, back to back) into `region`, and waits until
+    /// `data` has been read.
+    ///
+    /// # Safety
+    /// `region` is live memory of this stream's device, not written by other work meanwhile.
+    pub(crate) unsafe fn upload(&self, region: Region, data: &[u8]) -> Result<(), PoolError> {
+        let stream = self.work_stream("upload")?;
+        let backend = &self.device.storage().backend;
+        // SAFETY: the caller's region; `data` stays borrowed until the synchronize below has seen
+        // the copy finish.
+        unsafe { backend.upload(region, data, region.width, stream) }?;
+        // From pageable memory the driver returns once it has staged the bytes, but from
+        // page-locked memory the copy is still in flight.
+        self.synchronize()
+    }
+
+    /// Copies `region` into `out` (rows of `region.width` bytes, back to back) and waits for it.
+    ///
+    /// # Safety
+    /// `region` is live memory of this stream's device.
+    pub(crate) unsafe fn download(&self, region: Region, out: &mut [u8]) -> Result<(), PoolError> {
+        let stream = self.work_stream("download")?;
+        // SAFETY: the caller's region; the backend waits for the copy before returning.
+        unsafe {
+            self.device
+                .storage()
+                .backend
+                .download(region, out, region.width, stream)
+        }
+    }
+
+    /// Fills `region` with `pattern`, on this stream.
+    ///
+    /// # Safety
+    /// `region` is live memory of this stream's device, its rows' width a multiple of `pattern`'s.
+    pub(crate) unsafe fn fill(&self, region: Region, pattern: &[u8]) -> Result<(), PoolError> {
+        let stream = self.work_stream("set_to")?;
+        // SAFETY: the caller's region and pattern.
+        unsafe { self.device.storage().backend.fill(region, pattern, stream) }
+    }
+
+    /// Copies `src`, memory of `src_stream`, into `dst` on this stream. Across streams the copy
+    /// first waits for the work queued on `src_stream` so far, and `src_stream` does not reuse the
+    /// source before the copy is done.
+    ///
+    /// # Safety
+    /// Both regions are live memory of this device, of one shape, not overlapping.
+    pub(crate) unsafe fn copy(
+        &self,
+        dst: Region,
+        src: Region,
+        src_stream: &Stream,
+    ) -> Result<(), PoolError> {
+        let cross_stream = !std::ptr::eq(src_stream, self);
+        if cross_stream {
+            self.check_cross_stream(src_stream, "copy_from")?;
+        }
+        let stream = self.work_stream("copy_from")?;
+        let backend = &self.device.storage().backend;
+        if cross_stream && let Some(written) = backend.record_event(&src_stream.raw)? {
+            backend.wait_event(stream, written)?;
+        }
+        // SAFETY: the caller's regions.
+        unsafe { backend.copy(dst, src, stream) }?;
+        if cross_stream {
+            src_stream.defer_wait_for(self)?;
+        }
+        Ok(())
+    }
+
+    /// Records that work queued on `user` so far uses memory of this stream: before that memory is
+    /// handed out again, this stream waits for that work.
+    pub(crate) fn defer_wait_for(&self, user: &Stream) -> Result<(), PoolError> {
+        self.check_cross_stream(user, "record_stream")?;
+        if let Some(event) = self.device.storage().backend.record_event(&user.raw)? {
+            self.waits.events.borrow_mut().push(event);
+            self.waits.any.set(true);
+            self.release_hooks.set(true);
+        }
+        Ok(())
+    }
+
+    /// Makes this stream wait for every recorded use, so memory released now is reused (in this
+    /// stream's order) only after that work.
+    #[cold]
+    pub(crate) fn issue_deferred_waits(&self) -> Result<(), PoolError> {
+        let waits = std::mem::take(&mut *self.waits.events.borrow_mut());
+        self.waits.any.set(false);
+        self.release_hooks.set(self.recording);
+        let mut result = Ok(());
+        for event in waits {
+            let waited = self.device.storage().backend.wait_event(&self.raw, event);
+            result = result.and(waited);
+        }
+        result
+    }
+}
