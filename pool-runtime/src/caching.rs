@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::allocator::{AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent};
+use crate::device::Device;
 use crate::error::{DeviceId, PoolError};
 use crate::storage::Storage;
 
@@ -146,6 +147,20 @@ impl std::fmt::Debug for CachingPool {
     }
 }
 
+impl Device {
+    /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
+    pub fn caching_pool(&self) -> Arc<CachingPool> {
+        let shared = self
+            .caching_slot()
+            .get_or_init(|| Arc::new(CachingPool::new(self)))
+            .clone();
+        // Only this function fills the slot, always with a `CachingPool`.
+        shared
+            .downcast::<CachingPool>()
+            .unwrap_or_else(|_| unreachable!("the caching slot holds a CachingPool"))
+    }
+}
+
 impl CachingPool {
     /// PyOpenCL's default number of leading bits (after the first one) that name a bin.
     pub const DEFAULT_LEADING_BITS: u32 = 4;
@@ -181,9 +196,26 @@ impl CachingPool {
         (bin, size)
     }
 
-    /// A pool over `storage` whose bins are named by `leading_bits` bits (checked by the public
-    /// constructors, which take a [`Device`](crate::Device) and live with it in `device.rs`).
-    pub(crate) fn on_storage(storage: &Arc<Storage>, leading_bits: u32) -> CachingPool {
+    /// A pool for `device` with [`DEFAULT_LEADING_BITS`](Self::DEFAULT_LEADING_BITS).
+    pub fn new(device: &Device) -> CachingPool {
+        CachingPool::on_storage(device.storage(), CachingPool::DEFAULT_LEADING_BITS)
+    }
+
+    /// A pool whose bins are named by `leading_bits` bits after the highest (PyOpenCL's
+    /// `leading_bits_in_bin_id`): more bits, finer bins, less rounding, fewer hits. 0 to 16.
+    pub fn with_leading_bits(device: &Device, leading_bits: u32) -> Result<CachingPool, PoolError> {
+        if leading_bits > 16 {
+            return Err(PoolError::InvalidConfig {
+                reason: format!(
+                    "leading_bits is {leading_bits}; use 0 to 16 (PyOpenCL's default is 4)"
+                ),
+            });
+        }
+        Ok(CachingPool::on_storage(device.storage(), leading_bits))
+    }
+
+    /// A pool over `storage` whose bins are named by `leading_bits` bits (checked by the callers).
+    fn on_storage(storage: &Arc<Storage>, leading_bits: u32) -> CachingPool {
         CachingPool {
             storage: Arc::downgrade(storage),
             id: storage.id,

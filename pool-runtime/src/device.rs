@@ -3,16 +3,15 @@
 //! All stacks of a device live in one allocation, made when a stream first takes a stack. Handing
 //! stacks to streams and back takes the device's lock; nothing on the allocation hot path does.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
 use crate::arena::Arena;
 use crate::backend::host::HostBackend;
 use crate::backend::{Backend, RawEvent};
-use crate::caching::CachingPool;
 use crate::config::{self, Fallback, PoolConfig};
 use crate::error::{DeviceId, PoolError};
 use crate::ledger::Ledger;
@@ -42,8 +41,9 @@ pub(crate) struct DeviceInner {
     state: sync::Mutex<DeviceState>,
     /// Set after the first LIFO violation was logged, so the log is not flooded.
     pub(crate) lifo_warned: AtomicBool,
-    /// The pool behind `Fallback::Caching`, made at first use.
-    caching: OnceLock<Arc<CachingPool>>,
+    /// The [`CachingPool`](crate::CachingPool) behind `Fallback::Caching`, made at first use by
+    /// `caching.rs` (which is above the device: its constructors take one), so held as `Any`.
+    caching: OnceLock<Arc<dyn Any + Send + Sync>>,
 }
 
 #[derive(Default)]
@@ -185,6 +185,11 @@ impl Device {
         self.inner.storage.backend.cuda_context()
     }
 
+    /// The device's backend, for the work streams and `MixMemory` queue on it.
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.inner.storage.backend
+    }
+
     /// The device's memory, for the pools that allocate through it.
     pub(crate) fn storage(&self) -> &Arc<Storage> {
         &self.inner.storage
@@ -270,16 +275,6 @@ impl Device {
         )
     }
 
-    /// The allocator that serves what a new stream's stack cannot: [`Device::fallback`]'s.
-    pub(crate) fn fallback_allocator(&self) -> Result<Arc<dyn GpuAllocator>, PoolError> {
-        Ok(match self.fallback()? {
-            Fallback::Driver => Arc::new(DriverAllocator),
-            Fallback::StreamOrdered => Arc::new(StreamOrderedAllocator),
-            Fallback::Caching => self.caching_pool(),
-            Fallback::Error => Arc::new(NoFallback),
-        })
-    }
-
     /// In strict mode a stack buffer released out of LIFO order makes its explicit
     /// [`release`](crate::GpuMat::release) return `PoolError::LifoViolation` (the memory is still
     /// reclaimed correctly). Applies to streams made from now on. Off by default.
@@ -335,12 +330,9 @@ impl Device {
         all
     }
 
-    /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
-    pub fn caching_pool(&self) -> Arc<CachingPool> {
-        self.inner
-            .caching
-            .get_or_init(|| Arc::new(CachingPool::new(self)))
-            .clone()
+    /// The slot of the device's shared caching pool (see `caching.rs`).
+    pub(crate) fn caching_slot(&self) -> &OnceLock<Arc<dyn Any + Send + Sync>> {
+        &self.inner.caching
     }
 
     /// Starts the device's peaks over from what is in use now (PyTorch's
@@ -556,26 +548,4 @@ pub fn set_buffer_pool_config(
     stack_count: usize,
 ) -> Result<(), PoolError> {
     device.set_pool_config(PoolConfig::new(stack_size, stack_count)?)
-}
-
-/// The caching pool's public constructors: they take a device, and the device composes every pool
-/// (`caching.rs` itself sees only the device's storage).
-impl CachingPool {
-    /// A pool for `device` with [`DEFAULT_LEADING_BITS`](Self::DEFAULT_LEADING_BITS).
-    pub fn new(device: &Device) -> CachingPool {
-        CachingPool::on_storage(device.storage(), CachingPool::DEFAULT_LEADING_BITS)
-    }
-
-    /// A pool whose bins are named by `leading_bits` bits after the highest (PyOpenCL's
-    /// `leading_bits_in_bin_id`): more bits, finer bins, less rounding, fewer hits. 0 to 16.
-    pub fn with_leading_bits(device: &Device, leading_bits: u32) -> Result<CachingPool, PoolError> {
-        if leading_bits > 16 {
-            return Err(PoolError::InvalidConfig {
-                reason: format!(
-                    "leading_bits is {leading_bits}; use 0 to 16 (PyOpenCL's default is 4)"
-                ),
-            });
-        }
-        Ok(CachingPool::on_storage(device.storage(), leading_bits))
-    }
 }

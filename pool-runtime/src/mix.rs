@@ -71,7 +71,7 @@ impl MixMemory<'static> {
     pub fn new(device: &Device) -> Result<MixMemory<'static>, PoolError> {
         Ok(MixMemory {
             device: device.clone(),
-            own: device.storage().backend.new_stream()?,
+            own: device.backend().new_stream()?,
             host: Host::None,
             gpu: Gpu::None,
             pending: None,
@@ -105,7 +105,7 @@ impl<'a> MixMemory<'a> {
         if let Some(stream) = &self.pending {
             // Forgotten only once waited for: a refused wait leaves the copy pending, so every
             // later access and release waits (or fails) again, and nothing is freed under it.
-            self.device.storage().backend.synchronize(stream)?;
+            self.device.backend().synchronize(stream)?;
             self.pending = None;
         }
         Ok(())
@@ -200,7 +200,7 @@ impl<'a> MixMemory<'a> {
         let bytes = byte_len::<T>(n)?;
         if self.host_bytes() < bytes {
             self.release_cpu()?;
-            let ptr = self.device.storage().backend.alloc_pinned(bytes)?;
+            let ptr = self.device.backend().alloc_pinned(bytes)?;
             self.host = Host::Pinned { ptr, bytes };
             self.reallocations += 1;
         }
@@ -294,7 +294,7 @@ impl<'a> MixMemory<'a> {
             width: bytes,
             rows: 1,
         };
-        let backend = &self.device.storage().backend;
+        let backend = &self.device.backend();
         let raw = stream.work_stream(if to_gpu { "copy_to_gpu" } else { "copy_to_cpu" })?;
         // SAFETY: both sides hold at least `bytes`; the host side is owned or mutably borrowed by
         // `self`. An owned side stays valid until `pending`, set below, is waited for: every later
@@ -331,7 +331,7 @@ impl<'a> MixMemory<'a> {
         self.synchronize()?;
         if let Host::Pinned { ptr, bytes } = std::mem::replace(&mut self.host, Host::None) {
             // SAFETY: our own pinned allocation, taken out of `self.host` so freed once.
-            unsafe { self.device.storage().backend.free_pinned(ptr, bytes) }?;
+            unsafe { self.device.backend().free_pinned(ptr, bytes) }?;
         }
         Ok(())
     }
@@ -368,6 +368,6 @@ impl Drop for MixMemory<'_> {
             tracing::error!(error = %e, "releasing MixMemory failed");
         }
         let own = std::mem::replace(&mut self.own, RawStream::Host);
-        self.device.storage().backend.drop_stream(own);
+        self.device.backend().drop_stream(own);
     }
 }

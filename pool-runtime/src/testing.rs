@@ -27,5 +27,5 @@ pub fn host_with_fault(fail_at: u64) -> Device {
 /// On a host device, the bytes its backend has handed out and not taken back (device and pinned
 /// memory): what a leak check compares. `None` on a GPU.
 pub fn host_live_bytes(device: &Device) -> Option<usize> {
-    device.storage().backend.live_bytes()
+    device.backend().live_bytes()
 }

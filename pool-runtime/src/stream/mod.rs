@@ -14,10 +14,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::allocator::GpuAllocator;
+use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
 use crate::backend::{DevPtr, RawStream};
 use crate::capturing;
-use crate::config;
+use crate::config::{self, Fallback};
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::ledger::Ledger;
@@ -82,7 +82,7 @@ impl Stream {
     /// memory for the stacks the stream is still made (as OpenCV's is): its buffers fall back with
     /// `FallbackReason::NoStackMemory`, and a stream made once memory is free gets a stack.
     pub fn new(device: &Device) -> Result<Stream, PoolError> {
-        let stream = Stream::build(device, device.fallback_allocator()?, false)?;
+        let stream = Stream::build(device, fallback_allocator(device)?, false)?;
         stream.first_claim()?;
         Ok(stream)
     }
@@ -134,7 +134,7 @@ impl Stream {
                 actual: crate::error::DeviceId::Cuda(stream.context().ordinal()),
             });
         }
-        let fallback = device.fallback_allocator()?;
+        let fallback = fallback_allocator(device)?;
         let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
         made.first_claim()?;
         Ok(made)
@@ -155,7 +155,7 @@ impl Stream {
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
-        let raw = device.storage().backend.new_stream()?;
+        let raw = device.backend().new_stream()?;
         Stream::build_on(device, raw, allocator, custom_allocator)
     }
 
@@ -218,7 +218,7 @@ impl Stream {
 
     /// Waits until all work queued on the stream is done.
     pub fn synchronize(&self) -> Result<(), PoolError> {
-        self.device.storage().backend.synchronize(&self.raw)
+        self.device.backend().synchronize(&self.raw)
     }
 
     /// A snapshot of this stream's counters.
@@ -289,7 +289,7 @@ impl Stream {
                     // The stack's last stream could not wait for its own work: this one does,
                     // before any of its work can touch the stack.
                     // Unordered use would race that work: on an error the stack stays held, unused.
-                    self.device.storage().backend.wait_event(&self.raw, event)?;
+                    self.device.backend().wait_event(&self.raw, event)?;
                 }
                 Ok(Some(self.stack.get_or_init(|| stack)))
             }
@@ -307,6 +307,16 @@ impl Stream {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The allocator that serves what a new stream's stack cannot: [`Device::fallback`]'s.
+fn fallback_allocator(device: &Device) -> Result<Arc<dyn GpuAllocator>, PoolError> {
+    Ok(match device.fallback()? {
+        Fallback::Driver => Arc::new(DriverAllocator),
+        Fallback::StreamOrdered => Arc::new(StreamOrderedAllocator),
+        Fallback::Caching => device.caching_pool(),
+        Fallback::Error => Arc::new(NoFallback),
+    })
 }
 
 /// What a stream tells its ledger: recordings and LIFO violations.
@@ -373,7 +383,7 @@ impl Drop for Stream {
         let waited = if !holds {
             Ok(None)
         } else if capturing::on_this_thread() {
-            let backend = &self.device.storage().backend;
+            let backend = &self.device.backend();
             backend.record_event(&self.raw).and_then(|event| {
                 event.map(Some).ok_or(PoolError::CaptureCrossStream {
                     what: "dropping a stream",
@@ -413,7 +423,7 @@ impl Drop for Stream {
             .inner
             .retire_stream(&self.ledger, self.wants_stack.get());
         let raw = std::mem::replace(&mut self.raw, RawStream::Host);
-        self.device.storage().backend.drop_stream(raw);
+        self.device.backend().drop_stream(raw);
     }
 }
 

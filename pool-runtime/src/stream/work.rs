@@ -31,7 +31,7 @@ impl Stream {
     /// [`capture`](Stream::capture), whose graph would replay it on memory the pool does not
     /// reserve.
     pub(crate) fn work_stream(&self, what: &'static str) -> Result<&RawStream, PoolError> {
-        if !self.in_own_capture() && self.device.storage().backend.is_capturing(&self.raw)? {
+        if !self.in_own_capture() && self.device.backend().is_capturing(&self.raw)? {
             return Err(PoolError::CapturedElsewhere {
                 what,
                 stream: self.id(),
@@ -47,7 +47,7 @@ impl Stream {
         other: &Stream,
         what: &'static str,
     ) -> Result<(), PoolError> {
-        let backend = &self.device.storage().backend;
+        let backend = &self.device.backend();
         for s in [self, other] {
             if s.in_own_capture() || backend.is_capturing(&s.raw)? {
                 return Err(PoolError::CaptureCrossStream { what });
@@ -63,7 +63,7 @@ impl Stream {
     /// `region` is live memory of this stream's device, not written by other work meanwhile.
     pub(crate) unsafe fn upload(&self, region: Region, data: &[u8]) -> Result<(), PoolError> {
         let stream = self.work_stream("upload")?;
-        let backend = &self.device.storage().backend;
+        let backend = &self.device.backend();
         // SAFETY: the caller's region; `data` stays borrowed until the synchronize below has seen
         // the copy finish.
         unsafe { backend.upload(region, data, region.width, stream) }?;
@@ -94,7 +94,7 @@ impl Stream {
     pub(crate) unsafe fn fill(&self, region: Region, pattern: &[u8]) -> Result<(), PoolError> {
         let stream = self.work_stream("set_to")?;
         // SAFETY: the caller's region and pattern.
-        unsafe { self.device.storage().backend.fill(region, pattern, stream) }
+        unsafe { self.device.backend().fill(region, pattern, stream) }
     }
 
     /// Copies `src`, memory of `src_stream`, into `dst` on this stream. Across streams the copy
@@ -114,7 +114,7 @@ impl Stream {
             self.check_cross_stream(src_stream, "copy_from")?;
         }
         let stream = self.work_stream("copy_from")?;
-        let backend = &self.device.storage().backend;
+        let backend = &self.device.backend();
         if cross_stream && let Some(written) = backend.record_event(&src_stream.raw)? {
             backend.wait_event(stream, written)?;
         }
@@ -130,7 +130,7 @@ impl Stream {
     /// handed out again, this stream waits for that work.
     pub(crate) fn defer_wait_for(&self, user: &Stream) -> Result<(), PoolError> {
         self.check_cross_stream(user, "record_stream")?;
-        if let Some(event) = self.device.storage().backend.record_event(&user.raw)? {
+        if let Some(event) = self.device.backend().record_event(&user.raw)? {
             self.waits.events.borrow_mut().push(event);
             self.waits.any.set(true);
             self.release_hooks.set(true);
@@ -147,7 +147,7 @@ impl Stream {
         self.release_hooks.set(self.recording);
         let mut result = Ok(());
         for event in waits {
-            let waited = self.device.storage().backend.wait_event(&self.raw, event);
+            let waited = self.device.backend().wait_event(&self.raw, event);
             result = result.and(waited);
         }
         result
