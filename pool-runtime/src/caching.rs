@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::allocator::{AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent};
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 use crate::storage::Storage;
 
 /// Counters of a [`CachingPool`].

@@ -44,11 +44,13 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use bytemuck::Pod;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, result, sys};
 
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 use crate::stream::Stream;
-use crate::view::Window;
+use crate::view::{GpuView, GpuViewMut, Window};
 
 /// A buffer or region lent to cudarc for reading.
 #[derive(Debug)]
@@ -241,5 +243,24 @@ impl<T> DevicePtrMut<T> for DeviceMut<'_, T> {
         stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         ordered(self.ptr, self.stream, self.pool, stream)
+    }
+}
+
+// The views' lending methods live here, beside what they lend: `view` sits below this module and
+// never names `DeviceRef` or `DeviceMut`.
+
+impl<'a, T: Pod> GpuView<'a, T> {
+    /// This view lent to cudarc (`DevicePtr`), for cuBLAS and the like; see [`DeviceRef`].
+    /// `PoolError::Unsupported` on the host backend.
+    pub fn device_ref(&self) -> Result<DeviceRef<'a, T>, PoolError> {
+        DeviceRef::new(self.window, self.device, self.cuda)
+    }
+}
+
+impl<T: Pod> GpuViewMut<'_, T> {
+    /// This view lent to cudarc for writing (`DevicePtrMut`); see [`DeviceMut`].
+    /// `PoolError::Unsupported` on the host backend.
+    pub fn device_mut(&mut self) -> Result<DeviceMut<'_, T>, PoolError> {
+        DeviceMut::new(self.window, self.device, self.cuda)
     }
 }

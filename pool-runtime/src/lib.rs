@@ -22,28 +22,37 @@
 //! - Every bad input is a [`PoolError`]; no input panics.
 //!
 //! # Layers
-//! Each module uses only modules of the layers below it (none imports one above, so there is no
-//! import cycle). A buffer's path, stream -> frame -> stack -> buffer -> release, reads in files
-//! named for each step.
+//! Each module has a rank and imports only modules of a lower rank, never one of its own, so no
+//! import cycle can form. `tests/layers.rs` reads the table below and checks every path into the
+//! crate against it, the names re-exported here included (`crate::DeviceRef` is an import of
+//! `device_memory`); only `#[cfg(test)] mod` blocks may look anywhere. Every module file (a file
+//! under a module's directory is `dir::file`) is named once: a new module is one more name in a
+//! row, or a row of its own (ranks only have to grow down the table). A buffer's path, stream ->
+//! frame -> stack -> buffer -> release, reads in files named for each step.
 //!
-//! 1. Vocabulary, depending on nothing of the crate: `source` (where memory came from and why,
-//!    and who asked: [`Source`], [`FallbackReason`], [`CallSite`]), `unique` (ids that never
-//!    repeat), `sync` (the one lock).
-//! 2. `error` ([`PoolError`]), then `layout` (how a shape becomes bytes: the one home of the
-//!    pitch and alignment rules), `config` ([`PoolConfig`], `GPU_POOL_CONF`, the one settings
-//!    lookup), `stats` (counters and their snapshots), `record` (the opt-in event ring).
-//! 3. Storage, which knows memory and not policy: `backend` (host and CUDA: allocate, copy, fill,
-//!    streams and events), and `storage` (one device's backend and its counted driver calls).
-//! 4. Pools, built on storage: `stack` (one stream's bump stack), `allocator` (the [`GpuAllocator`]
-//!    API and the built-in fallbacks, on [`AllocContext`]), `caching` ([`CachingPool`]).
-//! 5. `device`: the composition root. A [`Device`] holds its storage, its stack arena, its settings
-//!    and its caching pool, and chooses each new stream's fallback.
-//! 6. `stream` ([`Stream`]: takes from its stack, else from its allocator), then what users hold:
-//!    `buffer` ([`GpuMat`], [`BufferPool`]), `view` (views and regions), `frame` (what the DSL
-//!    expands to), `mix` ([`MixMemory`]), `pplcv`, and, with CUDA, `graph`, `device_memory` and
-//!    `kernel_args`.
-//! 7. `report` (every device's stats), `timeline` (recordings as a Chrome trace and an SVG
-//!    chart) and `testing` (hooks for tests), over everything.
+//! | rank | modules | what they hold |
+//! |---:|---|---|
+//! | 1 | `source`, `id`, `unique`, `sync` | vocabulary: [`Source`], [`DeviceId`], ids, the lock |
+//! | 2 | `error` | [`PoolError`] |
+//! | 3 | `layout` | how a shape becomes bytes: the pitch and alignment rules |
+//! | 4 | `config` | [`PoolConfig`], `GPU_POOL_CONF`: the one settings lookup |
+//! | 5 | `stats`, `record` | counters and their snapshots; the opt-in event ring |
+//! | 6 | `backend` | what a backend does: allocate, copy, fill, streams and events |
+//! | 7 | `backend::host`, `backend::cuda`, `storage` | backends; counted driver calls |
+//! | 8 | `stack`, `allocator` | pools: a stream's bump stack; [`GpuAllocator`], fallbacks |
+//! | 9 | `caching`, `capturing` | [`CachingPool`]; what a capture asks of every stream |
+//! | 10 | `device` | the composition root: storage, stack arena, settings, caching pool |
+//! | 11 | `stream` | [`Stream`]: takes from its stack, else from its allocator |
+//! | 12 | `view`, `graph`, `pplcv` | views and regions; CUDA graphs; ppl.cv's pool |
+//! | 13 | `buffer`, `mix` | [`GpuMat`], [`BufferPool`]; [`MixMemory`] |
+//! | 14 | `frame` | what the DSL expands to |
+//! | 15 | `device_memory`, `kernel_args` | CUDA interop: buffers lent to cudarc; kernel arguments |
+//! | 16 | `report`, `timeline`, `testing` | every device's stats; recordings exported; test hooks |
+//!
+//! Storage (ranks 6 and 7) knows memory, not policy; the pools (8 and 9) build on it and never
+//! name the device; the device holds them all and chooses each new stream's fallback; the
+//! user-facing types (12 to 14) sit on the stream, CUDA interop on them, and the reports on
+//! everything.
 
 mod allocator;
 mod backend;
@@ -58,6 +67,7 @@ mod error;
 mod frame;
 #[cfg(feature = "cuda")]
 pub mod graph;
+mod id;
 #[cfg(feature = "cuda")]
 mod kernel_args;
 mod layout;
@@ -89,10 +99,11 @@ pub use config::{
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]
 pub use device_memory::{DeviceMut, DeviceRef};
-pub use error::{DeviceId, PoolError, Request};
+pub use error::{PoolError, Request};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
+pub use id::DeviceId;
 pub use layout::MAX_ELEMENT_ALIGN;
 pub use mix::MixMemory;
 pub use record::{Event, EventKind, StreamRecording};
