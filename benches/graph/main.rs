@@ -4,7 +4,8 @@
 //! - `eager_stack`: the `#[pooled]` function called each time, temporaries from the stack;
 //! - `graph_replay`: the same function captured once with `Stream::capture`, then replayed;
 //! - `eager_stream_ordered`: called each time on a stream whose temporaries come from
-//!   `cuMemAllocAsync` / `cuMemFreeAsync` (the driver's own pool, release threshold raised).
+//!   `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` (`StreamOrderedAllocator`: the backend's own
+//!   memory pool, release threshold raised).
 //!
 //! Each sample queues `RUNS` pipelines and waits for the stream; the median per pipeline is
 //! reported with its ratio to graph replay, and drawn to `target/criterion/charts/E_graph.svg`.

@@ -8,7 +8,8 @@
 use std::fmt;
 
 use crate::backend::{DevPtr, RawStream};
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 use crate::layout::is_aligned;
 use crate::source::FallbackReason;
 use crate::stats::StreamCounters;
@@ -95,7 +96,9 @@ impl AllocContext<'_> {
         unsafe { self.storage.free(ptr, Some(self.counters)) }
     }
 
-    /// `cuMemAllocAsync` on the context's stream.
+    /// `cuMemAllocFromPoolAsync` on the context's stream, from a memory pool of our own with its
+    /// release threshold raised, not the device's default pool (`cuMemAlloc` where the device has
+    /// no memory pools).
     pub fn alloc_async(&self, bytes: usize) -> Result<u64, PoolError> {
         self.storage
             .alloc_async(bytes, self.stream, Some(self.counters))
@@ -200,8 +203,10 @@ unsafe impl GpuAllocator for DriverAllocator {
     }
 }
 
-/// `cuMemAllocAsync` / `cuMemFreeAsync` on the buffer's stream: no device synchronization. Falls back
-/// to [`DriverAllocator`] on devices without stream-ordered allocation.
+/// `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on the buffer's stream, from a memory pool of our
+/// own whose release threshold is raised: no device synchronization, and freed memory stays in the
+/// pool across synchronizations. Falls back to [`DriverAllocator`] on devices without
+/// stream-ordered allocation.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StreamOrderedAllocator;
 

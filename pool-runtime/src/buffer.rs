@@ -389,25 +389,6 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         self.view().as_1d()
     }
 
-    /// The buffer lent to cudarc (`DeviceSlice` + `DevicePtr`): cuBLAS, cuFFT, cudarc's copies.
-    /// A 2D buffer is lent as the run from its first element to its last; its leading dimension
-    /// is [`DeviceRef::ld`](crate::DeviceRef::ld). `PoolError::Unsupported` on the host backend.
-    #[cfg(feature = "cuda")]
-    pub fn device_ref(&self) -> Result<crate::DeviceRef<'_, T>, PoolError> {
-        self.view().device_ref()
-    }
-
-    /// The buffer lent to cudarc for writing (`DevicePtrMut`); see
-    /// [`device_ref`](Self::device_ref).
-    #[cfg(feature = "cuda")]
-    pub fn device_mut(&mut self) -> Result<crate::DeviceMut<'_, T>, PoolError> {
-        crate::DeviceMut::new(
-            self.window(),
-            self.stream().device().id(),
-            self.cuda_order(),
-        )
-    }
-
     /// All elements as one writable contiguous row; `PoolError::NotContinuous` for padded rows.
     pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
         let window = self.window().flat::<T>()?;

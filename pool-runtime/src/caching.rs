@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::allocator::{AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent};
 use crate::device::Device;
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 use crate::storage::Storage;
 
 /// Counters of a [`CachingPool`].

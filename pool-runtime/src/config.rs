@@ -129,8 +129,8 @@ pub enum Fallback {
     /// `cuMemAlloc`/`cuMemAllocPitch` and `cuMemFree`, as OpenCV's `DefaultAllocator`. The free
     /// synchronizes the device.
     Driver,
-    /// `cuMemAllocAsync`/`cuMemFreeAsync` on the buffer's stream. The default where the device
-    /// supports it.
+    /// `cuMemAllocFromPoolAsync`/`cuMemFreeAsync` on the buffer's stream, from a memory pool of our
+    /// own with its release threshold raised. The default where the device supports it.
     StreamOrdered,
     /// The device's binned [`CachingPool`](crate::CachingPool): freed blocks are held and reused by
     /// requests of the same size bin, with no driver call.

@@ -44,11 +44,15 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use bytemuck::Pod;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, result, sys};
 
-use crate::error::{DeviceId, PoolError};
+use crate::buffer::GpuMat;
+use crate::error::PoolError;
+use crate::frame::Pooled;
+use crate::id::DeviceId;
 use crate::stream::Stream;
-use crate::view::Window;
+use crate::view::{GpuView, GpuViewMut, Window};
 
 /// A buffer or region lent to cudarc for reading.
 #[derive(Debug)]
@@ -241,5 +245,48 @@ impl<T> DevicePtrMut<T> for DeviceMut<'_, T> {
         stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         ordered(self.ptr, self.stream, self.pool, stream)
+    }
+}
+
+// The lending methods of buffers and views live here, beside what they lend: `buffer`, `view` and
+// `frame` sit below this module and never name `DeviceRef` or `DeviceMut`.
+
+impl<T: Pod> GpuMat<'_, T> {
+    /// The buffer lent to cudarc (`DeviceSlice` + `DevicePtr`): cuBLAS, cuFFT, cudarc's copies.
+    /// A 2D buffer is lent as the run from its first element to its last; its leading dimension
+    /// is [`DeviceRef::ld`]. `PoolError::Unsupported` on the host backend.
+    pub fn device_ref(&self) -> Result<DeviceRef<'_, T>, PoolError> {
+        self.view().device_ref()
+    }
+
+    /// The buffer lent to cudarc for writing (`DevicePtrMut`); see
+    /// [`device_ref`](Self::device_ref).
+    pub fn device_mut(&mut self) -> Result<DeviceMut<'_, T>, PoolError> {
+        let view = self.view_mut();
+        DeviceMut::new(view.window, view.device, view.cuda)
+    }
+}
+
+impl<T: Pod> Pooled<'_, '_, T> {
+    /// [`GpuMat::device_mut`]: the buffer lent to cudarc for writing (cuBLAS and the like).
+    pub fn device_mut(&mut self) -> Result<DeviceMut<'_, T>, PoolError> {
+        let view = self.view_mut();
+        DeviceMut::new(view.window, view.device, view.cuda)
+    }
+}
+
+impl<'a, T: Pod> GpuView<'a, T> {
+    /// This view lent to cudarc (`DevicePtr`), for cuBLAS and the like; see [`DeviceRef`].
+    /// `PoolError::Unsupported` on the host backend.
+    pub fn device_ref(&self) -> Result<DeviceRef<'a, T>, PoolError> {
+        DeviceRef::new(self.window, self.device, self.cuda)
+    }
+}
+
+impl<T: Pod> GpuViewMut<'_, T> {
+    /// This view lent to cudarc for writing (`DevicePtrMut`); see [`DeviceMut`].
+    /// `PoolError::Unsupported` on the host backend.
+    pub fn device_mut(&mut self) -> Result<DeviceMut<'_, T>, PoolError> {
+        DeviceMut::new(self.window, self.device, self.cuda)
     }
 }

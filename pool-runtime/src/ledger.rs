@@ -6,7 +6,7 @@ use std::panic::Location;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
-use crate::error::DeviceId;
+use crate::id::DeviceId;
 use crate::record::{Event, Ring};
 use crate::source::{CallSite, FallbackReason};
 use crate::stats::{PeakSite, SiteFallbacks, StreamCounters, StreamStats};

@@ -22,28 +22,48 @@
 //! - Every bad input is a [`PoolError`]; no input panics.
 //!
 //! # Layers
-//! Each module uses only modules of the layers below it (none imports one above, so there is no
-//! import cycle). A buffer's path, stream -> frame -> stack -> buffer -> release, reads in files
-//! named for each step.
+//! Each module has a rank and imports only modules of a lower rank, never one of its own, so no
+//! import cycle can form. `tests/layers.rs` reads the table below and checks every path into the
+//! crate against it, the names re-exported here included (`crate::DeviceRef` is an import of
+//! `device_memory`); only `#[cfg(test)] mod` blocks may look anywhere. Every module file is named
+//! once (a file under a module's directory is `dir::file`), or belongs to its nearest named parent
+//! (`stream/lease.rs` is part of `stream`): a new module is one more name in a row, or a row of its
+//! own (ranks only have to grow down the table).
 //!
-//! 1. Vocabulary, depending on nothing of the crate: `source` (where memory came from and why,
-//!    and who asked: [`Source`], [`FallbackReason`], [`CallSite`]), `unique` (ids that never
-//!    repeat), `sync` (the one lock).
-//! 2. `error` ([`PoolError`]), then `layout` (how a shape becomes bytes: the one home of the
-//!    pitch and alignment rules), `config` ([`PoolConfig`], `GPU_POOL_CONF`, the one settings
-//!    lookup), `stats` (counters and their snapshots), `record` (the opt-in event ring).
-//! 3. Storage, which knows memory and not policy: `backend` (host and CUDA: allocate, copy, fill,
-//!    streams and events), and `storage` (one device's backend and its counted driver calls).
-//! 4. Pools, built on storage: `stack` (one stream's bump stack), `allocator` (the [`GpuAllocator`]
-//!    API and the built-in fallbacks, on [`AllocContext`]), `caching` ([`CachingPool`]).
-//! 5. `device`: the composition root. A [`Device`] holds its storage, its stack arena, its settings
-//!    and its caching pool, and chooses each new stream's fallback.
-//! 6. `stream` ([`Stream`]: takes from its stack, else from its allocator), then what users hold:
-//!    `buffer` ([`GpuMat`], [`BufferPool`]), `view` (views and regions), `frame` (what the DSL
-//!    expands to), `mix` ([`MixMemory`]), `pplcv`, and, with CUDA, `graph`, `device_memory` and
-//!    `kernel_args`.
-//! 7. `report` (every device's stats), `timeline` (recordings as a Chrome trace and an SVG
-//!    chart) and `testing` (hooks for tests), over everything.
+//! | rank | modules | what they hold |
+//! |---:|---|---|
+//! | 1 | `source`, `id`, `unique`, `sync` | vocabulary: [`Source`], [`DeviceId`], ids, the lock |
+//! | 2 | `error` | [`PoolError`] |
+//! | 3 | `layout` | how a shape becomes bytes: the pitch and alignment rules |
+//! | 4 | `config` | [`PoolConfig`], `GPU_POOL_CONF`: the one settings lookup |
+//! | 5 | `stats`, `record` | counters and their snapshots; the opt-in event ring |
+//! | 6 | `ledger` | what a stream shares with its device: counters, peak and fallback sites, recording |
+//! | 7 | `backend` | what a backend does: allocate, copy, fill, streams and events |
+//! | 8 | `backend::host`, `backend::cuda`, `storage` | backends; counted driver calls |
+//! | 9 | `stack`, `allocator`, `capturing` | a stream's bump stack; [`GpuAllocator`] and fallbacks; what a capture asks of every stream |
+//! | 10 | `arena` | one allocation cut into a device's stacks |
+//! | 11 | `device` | the composition root: storage, stack arena, settings, stream ledgers |
+//! | 12 | `caching` | [`CachingPool`], made for a device |
+//! | 13 | `stream` | [`Stream`]: the take and give-back (`stream/lease.rs`), its work, its captures |
+//! | 14 | `view`, `graph`, `pplcv` | views and regions; CUDA graphs; ppl.cv's pool |
+//! | 15 | `buffer`, `mix` | [`GpuMat`], [`BufferPool`]; [`MixMemory`] |
+//! | 16 | `frame` | what the DSL expands to |
+//! | 17 | `device_memory`, `kernel_args` | CUDA interop: buffers lent to cudarc; kernel arguments |
+//! | 18 | `report`, `timeline`, `testing` | every device's stats; recordings exported; test hooks |
+//!
+//! Storage (ranks 7 and 8) knows memory, not policy; the stack and the allocators (9) build on
+//! it and never name the device; the device holds the arena and its settings; the caching pool and
+//! the streams sit on the device (a stream chooses its fallback when it is made); the user-facing
+//! types (14 to 16) sit on the stream, CUDA interop on them, and the reports on everything.
+//!
+//! # A buffer's path
+//! `buffer!` (or [`BufferPool::get_buffer`]) asks its stream for memory: `Stream::take`
+//! (`stream/lease.rs`) lays the shape out (`layout`), bumps the stack (`stack`) or asks the
+//! fallback allocator, and returns a `Lease`: the one value that holds the memory and knows how it
+//! goes back. [`GpuMat`] is a lease with a shape. Dropping it drops the lease, which gives the
+//! memory back to the stack, or to the allocator, or keeps it while a CUDA graph may use it
+//! (`stream/capture.rs`). A lease is made only by a take and is neither `Copy` nor `Clone`, so
+//! memory goes back once.
 
 mod allocator;
 mod arena;
@@ -59,6 +79,7 @@ mod error;
 mod frame;
 #[cfg(feature = "cuda")]
 pub mod graph;
+mod id;
 #[cfg(feature = "cuda")]
 mod kernel_args;
 mod layout;
@@ -91,10 +112,11 @@ pub use config::{
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]
 pub use device_memory::{DeviceMut, DeviceRef};
-pub use error::{DeviceId, PoolError, Request};
+pub use error::{PoolError, Request};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
+pub use id::DeviceId;
 pub use layout::MAX_ELEMENT_ALIGN;
 pub use mix::MixMemory;
 pub use record::{Event, EventKind, StreamRecording};

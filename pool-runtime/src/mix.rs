@@ -200,6 +200,7 @@ impl<'a> MixMemory<'a> {
         let bytes = byte_len::<T>(n)?;
         if self.host_bytes() < bytes {
             self.release_cpu()?;
+            // Host memory: not among the device's counted driver calls (see `storage.rs`).
             let ptr = self.device.backend().alloc_pinned(bytes)?;
             self.host = Host::Pinned { ptr, bytes };
             self.reallocations += 1;

@@ -38,7 +38,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::DevPtr;
 use crate::device::Device;
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 use crate::layout::align_up;
 use crate::unique::Counter;
 

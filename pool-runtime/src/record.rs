@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use crate::id::DeviceId;
 use crate::source::{CallSite, Source};
 
 /// What happened.
@@ -80,7 +81,7 @@ impl Ring {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamRecording {
     /// The stream's device.
-    pub device: crate::DeviceId,
+    pub device: DeviceId,
     /// The stream ([`Stream::id`](crate::Stream::id)).
     pub stream: u64,
     /// Bytes of each stack of the device (0 when unknown).
@@ -92,7 +93,7 @@ pub struct StreamRecording {
 }
 
 impl StreamRecording {
-    pub(crate) fn of(device: crate::DeviceId, stream: u64, ring: &Ring) -> StreamRecording {
+    pub(crate) fn of(device: DeviceId, stream: u64, ring: &Ring) -> StreamRecording {
         StreamRecording {
             device,
             stream,

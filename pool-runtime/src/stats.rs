@@ -7,7 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::config::PoolConfig;
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 use crate::source::{CallSite, FallbackReason};
 
 /// One counter with a single writer: a relaxed load and store, no read-modify-write.
@@ -219,9 +220,11 @@ pub struct DeviceStats {
     pub stack_allocations: u64,
     /// Fallback buffers over all streams, live and dropped, by reason.
     pub fallback_allocations: FallbackCounts,
-    /// Every driver allocation call on this device: stack memory, fallbacks, custom allocators.
+    /// Every driver allocation of device memory on this device: stack memory, fallbacks, custom
+    /// allocators, pools, long-lived buffers. [`MixMemory`](crate::MixMemory)'s page-locked host
+    /// memory is not counted here.
     pub driver_alloc_calls: u64,
-    /// Every driver free call on this device.
+    /// Every driver free of device memory on this device.
     pub driver_free_calls: u64,
     /// LIFO violations over all streams.
     pub lifo_violations: u64,

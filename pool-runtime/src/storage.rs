@@ -1,15 +1,28 @@
 //! Device memory: one backend and the counted driver calls made on it.
 //!
 //! This is the layer the pools allocate through: the device's stack arena, the allocators behind
-//! the stacks (through [`AllocContext`](crate::AllocContext)), the caching pool, ppl.cv's pool and
-//! `MixMemory`. It knows memory, not policy: no stacks, no fallbacks, no settings. Every driver
-//! allocation and free is counted here, per device and, where a stream asked, per stream, so tests
-//! can prove that the hot path makes none.
+//! the stacks (through [`AllocContext`](crate::AllocContext)), the caching pool, ppl.cv's pool,
+//! long-lived buffers ([`GpuMat::new`](crate::GpuMat::new)) and `MixMemory`'s device side. It knows
+//! memory, not policy: no stacks, no fallbacks, no settings.
+//!
+//! Every allocation and free of device memory goes through the methods below (`cuMemAlloc`,
+//! `cuMemAllocPitch`, `cuMemAllocFromPoolAsync`, `cuMemFree`, `cuMemFreeAsync`) and is counted,
+//! per device and, where a stream asked, per stream, so tests can prove that the hot path makes
+//! none. Two driver calls that allocate or free go to the backend directly and are not counted:
+//! - `MixMemory`'s page-locked host side (`cuMemHostAlloc` / `cuMemFreeHost`, in `mix.rs`): host
+//!   memory, not device memory; `MixMemory::reallocations` counts it instead.
+//! - The free of the stack memory when a device's last handle drops (`DeviceInner`'s `Drop`, in
+//!   `device.rs`): nothing is left to read that device's counts. Freeing it before then
+//!   (`Device::release_stack_memory`, a new configuration) is counted.
+//!
+//! The driver objects that hold no buffer (streams, events, the stream-ordered memory pool itself)
+//! are not counted either.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::backend::{Backend, DevPtr, RawStream};
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 use crate::stats::StreamCounters;
 
 /// A device's memory: its backend and the driver calls made on it.
@@ -89,7 +102,7 @@ impl Storage {
         unsafe { self.backend.free(ptr) }
     }
 
-    /// `cuMemAllocAsync`, counted.
+    /// `cuMemAllocFromPoolAsync` (or `cuMemAlloc`, without memory pools), counted.
     pub(crate) fn alloc_async(
         &self,
         bytes: usize,

@@ -24,7 +24,8 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 
 use crate::backend::DevPtr;
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 
 /// Where a view's elements are: the shape and step of a buffer or of a region of one.
 #[derive(Clone, Copy, Debug)]
@@ -228,13 +229,6 @@ impl<'a, T: Pod> GpuView<'a, T> {
         ))
     }
 
-    /// This view lent to cudarc (`DevicePtr`), for cuBLAS and the like; see
-    /// [`DeviceRef`](crate::DeviceRef). `PoolError::Unsupported` on the host backend.
-    #[cfg(feature = "cuda")]
-    pub fn device_ref(&self) -> Result<crate::DeviceRef<'a, T>, PoolError> {
-        crate::DeviceRef::new(self.window, self.device, self.cuda)
-    }
-
     /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU. Each of
     /// the `rows()` slices holds `cols()` elements, zero-sized ones included (they take no memory).
     ///
@@ -311,13 +305,6 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
     pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
         let window = self.window.flat::<T>()?;
         Ok(GpuViewMut::new(window, self.device, self.cuda_order()))
-    }
-
-    /// This view lent to cudarc for writing (`DevicePtrMut`); see [`DeviceMut`](crate::DeviceMut).
-    /// `PoolError::Unsupported` on the host backend.
-    #[cfg(feature = "cuda")]
-    pub fn device_mut(&mut self) -> Result<crate::DeviceMut<'_, T>, PoolError> {
-        crate::DeviceMut::new(self.window, self.device, self.cuda)
     }
 
     /// Calls `f` with each row as a mutable host slice, on the host backend; `PoolError::Unsupported`

@@ -11,23 +11,29 @@ fn small(fallback: Fallback) -> Device {
     device
 }
 
-#[pooled(stream)]
-fn grows(stream: &Stream, big: usize) -> Result<(), PoolError> {
-    let _small = buffer!(1024; u8)?;
-    let _wide = buffer!(4, 4096; u8)?; // the peak: the stack is highest here
-    let _huge = buffer!(big; u8)?; // falls back when `big` exceeds what is left
-    Ok(())
+/// The lines of `grows`'s `buffer!`s, as the pool reports them.
+#[derive(Clone, Copy)]
+struct Lines {
+    wide: u32,
+    huge: u32,
 }
 
-const GROWS_WIDE_LINE: u32 = 17;
-const GROWS_HUGE_LINE: u32 = 18;
+#[pooled(stream)]
+fn grows(stream: &Stream, big: usize) -> Result<Lines, PoolError> {
+    let _small = buffer!(1024; u8)?;
+    let wide = line!() + 1;
+    let _wide = buffer!(4, 4096; u8)?; // the peak: the stack is highest here
+    let huge = line!() + 1;
+    let _huge = buffer!(big; u8)?; // falls back when `big` exceeds what is left
+    Ok(Lines { wide, huge })
+}
 
 #[test]
 fn fallbacks_and_the_peak_name_their_buffer_lines() -> Result<(), PoolError> {
     let device = small(Fallback::Driver);
     let stream = Stream::new(&device)?;
     grows(&stream, 100 << 10)?;
-    grows(&stream, 100 << 10)?;
+    let lines = grows(&stream, 100 << 10)?;
     let stats = stream.stats();
     assert_eq!(stats.fallback_sites.len(), 1, "{:?}", stats.fallback_sites);
     let site = stats.fallback_sites[0];
@@ -37,7 +43,7 @@ fn fallbacks_and_the_peak_name_their_buffer_lines() -> Result<(), PoolError> {
         "{}",
         site.site.file()
     );
-    assert_eq!(site.site.line(), GROWS_HUGE_LINE);
+    assert_eq!(site.site.line(), lines.huge);
     assert_eq!((site.count, site.reason), (2, FallbackReason::TooLarge));
     // Short of what the stack had free: all of it but what `_small` and `_wide` held.
     assert_eq!(
@@ -45,17 +51,14 @@ fn fallbacks_and_the_peak_name_their_buffer_lines() -> Result<(), PoolError> {
         (100 << 10) - ((64 << 10) - stats.stack_high_water)
     );
     let peak = stats.peak_at.expect("a peak was reached");
-    assert_eq!(peak.line, GROWS_WIDE_LINE);
+    assert_eq!(peak.line, lines.wide);
     let report = gpu_pool::Report::collect().to_string();
     assert!(
-        report.contains(&format!(
-            "`_huge` at {}:{GROWS_HUGE_LINE}",
-            site.site.file()
-        )),
+        report.contains(&format!("`_huge` at {}:{}", site.site.file(), lines.huge)),
         "{report}"
     );
     assert!(
-        report.contains(&format!("peak reached at {}:{GROWS_WIDE_LINE}", peak.file)),
+        report.contains(&format!("peak reached at {}:{}", peak.file, lines.wide)),
         "{report}"
     );
     Ok(())
@@ -201,9 +204,8 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
     set_buffer_pool_config(&device, 64 << 10, 2)?; // a stack for each stream
     device.set_recording(1000);
     let streams = [Stream::new(&device)?, Stream::new(&device)?];
-    for (i, stream) in streams.iter().enumerate() {
-        grows(stream, if i == 0 { 100 << 10 } else { 8 << 10 })?; // only stream 0 falls back
-    }
+    let lines = grows(&streams[0], 100 << 10)?; // falls back
+    grows(&streams[1], 8 << 10)?; // does not
     let recordings = device.recordings();
     let trace: serde_json::Value =
         serde_json::from_str(&gpu_pool::timeline::chrome_trace(&recordings)).expect("JSON");
@@ -225,7 +227,7 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
     assert_eq!(fallbacks[0]["tid"], streams[0].id());
     let site = fallbacks[0]["args"]["site"].as_str().expect("a site");
     assert!(
-        site.ends_with(&format!("observe.rs:{GROWS_HUGE_LINE}")),
+        site.ends_with(&format!("observe.rs:{}", lines.huge)),
         "{site}"
     );
 

@@ -15,7 +15,8 @@ use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{self, CUdevice_attribute, CUmemorytype};
 
 use super::{Backend, DevPtr, RawEvent, RawStream, Region};
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 
 /// A driver error as a `PoolError`, with the CUDA error's name.
 pub(crate) fn driver_error(call: &'static str, e: DriverError) -> PoolError {

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::{Backend, DevPtr, RawEvent, RawStream, Region};
-use crate::error::{DeviceId, PoolError};
+use crate::error::PoolError;
+use crate::id::DeviceId;
 
 /// The texture alignment of the H100, used on the host too so layouts match.
 pub(crate) const HOST_TEXTURE_ALIGNMENT: usize = 512;

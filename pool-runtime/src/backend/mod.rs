@@ -112,7 +112,8 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// `ptr` came from `alloc` or `alloc_pitch` of this backend, is freed once, and no queued work
     /// still uses it (a driver free synchronizes on CUDA, so stream work is covered).
     unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError>;
-    /// `cuMemAllocAsync` on `stream`.
+    /// `cuMemAllocFromPoolAsync` on `stream`, from the backend's own memory pool (`cuMemAlloc`
+    /// where the device has none).
     fn alloc_async(&self, bytes: usize, stream: &RawStream) -> Result<DevPtr, PoolError>;
     /// `cuMemFreeAsync` on `stream`.
     ///

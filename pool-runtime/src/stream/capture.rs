@@ -251,11 +251,12 @@ impl Stream {
     }
 }
 
-#[cfg(all(test, feature = "cuda"))]
+#[cfg(test)]
 mod tests {
     /// What a CUDA graph capture does to a stream's stack (`graph.rs`), on the host: a fence, packed
     /// buffers above it, and a reservation of what they reached; buffers taken while the graph lives
     /// never get memory its replays write.
+    #[cfg(feature = "cuda")]
     #[test]
     fn a_capture_reserves_what_its_packed_buffers_used() -> Result<(), crate::PoolError> {
         let device = crate::Device::host_with_limit(None);

@@ -131,7 +131,7 @@ impl Stream {
         if ours != Some(stream.context().cu_ctx()) {
             return Err(PoolError::DeviceMismatch {
                 expected: device.id(),
-                actual: crate::error::DeviceId::Cuda(stream.context().ordinal()),
+                actual: crate::id::DeviceId::Cuda(stream.context().ordinal()),
             });
         }
         let fallback = fallback_allocator(device)?;
