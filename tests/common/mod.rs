@@ -1,5 +1,5 @@
-//! Shared by the integration tests: run a test on every device there is, and the CUDA kernels the
-//! GPU tests launch.
+//! Shared by the integration tests: run a test on every device there is, the CUDA kernels the GPU
+//! tests launch, and the model the randomized tests check the pool against.
 #![allow(
     dead_code,
     unreachable_pub,
@@ -17,6 +17,9 @@ pub mod kernels;
 #[cfg(feature = "cublas")]
 #[path = "../../examples/support/dense.rs"]
 pub mod dense;
+
+/// The model of the pool that the randomized tests check it against.
+pub mod model;
 
 /// The GPU is one device shared by every test of a binary: its settings and stacks are global, so
 /// tests that use it take this lock.
