@@ -60,7 +60,7 @@ impl Arena {
 
     /// Takes stack `index` back. Its stream has synchronized, or passes the event that marks the
     /// end of its work, for the next stream to wait for.
-    pub(crate) fn give_back(&mut self, index: usize, after: Option<RawEvent>) {
+    pub(crate) fn return_stack(&mut self, index: usize, after: Option<RawEvent>) {
         if index < self.held.len() {
             self.held[index] = false;
             self.after[index] = after;

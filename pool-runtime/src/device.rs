@@ -319,9 +319,9 @@ impl Device {
     pub fn recordings(&self) -> Vec<StreamRecording> {
         let state = self.inner.lock_state();
         let mut all: Vec<StreamRecording> = state.retired_recordings.iter().cloned().collect();
-        for shared in state.live_streams.iter().filter_map(Weak::upgrade) {
-            if let Some(r) = &shared.recorder {
-                all.push(StreamRecording::of(self.id(), shared.id, &sync::lock(r)));
+        for ledger in state.live_streams.iter().filter_map(Weak::upgrade) {
+            if let Some(r) = &ledger.recorder {
+                all.push(StreamRecording::of(self.id(), ledger.id, &sync::lock(r)));
             }
         }
         let stack_size = state.effective_config().map_or(0, |c| c.stack_size());
@@ -373,9 +373,9 @@ impl Device {
         let mut state = self.inner.lock_state();
         state.streams_wanting_peak = state.streams_wanting;
         state.retired.peak_demand = 0;
-        for shared in state.live_streams.iter().filter_map(Weak::upgrade) {
-            let demand = shared.counters.demand_now();
-            shared.reset_peaks(None, demand as usize);
+        for ledger in state.live_streams.iter().filter_map(Weak::upgrade) {
+            let demand = ledger.counters.demand_now();
+            ledger.reset_peaks(None, demand as usize);
         }
     }
 
@@ -479,7 +479,7 @@ impl DeviceInner {
     pub(crate) fn return_stack(&self, index: usize, after: Option<RawEvent>) {
         let mut state = self.lock_state();
         if let Some(arena) = state.arena.as_mut() {
-            arena.give_back(index, after);
+            arena.return_stack(index, after);
         }
     }
 

@@ -67,7 +67,8 @@ pub struct Graph<'a> {
     cu_stream: sys::CUstream,
     exec: Exec,
     /// The stack block the replays use: a one-byte fence at the capture's start, grown to the
-    /// bytes the captured buffers reached above it. Released on drop.
+    /// bytes the captured buffers reached above it. Released on drop. (Always `Some` while the
+    /// graph lives: an `Option` so the capture's guard can hand it over, and `drop` take it.)
     reserved: Option<Block>,
     /// The stream's capture count when this graph's capture began: memory allocated before it
     /// may be used by the replays, and is kept when released until the graph is dropped.

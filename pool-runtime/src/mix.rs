@@ -295,7 +295,7 @@ impl<'a> MixMemory<'a> {
             width: bytes,
             rows: 1,
         };
-        let backend = &self.device.backend();
+        let backend = self.device.backend();
         let raw = stream.work_stream(if to_gpu { "copy_to_gpu" } else { "copy_to_cpu" })?;
         // SAFETY: both sides hold at least `bytes`; the host side is owned or mutably borrowed by
         // `self`. An owned side stays valid until `pending`, set below, is waited for: every later

@@ -15,8 +15,9 @@ use crate::layout::MAX_ELEMENT_ALIGN;
 /// A block of a stack, held by whoever took it until it is given back.
 ///
 /// Neither `Copy` nor `Clone`, and made only by [`Stack::take_aligned`]: each block is one taker's
-/// (a buffer's lease, a graph), which releases it when it goes, so a block is given back once, and
-/// only one that a take handed out.
+/// (a buffer's lease, a graph), which releases it when the taker goes (a lease once, by
+/// `Lease::give_back`; a graph's by value, in `Stream::release_reserved`), so only blocks a take
+/// handed out come back.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Block {
     /// Offset one past the last byte.
@@ -33,6 +34,7 @@ impl Block {
     }
 
     /// The top before the block was taken (its padding included, the block starts here).
+    #[cfg(any(test, feature = "cuda"))]
     pub(crate) fn prev_top(&self) -> usize {
         self.prev_top
     }

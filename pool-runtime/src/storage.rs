@@ -11,8 +11,8 @@
 //! none. Two driver calls that allocate or free go to the backend directly and are not counted:
 //! - `MixMemory`'s page-locked host side (`cuMemHostAlloc` / `cuMemFreeHost`, in `mix.rs`): host
 //!   memory, not device memory; `MixMemory::reallocations` counts it instead.
-//! - The free of the stack memory when a device's last handle drops (`DeviceInner`'s `Drop`, in
-//!   `device.rs`): nothing is left to read that device's counts. Freeing it before then
+//! - The free of the stack memory when a device's last handle drops (`Arena::free_at_exit`, in
+//!   `arena.rs`, from `DeviceInner`'s `Drop`): nothing is left to read that device's counts. Freeing it before then
 //!   (`Device::release_stack_memory`, a new configuration) is counted.
 //!
 //! The driver objects that hold no buffer (streams, events, the stream-ordered memory pool itself)

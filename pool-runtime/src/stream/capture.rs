@@ -1,5 +1,5 @@
 //! What CUDA graph capture (`graph.rs`) needs of a stream: whether its own capture is under way,
-//! a fence and a reservation on its stack, the high-water mark the captured buffers reached, and
+//! a fence on its stack that grows to what the captured buffers used, the high-water mark the captured buffers reached, and
 //! the fallback and driver memory kept while a graph may still use it.
 
 use std::cell::{Cell, RefCell};
@@ -31,8 +31,8 @@ pub(super) struct Graphs {
 /// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
 /// whose capture began after the memory was allocated (so its replays may use it) still lives.
 ///
-/// Made only from what a lease gave up (`lease.rs`), and neither `Copy` nor `Clone`: it owns its
-/// memory alone, so freeing it needs nothing of the caller.
+/// Made only from what a lease gave up (`lease.rs`; the constructors are `unsafe` and say so), and
+/// neither `Copy` nor `Clone`: it owns its memory alone, so freeing it needs nothing of the caller.
 #[derive(Debug)]
 pub(super) struct Kept {
     memory: Memory,
@@ -52,7 +52,11 @@ enum Memory {
 
 impl Kept {
     /// What a fallback lease held.
-    pub(super) fn fallback(allocation: Allocation, epoch: u64) -> Kept {
+    ///
+    /// # Safety
+    /// `allocation` came from this stream's allocator, its lease gave it up, and no other `Kept`
+    /// is made of it: the `Kept` owns it alone.
+    pub(super) unsafe fn fallback(allocation: Allocation, epoch: u64) -> Kept {
         Kept {
             memory: Memory::Fallback(allocation),
             epoch,
@@ -60,7 +64,11 @@ impl Kept {
     }
 
     /// What a driver lease held.
-    pub(super) fn driver(ptr: DevPtr, epoch: u64) -> Kept {
+    ///
+    /// # Safety
+    /// As for [`Kept::fallback`]: `ptr` came from `take_from_driver` on this stream, its lease gave
+    /// it up, and no other `Kept` is made of it.
+    pub(super) unsafe fn driver(ptr: DevPtr, epoch: u64) -> Kept {
         Kept {
             memory: Memory::Driver(ptr),
             epoch,
@@ -98,8 +106,8 @@ impl Stream {
     /// ordered after (the driver's free synchronizes).
     pub(super) fn free_kept(&self, kept: Kept) -> Result<(), crate::error::PoolError> {
         match kept.memory {
-            // SAFETY: a `Kept` owns its memory alone (made once from a lease of this stream, which
-            // it consumed): the allocation came from this stream's allocator and is freed once.
+            // SAFETY: a `Kept` owns its memory alone (its constructors' contract): the allocation
+            // came from this stream's allocator, and `kept` is consumed here, so it is freed once.
             Memory::Fallback(allocation) => unsafe {
                 self.allocator.deallocate(&self.alloc_context(), allocation)
             },

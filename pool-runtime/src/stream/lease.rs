@@ -1,10 +1,10 @@
 //! The take and the give-back: a request becomes a [`Lease`] on the stream's stack, its fallback
 //! allocator or the driver, and the lease gives that memory back, once, when it is dropped.
 //!
-//! Read top to bottom, this file is a buffer's whole life in the pool: [`Stream::take`] (the stack,
-//! else [`Stream::take_fallback`]), [`Stream::take_from_driver`] for long-lived buffers, then
-//! [`Lease`]'s drop and [`Stream::give_back`] (the stack, else the allocator or the driver, or
-//! kept for a graph).
+//! Read top to bottom, this file is a buffer's whole life in the pool: `Stream::take` (the stack,
+//! else `Stream::take_fallback`), `Stream::take_from_driver` for long-lived buffers, then
+//! [`Lease`]'s drop, which gives a stack block back (`Stream::give_back_block`) or anything else
+//! (`Stream::give_back_other`: the allocator or the driver, or kept for a graph).
 
 use std::fmt;
 use std::mem::ManuallyDrop;
@@ -377,6 +377,8 @@ impl Stream {
     #[cold]
     fn give_back_hooked(&self, ptr: DevPtr, block: &Block) -> Result<(), PoolError> {
         if self.waits.any() {
+            // If the waits cannot be issued, the memory is not given back (the block stays held
+            // until the stream goes): reused, it could race the other streams' work.
             self.issue_deferred_waits()?;
         }
         let released = self.release_block(ptr, block);
@@ -392,11 +394,13 @@ impl Stream {
     #[cold]
     fn give_back_other(&self, ptr: DevPtr, held: Held) -> Result<(), PoolError> {
         if self.waits.any() {
+            // As for a stack block: without the waits the memory is not reused (it leaks).
             self.issue_deferred_waits()?;
         }
         match held {
-            // A stack block is released by `give_back_block`.
-            Held::Nothing | Held::Stack(_) => Ok(()),
+            Held::Nothing => Ok(()),
+            // `Lease::give_back` sends stack blocks to `give_back_block`; released all the same.
+            Held::Stack(block) => self.release_block(ptr, &block),
             Held::Fallback(f) => {
                 let FallbackHeld {
                     allocation,
@@ -417,9 +421,17 @@ impl Stream {
                         None,
                     );
                 }
-                self.free_or_keep(Kept::fallback(allocation, epoch))
+                // SAFETY: the allocation came from this stream's allocator (`take_fallback`), and
+                // its lease gave it up by value: this is its one `Kept`.
+                let kept = unsafe { Kept::fallback(allocation, epoch) };
+                self.free_or_keep(kept)
             }
-            Held::Driver { epoch } => self.free_or_keep(Kept::driver(ptr, epoch)),
+            Held::Driver { epoch } => {
+                // SAFETY: `ptr` came from `take_from_driver` on this stream, and its lease gave it
+                // up by value: this is its one `Kept`.
+                let kept = unsafe { Kept::driver(ptr, epoch) };
+                self.free_or_keep(kept)
+            }
         }
     }
 }

@@ -383,7 +383,7 @@ impl Drop for Stream {
         let waited = if !holds {
             Ok(None)
         } else if capturing::on_this_thread() {
-            let backend = &self.device.backend();
+            let backend = self.device.backend();
             backend.record_event(&self.raw).and_then(|event| {
                 event.map(Some).ok_or(PoolError::CaptureCrossStream {
                     what: "dropping a stream",

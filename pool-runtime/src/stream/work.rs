@@ -47,7 +47,7 @@ impl Stream {
         other: &Stream,
         what: &'static str,
     ) -> Result<(), PoolError> {
-        let backend = &self.device.backend();
+        let backend = self.device.backend();
         for s in [self, other] {
             if s.in_own_capture() || backend.is_capturing(&s.raw)? {
                 return Err(PoolError::CaptureCrossStream { what });
@@ -63,7 +63,7 @@ impl Stream {
     /// `region` is live memory of this stream's device, not written by other work meanwhile.
     pub(crate) unsafe fn upload(&self, region: Region, data: &[u8]) -> Result<(), PoolError> {
         let stream = self.work_stream("upload")?;
-        let backend = &self.device.backend();
+        let backend = self.device.backend();
         // SAFETY: the caller's region; `data` stays borrowed until the synchronize below has seen
         // the copy finish.
         unsafe { backend.upload(region, data, region.width, stream) }?;
@@ -81,8 +81,7 @@ impl Stream {
         // SAFETY: the caller's region; the backend waits for the copy before returning.
         unsafe {
             self.device
-                .storage()
-                .backend
+                .backend()
                 .download(region, out, region.width, stream)
         }
     }
@@ -114,7 +113,7 @@ impl Stream {
             self.check_cross_stream(src_stream, "copy_from")?;
         }
         let stream = self.work_stream("copy_from")?;
-        let backend = &self.device.backend();
+        let backend = self.device.backend();
         if cross_stream && let Some(written) = backend.record_event(&src_stream.raw)? {
             backend.wait_event(stream, written)?;
         }
