@@ -91,7 +91,7 @@ pub use config::{
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]
 pub use device_memory::{DeviceMut, DeviceRef};
-pub use error::{DeviceId, PoolError, Request};
+pub use error::{Cause, DeviceId, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
