@@ -61,7 +61,7 @@ unsafe impl GpuAllocator for Budgeted {
             return Err(PoolError::OutOfMemory {
                 device: ctx.device_id(),
                 requested: bytes,
-                request: None, // the stream adds the request that needed it
+                context: None, // the stream attaches the request that needed it
             });
         }
         let ptr = if ctx.supports_stream_ordered() {

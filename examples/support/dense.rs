@@ -53,8 +53,7 @@ mod gpu {
     fn blas_error(e: gpu_pool::cudarc::cublas::result::CublasError) -> PoolError {
         PoolError::Driver {
             call: "cublasSgemm",
-            name: format!("{:?}", e.0),
-            description: e.to_string(),
+            source: e.into(),
         }
     }
 
@@ -112,8 +111,7 @@ mod gpu {
         }
         .map_err(|e| PoolError::Driver {
             call: "bias_relu",
-            name: format!("{:?}", e.0),
-            description: e.to_string(),
+            source: e.into(),
         })
     }
 }
@@ -185,8 +183,7 @@ pub fn engine(device: &Device, stream: &Stream) -> Result<(Engine, String), Pool
     let blas =
         gpu_pool::cudarc::cublas::CudaBlas::new(cuda.clone()).map_err(|e| PoolError::Driver {
             call: "cublasCreate",
-            name: format!("{:?}", e.0),
-            description: e.to_string(),
+            source: e.into(),
         })?;
     let kernels = super::kernels::Kernels::load(device);
     Ok((

@@ -506,8 +506,7 @@ pub fn six_kernels(
     );
     let fail = |e: DriverError| gpu_pool::PoolError::Driver {
         call: "cuLaunchKernel",
-        name: format!("{e:?}"),
-        description: e.to_string(),
+        source: e.into(),
     };
     // SAFETY: every buffer is `shape` of its type (checked above, or taken so), lives on
     // `stream`'s device and outlives the queued kernels: the temporaries are released to this

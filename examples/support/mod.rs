@@ -243,10 +243,6 @@ fn cuda(stream: &Stream) -> &std::sync::Arc<gpu_pool::cudarc::driver::CudaStream
 pub fn launch_error(kernel: &'static str, e: gpu_pool::cudarc::driver::DriverError) -> PoolError {
     PoolError::Driver {
         call: kernel,
-        name: e
-            .error_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        description: e.to_string(),
+        source: e.into(),
     }
 }

@@ -249,13 +249,12 @@ unsafe impl GpuAllocator for NoFallback {
     ) -> Result<Allocation, PoolError> {
         Err(PoolError::StackExhausted {
             device: ctx.device_id(),
-            stream: ctx.stream_id(),
             requested: req.bytes,
             available: req.stack_free,
             stack_size: req.stack_size,
             reason: req.reason,
-            // The stream names the call site as the error passes it.
-            site: None,
+            // The stream attaches the request as the error leaves the take.
+            context: None,
         })
     }
 
@@ -279,6 +278,7 @@ pub(crate) fn validate(
                  the row width, both multiples of the alignment",
                 req.width_bytes, req.align
             ),
+            context: None,
         });
     }
     Ok(a.ptr)

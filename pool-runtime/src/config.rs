@@ -60,7 +60,8 @@ impl PoolConfig {
             .filter(|size| size.checked_mul(stack_count).is_some())
             .ok_or_else(|| {
                 invalid(format!(
-                    "{stack_count} stacks of {stack_size} bytes overflow the address space"
+                    "{stack_count} stacks of {stack_size} bytes overflow the address space; use \
+                     fewer or smaller stacks"
                 ))
             })?;
         Ok(PoolConfig {

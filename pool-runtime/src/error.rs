@@ -1,7 +1,16 @@
 //! The one error type of the library.
 //!
-//! Every fallible operation returns [`PoolError`]. Each message says what went wrong and what to do
-//! about it; no error leaves a pool in a changed state unless the variant says so.
+//! Every fallible operation returns [`PoolError`]: one variant per situation, each message saying
+//! what went wrong and what to do about it; no error leaves a pool in a changed state unless the
+//! variant says so. An error with an underlying cause (a CUDA call, a file) keeps that error whole
+//! as its [`source`](std::error::Error::source); an error about memory for a buffer carries the
+//! [`RequestContext`] of the request (who asked, on which stream), attached by the stream as the
+//! error leaves the take.
+
+use std::error::Error;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
 
 use crate::id::DeviceId;
 use crate::source::{CallSite, FallbackReason};
@@ -24,17 +33,17 @@ pub enum PoolError {
     #[error(
         "out of memory on {device}{at}: {requested} bytes requested; release buffers, request \
          less, or give the pool less memory with set_buffer_pool_config{fix}",
-        at = request_at(.request),
-        fix = request_fix(.request)
+        at = request_at(.context),
+        fix = request_fix(.context)
     )]
     OutOfMemory {
         /// The device that ran out.
         device: DeviceId,
         /// Bytes asked for.
         requested: usize,
-        /// The buffer request that needed the memory, where a buffer asked (the stream adds it as
-        /// the error passes; allocators and backends leave it `None`).
-        request: Option<Request>,
+        /// The buffer request that needed the memory, where a buffer asked (the stream attaches it
+        /// as the error leaves the take; allocators and backends leave it `None`).
+        context: Option<RequestContext>,
     },
 
     /// A size computation (rows x cols x element size, pitch x rows, alignment) would wrap.
@@ -75,10 +84,13 @@ pub enum PoolError {
     /// A [`GpuAllocator`](crate::GpuAllocator) answered against its contract (a null address, a
     /// pitch below the row width, or memory not aligned for the element type). Its answer was
     /// given back, not used.
-    #[error("allocator contract broken: {reason}")]
+    #[error("allocator contract broken{at}: {reason}", at = request_at(.context))]
     AllocatorContract {
         /// What the allocator answered and what it must answer.
         reason: String,
+        /// The buffer request it answered (attached by the stream, as for
+        /// [`OutOfMemory`](PoolError::OutOfMemory)).
+        context: Option<RequestContext>,
     },
 
     /// Memory given back to a pool or backend that did not hand it out (or already took it back).
@@ -123,7 +135,7 @@ pub enum PoolError {
         reason: String,
     },
 
-    /// The pool was reconfigured while streams hold stacks of it.
+    /// The stack pool was reconfigured or its memory released while streams hold stacks of it.
     #[error(
         "cannot reconfigure or release the buffer pool of {device}: {held} stack(s) are held by live streams; \
          drop those streams first (OpenCV frees the memory under them, gpu-pool refuses)"
@@ -135,18 +147,28 @@ pub enum PoolError {
         held: usize,
     },
 
+    /// ppl.cv's pool was shut down while blocks of it are live.
+    #[error(
+        "cannot shut down the ppl.cv memory pool on {device}: {live} block(s) of it are live; free \
+         them first (ppl_cuda_free, or drop their GpuMemoryBlock)"
+    )]
+    PplPoolInUse {
+        /// The device of the pool.
+        device: DeviceId,
+        /// Blocks of the pool still live.
+        live: usize,
+    },
+
     /// The request could not be served by the stack and the fallback is `Fallback::Error`.
     #[error(
-        "stack exhausted on {device}, stream {stream}{at}: {requested} bytes requested, \
-         {available} free ({reason}); {fix}, or choose another fallback",
-        at = at(.site),
+        "stack exhausted on {device}{at}: {requested} bytes requested, {available} free \
+         ({reason}); {fix}, or choose another fallback",
+        at = request_at(.context),
         fix = stack_fix(*.reason, *.requested, *.available, *.stack_size)
     )]
     StackExhausted {
         /// The device.
         device: DeviceId,
-        /// The stream ([`Stream::id`](crate::Stream::id)).
-        stream: u64,
         /// Bytes the request needed on the stack.
         requested: usize,
         /// Bytes free on the stream's stack (0 without a stack).
@@ -155,8 +177,9 @@ pub enum PoolError {
         stack_size: usize,
         /// Why the stack could not serve it.
         reason: FallbackReason,
-        /// The `buffer!` or runtime call that asked.
-        site: Option<CallSite>,
+        /// The buffer request: the `buffer!` or runtime call that asked, and its stream (attached
+        /// by the stream; [`NoFallback`](crate::NoFallback) leaves it `None`).
+        context: Option<RequestContext>,
     },
 
     /// A stack buffer was released before a buffer taken after it (strict LIFO mode only).
@@ -181,7 +204,10 @@ pub enum PoolError {
     },
 
     /// There is no such device.
-    #[error("no device {device}: {count} device(s) present")]
+    #[error(
+        "no device {device}: {count} device(s) present (Device::cuda_device_count); ask for an \
+         ordinal below that, or use Device::cuda_or_host()"
+    )]
     NoSuchDevice {
         /// The device asked for.
         device: DeviceId,
@@ -189,33 +215,39 @@ pub enum PoolError {
         count: usize,
     },
 
-    /// A CUDA driver call failed.
-    #[error("CUDA driver error {name} in {call}: {description}")]
+    /// A CUDA call (the driver's, or a CUDA library's such as cuBLAS) failed.
+    ///
+    /// The call's own error is the [`source`](std::error::Error::source): cudarc's `DriverError`
+    /// for the driver (downcast it to read its `CUresult`).
+    #[error(
+        "CUDA call {call} failed: {source}; see what {call} returns this error for in the CUDA \
+         documentation (an error of earlier asynchronous work, such as CUDA_ERROR_ILLEGAL_ADDRESS, \
+         is sticky: the context stays unusable, restart the process)"
+    )]
     Driver {
-        /// The driver function.
+        /// The function that failed, e.g. `cuMemAlloc`.
         call: &'static str,
-        /// The `CUresult` name, e.g. `CUDA_ERROR_INVALID_VALUE`.
-        name: String,
-        /// The driver's description.
-        description: String,
+        /// What it returned.
+        source: Cause,
     },
 
-    /// Host data and a buffer disagree in size.
+    /// A host slice given to an upload or download differs in length from the buffer.
     #[error(
-        "shape mismatch: the buffer holds {expected} elements, the host slice {actual}; \
-         pass a slice of rows x cols elements"
+        "host slice length mismatch: the buffer holds {expected} elements (rows x cols), the host \
+         slice {actual}; pass a slice of exactly {expected} elements"
     )]
     ShapeMismatch {
         /// Elements the buffer holds.
         expected: usize,
-        /// Elements given.
+        /// Elements of the host slice.
         actual: usize,
     },
 
     /// Two buffers of a copy differ in rows or columns.
     #[error(
-        "shape mismatch: the destination is {}x{} (rows x cols), the source {}x{}; copy between \
-         buffers of the same rows and cols, or through a view of the right shape",
+        "buffer dimension mismatch: the destination buffer is {}x{} (rows x cols), the source \
+         buffer {}x{}; copy between buffers of the same rows and cols, or through a view of the \
+         right shape",
         dst.0, dst.1, src.0, src.1
     )]
     DimensionMismatch {
@@ -227,15 +259,21 @@ pub enum PoolError {
 
     /// A buffer the stack cannot serve was asked for while a CUDA graph was being captured.
     #[error(
-        "a buffer of {requested} bytes does not fit the stream's stack ({available} bytes free) \
-         while a CUDA graph is captured, and an allocation from the driver would break the \
-         capture; raise stack_size with set_buffer_pool_config, or make the buffer before capturing"
+        "a buffer of {requested} bytes{at} does not fit the stream's stack ({available} bytes \
+         free) while a CUDA graph is captured, and an allocation from the driver would break the \
+         capture; raise stack_size with set_buffer_pool_config{hint}, or make the buffer before \
+         capturing",
+        at = request_paren(.context),
+        hint = stack_hint(.context)
     )]
     CaptureNeedsStack {
         /// Bytes the buffer needs on the stack.
         requested: usize,
         /// Bytes free on the stack.
         available: usize,
+        /// The buffer request (attached by the stream; `None` for the stack a capture keeps for its
+        /// graph's replays).
+        context: Option<RequestContext>,
     },
 
     /// A buffer taken during a capture was still live when it ended.
@@ -287,12 +325,15 @@ pub enum PoolError {
     },
 
     /// A file could not be written.
-    #[error("cannot write {path}: {detail}")]
+    #[error(
+        "cannot write {path}: {source}; check that its directory exists and is writable, and that \
+         the disk has room"
+    )]
     Io {
         /// The file.
         path: String,
-        /// What the system said.
-        detail: String,
+        /// What the system said: the [`source`](std::error::Error::source).
+        source: Cause<std::io::Error>,
     },
 
     /// A region asked of a buffer or view does not lie inside it.
@@ -347,15 +388,42 @@ pub enum PoolError {
 }
 
 impl PoolError {
-    /// The error with `site` as its call site, where it has one and none is set yet.
+    /// The buffer request behind a memory error ([`OutOfMemory`](PoolError::OutOfMemory),
+    /// [`StackExhausted`](PoolError::StackExhausted),
+    /// [`CaptureNeedsStack`](PoolError::CaptureNeedsStack),
+    /// [`AllocatorContract`](PoolError::AllocatorContract)), where a buffer asked: `None` for
+    /// other errors, and for memory that was not for a buffer (the stacks themselves,
+    /// [`MixMemory`](crate::MixMemory), the ppl.cv pool, the stack a capture keeps).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// let stream = Stream::new(&Device::host_with_limit(Some(64 << 20)))?;
+    /// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
+    /// let context = err.context().expect("a buffer asked");
+    /// assert_eq!(context.stream, stream.id());
+    /// assert_eq!(context.site.file(), file!());
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn context(&self) -> Option<&RequestContext> {
+        match self {
+            PoolError::OutOfMemory { context, .. }
+            | PoolError::StackExhausted { context, .. }
+            | PoolError::CaptureNeedsStack { context, .. }
+            | PoolError::AllocatorContract { context, .. } => context.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The error with `context` as its request context, where it is a memory error and has none
+    /// yet: the one way a request context is attached (by the stream, as the error leaves the take).
     #[cold]
-    pub(crate) fn at(mut self, request: Request) -> PoolError {
+    pub(crate) fn at(mut self, request: RequestContext) -> PoolError {
         match &mut self {
-            PoolError::OutOfMemory { request: r, .. } => {
-                r.get_or_insert(request);
-            }
-            PoolError::StackExhausted { site, .. } => {
-                site.get_or_insert(request.site);
+            PoolError::OutOfMemory { context, .. }
+            | PoolError::StackExhausted { context, .. }
+            | PoolError::CaptureNeedsStack { context, .. }
+            | PoolError::AllocatorContract { context, .. } => {
+                context.get_or_insert(request);
             }
             _ => {}
         }
@@ -363,29 +431,123 @@ impl PoolError {
     }
 }
 
-/// The buffer request behind an out-of-memory error: who asked, on which stream, and the stack
-/// that would have served it without allocating.
+/// The buffer request behind a memory error: who asked, on which stream, and the stack that would
+/// have served it without allocating. See [`PoolError::context`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Request {
+pub struct RequestContext {
     /// The `buffer!` or runtime call.
     pub site: CallSite,
     /// The stream ([`Stream::id`](crate::Stream::id)).
     pub stream: u64,
     /// Bytes of stack that would have held the request with what was in use, where the stack was
-    /// too full or too small for it (`None` for a request not meant for the stack).
+    /// too full or too small for it (`None` for a request not meant for the stack, or where that
+    /// sum wraps).
     pub stack_needed: Option<usize>,
 }
 
-/// ", stream N at `name` at file:line" for an out-of-memory request, or nothing.
-fn request_at(request: &Option<Request>) -> String {
-    request
+/// The error a failed call returned, kept whole as a [`PoolError`]'s cause (shared, so the
+/// `PoolError` stays `Clone`). [`source`](std::error::Error::source) of the `PoolError` is that
+/// error itself, not this wrapper, so it downcasts to its own type; a match on the variant reaches
+/// it through `Deref`. Made with `.into()` from any error. Two causes are equal when they are one
+/// error (clones) or print the same `Debug` text (the same `CUresult`, the same OS error), so
+/// `PoolError` keeps `PartialEq` and `Eq`.
+///
+/// ```
+/// use std::error::Error as _;
+/// use std::io;
+/// use gpu_pool_runtime::PoolError;
+/// let err = PoolError::Io {
+///     path: "trace.json".into(),
+///     source: io::Error::from(io::ErrorKind::PermissionDenied).into(),
+/// };
+/// let io = err.source().and_then(|e| e.downcast_ref::<io::Error>()).unwrap();
+/// assert_eq!(io.kind(), io::ErrorKind::PermissionDenied);
+/// if let PoolError::Io { source, .. } = &err {
+///     assert_eq!(source.kind(), io::ErrorKind::PermissionDenied);
+/// }
+/// ```
+// Deliberately not `Error` itself: thiserror's `source()` then reaches through `Deref` and returns
+// the error inside.
+pub struct Cause<E: ?Sized + 'static = dyn Error + Send + Sync>(Arc<E>);
+
+impl<E: ?Sized> Clone for Cause<E> {
+    fn clone(&self) -> Self {
+        Cause(Arc::clone(&self.0))
+    }
+}
+
+// As anyhow's `Error`: a cause is read, never changed, so a panic cannot leave one half-written;
+// this keeps `PoolError` as unwind-safe as its other fields are.
+impl<E: ?Sized> std::panic::UnwindSafe for Cause<E> {}
+impl<E: ?Sized> std::panic::RefUnwindSafe for Cause<E> {}
+
+impl<E: ?Sized> Deref for Cause<E> {
+    type Target = E;
+
+    fn deref(&self) -> &E {
+        &self.0
+    }
+}
+
+impl<E: ?Sized + fmt::Debug> fmt::Debug for Cause<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl<E: ?Sized + fmt::Debug> PartialEq for Cause<E> {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || format!("{:?}", &*self.0) == format!("{:?}", &*other.0)
+    }
+}
+
+impl<E: ?Sized + fmt::Debug> Eq for Cause<E> {}
+
+impl<E: ?Sized + fmt::Display> fmt::Display for Cause<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl<E: Error + Send + Sync + 'static> From<E> for Cause {
+    fn from(error: E) -> Self {
+        Cause(Arc::new(error))
+    }
+}
+
+impl From<std::io::Error> for Cause<std::io::Error> {
+    fn from(error: std::io::Error) -> Self {
+        Cause(Arc::new(error))
+    }
+}
+
+/// ", stream N at `name` at file:line" for a memory error's request, or nothing.
+fn request_at(context: &Option<RequestContext>) -> String {
+    context
         .map(|r| format!(", stream {} at {}", r.stream, r.site))
         .unwrap_or_default()
 }
 
+/// " (stream N at `name` at file:line)" for a memory error's request, or nothing.
+fn request_paren(context: &Option<RequestContext>) -> String {
+    context
+        .map(|r| format!(" (stream {} at {})", r.stream, r.site))
+        .unwrap_or_default()
+}
+
+/// " (a stack of N bytes would hold it: GPU_POOL_CONF=stack_size=XMiB)", where one can be written.
+fn stack_hint(context: &Option<RequestContext>) -> String {
+    match context.and_then(|r| r.stack_needed).and_then(stack_mib) {
+        Some((needed, mib)) => {
+            format!(" (a stack of {needed} bytes would hold it: GPU_POOL_CONF=stack_size={mib}MiB)")
+        }
+        None => String::new(),
+    }
+}
+
 /// The stack size that would have served the request instead, as a `GPU_POOL_CONF` value.
-fn request_fix(request: &Option<Request>) -> String {
-    match request.and_then(|r| r.stack_needed).and_then(stack_mib) {
+fn request_fix(context: &Option<RequestContext>) -> String {
+    match context.and_then(|r| r.stack_needed).and_then(stack_mib) {
         Some((needed, mib)) => format!(
             "; or let the stack hold it: a stack of {needed} bytes would, \
              GPU_POOL_CONF=stack_size={mib}MiB"
@@ -401,11 +563,6 @@ fn request_fix(request: &Option<Request>) -> String {
 fn stack_mib(needed: usize) -> Option<(usize, usize)> {
     let mib = needed.div_ceil(1 << 20);
     mib.checked_mul(1 << 20).map(|_| (needed, mib))
-}
-
-/// " at `name` at file:line" for an error's call site, or nothing.
-fn at(site: &Option<CallSite>) -> String {
-    site.map(|s| format!(" at {s}")).unwrap_or_default()
 }
 
 /// The setting that would have let the stack serve a request, as a `GPU_POOL_CONF` value.
@@ -443,5 +600,48 @@ fn stack_fix(
                                           stream was made: free device memory, or lower \
                                           stack_size or stack_count, then make a new stream"
             .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A buffer refused during a capture carries its request, as every memory error of a buffer
+    /// does. On the host: the thread marked as capturing, as `Stream::capture` marks it.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_buffer_refused_in_a_capture_carries_its_request() -> Result<(), crate::PoolError> {
+        use crate::{BufferPool, Device, GpuMat, PoolError, Stream, set_buffer_pool_config};
+
+        let device = Device::host_with_limit(None);
+        set_buffer_pool_config(&device, 1 << 20, 1)?;
+        let stream = Stream::new(&device)?;
+        let pool = BufferPool::new(&stream);
+        let live = pool.get_buffer_1d::<u8>(4096)?; // the stream holds its stack
+        let capture = crate::capturing::ThreadCapture::begin();
+
+        let (line, err) = (line!(), pool.get_buffer_1d::<u8>(2 << 20).unwrap_err());
+        assert!(
+            matches!(err, PoolError::CaptureNeedsStack { requested, .. } if requested == 2 << 20),
+            "{err}"
+        );
+        let context = err.context().expect("a request");
+        assert_eq!((context.stream, context.site.line()), (stream.id(), line));
+        assert_eq!(context.stack_needed, Some(4096 + (2 << 20)));
+        let text = err.to_string();
+        let at = format!("(stream {} at {}:{line})", stream.id(), file!());
+        assert!(text.contains(&at), "{text}");
+        assert!(text.contains("GPU_POOL_CONF=stack_size=3MiB"), "{text}");
+
+        // A buffer of its own asks the driver, which a capture refuses too.
+        let (line, err) = (line!(), GpuMat::<u8>::new(&stream, 4, 4).unwrap_err());
+        assert!(matches!(err, PoolError::CaptureNeedsStack { .. }), "{err}");
+        let context = err.context().expect("a request");
+        assert_eq!((context.stream, context.site.line()), (stream.id(), line));
+        assert_eq!(context.stack_needed, None);
+
+        drop(capture);
+        drop(live);
+        assert_eq!(stream.stats().stack_in_use, 0);
+        Ok(())
     }
 }

@@ -112,7 +112,7 @@ pub use config::{
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]
 pub use device_memory::{DeviceMut, DeviceRef};
-pub use error::{PoolError, Request};
+pub use error::{Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;

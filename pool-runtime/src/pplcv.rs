@@ -229,14 +229,15 @@ pub fn activate_gpu_memory_pool_on(device: &Device, size: usize) -> Result<(), P
     Ok(())
 }
 
-/// Frees the pool (ppl.cv's `shutDownGpuMemoryPool`). Refused while blocks are live.
+/// Frees the pool (ppl.cv's `shutDownGpuMemoryPool`). Refused while blocks are live
+/// (`PoolError::PplPoolInUse`).
 pub fn shutdown_gpu_memory_pool() -> Result<(), PoolError> {
     let mut guard = lock();
     let pool = guard.as_ref().ok_or_else(not_active)?;
     if pool.live_blocks() > 0 {
-        return Err(PoolError::ConfigInUse {
+        return Err(PoolError::PplPoolInUse {
             device: pool.device.id(),
-            held: pool.live_blocks(),
+            live: pool.live_blocks(),
         });
     }
     let pool = guard.take().expect("checked above");
@@ -273,7 +274,7 @@ fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), Poo
         let offset = pool.first_fit(size).ok_or(PoolError::OutOfMemory {
             device: pool.device.id(),
             requested: size,
-            request: None,
+            context: None,
         })?;
         pool.blocks.insert(offset, (size, id));
         offset

@@ -87,7 +87,7 @@ pub fn svg(recordings: &[StreamRecording]) -> Result<String, PoolError> {
     let mut out = String::new();
     draw(recordings, &mut out).map_err(|e| PoolError::Io {
         path: "<svg>".into(),
-        detail: e.to_string(),
+        source: std::io::Error::other(e).into(),
     })?;
     Ok(out)
 }
@@ -105,7 +105,7 @@ pub fn write_svg(path: impl AsRef<Path>) -> Result<(), PoolError> {
 fn write(path: &Path, text: &str) -> Result<(), PoolError> {
     std::fs::write(path, text).map_err(|e| PoolError::Io {
         path: path.display().to_string(),
-        detail: e.to_string(),
+        source: e.into(),
     })
 }
 
@@ -114,7 +114,7 @@ const MIB: f64 = (1u64 << 20) as f64;
 fn draw(
     recordings: &[StreamRecording],
     out: &mut String,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let points = |r: &StreamRecording| -> Vec<(f64, f64)> {
         r.events
             .iter()

@@ -180,8 +180,7 @@ fn gpu_cross_stream() -> Result<(), PoolError> {
     }
     .map_err(|e| PoolError::Driver {
         call: "slow_copy",
-        name: String::new(),
-        description: e.to_string(),
+        source: e.into(),
     })?;
     drop(x); // freed to the pool while a's kernel still writes it
     let busy = BufferPool::new(&b).get_buffer_1d::<u8>(n)?;

@@ -163,7 +163,7 @@ unsafe impl gpu_pool::GpuAllocator for FailAt {
             return Err(PoolError::OutOfMemory {
                 device: ctx.device_id(),
                 requested: req.bytes,
-                request: None, // the stream adds the request as the error passes it
+                context: None, // the stream attaches the request as the error leaves the take
             });
         }
         self.inner.allocate(ctx, req)

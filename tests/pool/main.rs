@@ -13,6 +13,7 @@ mod config;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod dsl;
+mod errors;
 mod faults;
 mod mix;
 mod model;

@@ -77,16 +77,15 @@ fn an_exhausted_stack_names_the_line_the_stream_and_the_setting_that_fixes_it() 
     let stream = Stream::new(&device).expect("a stream");
     let err = too_big(&stream).unwrap_err();
     let PoolError::StackExhausted {
-        site,
-        stream: id,
+        context: Some(context),
         requested,
         ..
     } = &err
     else {
         panic!("{err}");
     };
-    assert_eq!(*id, stream.id());
-    assert_eq!(site.and_then(|s| s.name()), Some("_image"));
+    assert_eq!(context.stream, stream.id());
+    assert_eq!(context.site.name(), Some("_image"));
     let text = err.to_string();
     assert!(text.contains(&format!("stream {}", stream.id())), "{text}");
     assert!(text.contains("observe.rs:"), "{text}");
@@ -108,7 +107,7 @@ fn runtime_api_requests_are_attributed_to_their_caller() -> Result<(), PoolError
     let pool = BufferPool::new(&stream);
     let (line, err) = (line!(), pool.get_buffer_1d::<u8>(1 << 30).unwrap_err());
     let PoolError::OutOfMemory {
-        request: Some(request),
+        context: Some(request),
         ..
     } = err
     else {

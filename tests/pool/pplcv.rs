@@ -91,7 +91,7 @@ fn misuse_is_refused_where_ppl_cv_only_logs() -> Result<(), PoolError> {
     );
     let live = shutdown_gpu_memory_pool().unwrap_err();
     assert!(
-        matches!(live, PoolError::ConfigInUse { held: 1, .. }),
+        matches!(live, PoolError::PplPoolInUse { live: 1, .. }),
         "{live}"
     );
     ppl_cuda_free(&mut block)?;
@@ -117,6 +117,38 @@ fn misuse_is_refused_where_ppl_cv_only_logs() -> Result<(), PoolError> {
         "one driver free for the pool"
     );
     Ok(())
+}
+
+#[test]
+fn shutting_down_under_live_blocks_is_an_error_of_the_ppl_cv_pool() -> Result<(), PoolError> {
+    let _g = serial();
+    let device = Device::host_with_limit(None);
+    activate_gpu_memory_pool_on(&device, 4096)?;
+    let (mut a, mut b) = Default::default();
+    ppl_cuda_malloc(8, &mut a)?;
+    ppl_cuda_malloc(0, &mut b)?;
+    let err = shutdown_gpu_memory_pool().unwrap_err();
+    assert_eq!(
+        err,
+        PoolError::PplPoolInUse {
+            device: device.id(),
+            live: 2
+        }
+    );
+    // It speaks of the ppl.cv pool and its blocks, not of the stack pool and streams.
+    let text = err.to_string();
+    assert!(
+        text.contains("ppl.cv memory pool") && text.contains("ppl_cuda_free"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("stream") && !text.contains("stack"),
+        "{text}"
+    );
+    assert!(memory_pool_used(), "nothing changed");
+    ppl_cuda_free(&mut a)?;
+    drop(b);
+    shutdown_gpu_memory_pool()
 }
 
 #[test]
@@ -172,7 +204,7 @@ fn a_zero_byte_block_never_touches_another_blocks_record() -> Result<(), PoolErr
     drop(b);
     let live = shutdown_gpu_memory_pool().unwrap_err();
     assert!(
-        matches!(live, PoolError::ConfigInUse { held: 1, .. }),
+        matches!(live, PoolError::PplPoolInUse { live: 1, .. }),
         "`a` is still live: {live}"
     );
     ppl_cuda_free(&mut a)?;
@@ -182,7 +214,7 @@ fn a_zero_byte_block_never_touches_another_blocks_record() -> Result<(), PoolErr
     ppl_cuda_malloc(0, &mut zero)?;
     assert!(matches!(
         shutdown_gpu_memory_pool(),
-        Err(PoolError::ConfigInUse { held: 1, .. })
+        Err(PoolError::PplPoolInUse { live: 1, .. })
     ));
     drop(zero);
     shutdown_gpu_memory_pool()

@@ -18,20 +18,11 @@ use super::{Backend, DevPtr, RawEvent, RawStream, Region};
 use crate::error::PoolError;
 use crate::id::DeviceId;
 
-/// A driver error as a `PoolError`, with the CUDA error's name.
+/// A driver error as a `PoolError`, the error kept as its source.
 pub(crate) fn driver_error(call: &'static str, e: DriverError) -> PoolError {
-    let name = e
-        .error_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("CUresult({})", e.0 as i32));
-    let description = e
-        .error_string()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
     PoolError::Driver {
         call,
-        name,
-        description,
+        source: e.into(),
     }
 }
 
@@ -177,7 +168,7 @@ impl CudaBackend {
                 PoolError::OutOfMemory {
                     device,
                     requested,
-                    request: None,
+                    context: None,
                 }
             } else {
                 driver_error(call, e)

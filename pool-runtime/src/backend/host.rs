@@ -72,7 +72,7 @@ impl HostBackend {
         PoolError::OutOfMemory {
             device: self.id,
             requested,
-            request: None,
+            context: None,
         }
     }
 }

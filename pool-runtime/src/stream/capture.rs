@@ -207,6 +207,7 @@ impl Stream {
             return Err(PoolError::CaptureNeedsStack {
                 requested: 1,
                 available: stack.map_or(0, Stack::free_bytes),
+                context: None,
             });
         };
         self.counters().stack_in_use.set(stack.top() as u64);
@@ -224,6 +225,7 @@ impl Stream {
             return Err(PoolError::CaptureNeedsStack {
                 requested: end.saturating_sub(fence.end()),
                 available,
+                context: None,
             });
         }
         self.counters().stack_in_use.set(stack.top() as u64);

@@ -12,7 +12,7 @@ use std::mem::ManuallyDrop;
 use crate::allocator::{self, AllocContext, AllocRequest, Allocation};
 use crate::backend::DevPtr;
 use crate::capturing;
-use crate::error::{PoolError, Request};
+use crate::error::{PoolError, RequestContext};
 use crate::layout::Layout;
 use crate::record::EventKind;
 use crate::source::{CallSite, FallbackReason, Source};
@@ -220,12 +220,23 @@ impl Stream {
         if reason != FallbackReason::Disabled {
             self.ledger.note_fallback(site, reason, short);
         }
+        // What was in use plus the request; `None` where that wraps (no stack holds it).
+        let stack_needed = matches!(reason, FallbackReason::StackFull | FallbackReason::TooLarge)
+            .then(|| (stack_size - stack_free).checked_add(layout.bytes))
+            .flatten();
+        let context = RequestContext {
+            site,
+            stream: self.id(),
+            stack_needed,
+        };
         if self.in_own_capture() || capturing::on_this_thread() {
             // The driver refuses allocations from a capturing thread, and invalidates the capture.
             return Err(PoolError::CaptureNeedsStack {
                 requested: layout.bytes,
                 available: stack_free,
-            });
+                context: None,
+            }
+            .at(context));
         }
         self.free_kept_now();
         let request = AllocRequest {
@@ -243,24 +254,13 @@ impl Stream {
         let allocation = self
             .allocator
             .allocate(&self.alloc_context(), &request)
-            .map_err(|e| {
-                // What was in use plus the request; `None` where that wraps (no stack holds it).
-                let stack_needed =
-                    matches!(reason, FallbackReason::StackFull | FallbackReason::TooLarge)
-                        .then(|| (stack_size - stack_free).checked_add(layout.bytes))
-                        .flatten();
-                e.at(Request {
-                    site,
-                    stream: self.id(),
-                    stack_needed,
-                })
-            })?;
+            .map_err(|e| e.at(context))?;
         let ptr = match allocator::validate(&allocation, &request, self.device.id()) {
             Ok(ptr) => ptr,
             Err(e) => {
                 // SAFETY: the allocation came from this allocator just now and is not used.
                 let _ = unsafe { self.allocator.deallocate(&self.alloc_context(), allocation) };
-                return Err(e);
+                return Err(e.at(context));
             }
         };
         let c = self.counters();
@@ -297,7 +297,7 @@ impl Stream {
         if layout.is_empty() {
             return Ok(Lease::new(self, 0, layout.pitch, Held::Nothing));
         }
-        let request = Request {
+        let context = RequestContext {
             site,
             stream: self.id(),
             stack_needed: None,
@@ -306,7 +306,9 @@ impl Stream {
             return Err(PoolError::CaptureNeedsStack {
                 requested: layout.bytes,
                 available: 0,
-            });
+                context: None,
+            }
+            .at(context));
         }
         self.free_kept_now();
         let storage = self.device.storage();
@@ -317,7 +319,7 @@ impl Stream {
                 .alloc(layout.bytes, Some(self.counters()))
                 .map(|ptr| (ptr, layout.pitch))
         }
-        .map_err(|e| e.at(request))?;
+        .map_err(|e| e.at(context))?;
         if !layout.is_aligned(ptr, pitch) {
             // Not seen on any driver (allocations are 256-aligned, pitches multiples of 256), but
             // host slices of the rows would be misaligned, so it is checked, not assumed.

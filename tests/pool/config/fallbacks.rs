@@ -204,8 +204,8 @@ fn a_huge_request_over_a_live_stack_buffer_is_an_error_for_every_fallback() -> R
                     assert!(text.contains(&format!("{huge} bytes requested")), "{text}");
                 }
                 (Fallback::Error, _) => panic!("{fallback:?}: {text}"),
-                (_, PoolError::OutOfMemory { request, .. }) => {
-                    let request = request.expect("a buffer asked");
+                (_, PoolError::OutOfMemory { context, .. }) => {
+                    let request = context.expect("a buffer asked");
                     assert_eq!(request.stack_needed, None, "{fallback:?}: it wraps: {text}");
                     assert!(!text.contains("GPU_POOL_CONF"), "{text}");
                     assert!(text.starts_with("out of memory"), "{text}");
@@ -226,8 +226,8 @@ fn a_huge_request_over_a_live_stack_buffer_is_an_error_for_every_fallback() -> R
             !err.to_string().contains("GPU_POOL_CONF=stack_size"),
             "{err}"
         );
-        if let PoolError::OutOfMemory { request, .. } = err {
-            assert_eq!(request.and_then(|r| r.stack_needed), Some(huge));
+        if let PoolError::OutOfMemory { context, .. } = err {
+            assert_eq!(context.and_then(|r| r.stack_needed), Some(huge));
         }
         assert_eq!(stream.stats().stack_in_use, 0);
     }
