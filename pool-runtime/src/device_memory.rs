@@ -1,15 +1,15 @@
-//! Pool memory as cudarc device memory: [`DeviceRef`] and [`DeviceMut`] implement cudarc's
+//! Pool memory as cudarc device memory: [`LentSlice`] and [`LentSliceMut`] implement cudarc's
 //! `DeviceSlice`, `DevicePtr` and `DevicePtrMut`, so pool buffers and regions go wherever cudarc
 //! takes device memory: cuBLAS, cuFFT, cuDNN, its copies and fills.
 //!
 //! cudarc's traits name the stream the memory is ordered on, which only a CUDA buffer has, so a
-//! buffer lends itself through [`GpuMat::device_ref`](crate::GpuMat::device_ref) and
-//! [`GpuMat::device_mut`](crate::GpuMat::device_mut), which return `PoolError::Unsupported` on the
-//! host backend.
+//! buffer lends itself through [`GpuMat::as_cudarc`](crate::GpuMat::as_cudarc) and
+//! [`GpuMat::as_cudarc_mut`](crate::GpuMat::as_cudarc_mut), which return `PoolError::Unsupported`
+//! on the host backend.
 //!
 //! cudarc's traits describe a flat run of `len` elements, and its safe calls (copies, fills) use
 //! all of it. So a 2D buffer is lent as the run from its first element to its last, its padding
-//! included (which it owns): pass [`DeviceRef::ld`] as the leading dimension where the callee takes
+//! included (which it owns): pass [`LentSlice::ld`] as the leading dimension where the callee takes
 //! one (cuBLAS). A region narrower than its buffer would lend its neighbours' elements between its
 //! rows, so it is refused with `PoolError::NotContinuous` (rows of every column, and 1-row regions,
 //! are lent); copy it into a buffer of its own first.
@@ -36,7 +36,7 @@
 //! let mut x = BufferPool::new(&stream).get_buffer_1d::<f32>(1024)?;
 //! x.set_to(1.0)?;
 //! let cuda = stream.cuda_stream().unwrap();
-//! let host: Vec<f32> = cuda.clone_dtoh(&x.device_ref()?)?; // cudarc's own copy
+//! let host: Vec<f32> = cuda.clone_dtoh(&x.as_cudarc()?)?; // cudarc's own copy
 //! assert_eq!(host, vec![1.0; 1024]);
 //! # Ok(()) }
 //! ```
@@ -50,9 +50,12 @@ use crate::error::{DeviceId, PoolError};
 use crate::stream::Stream;
 use crate::view::Window;
 
-/// A buffer or region lent to cudarc for reading.
+/// A pool buffer or region lent to cudarc for reading: a `DeviceSlice` + `DevicePtr`, as cudarc's
+/// own `CudaView`, made by [`GpuMat::as_cudarc`](crate::GpuMat::as_cudarc) and
+/// [`GpuView::as_cudarc`](crate::GpuView::as_cudarc).
 #[derive(Debug)]
-pub struct DeviceRef<'a, T> {
+#[must_use = "lent memory does nothing until passed to a cudarc call"]
+pub struct LentSlice<'a, T> {
     ptr: u64,
     len: usize,
     ld: usize,
@@ -61,9 +64,13 @@ pub struct DeviceRef<'a, T> {
     _borrow: PhantomData<&'a T>,
 }
 
-/// A buffer or region lent to cudarc for reading and writing.
+/// A pool buffer or region lent to cudarc for reading and writing: a `DeviceSlice` + `DevicePtr` +
+/// `DevicePtrMut`, as cudarc's own `CudaViewMut`, made by
+/// [`GpuMat::as_cudarc_mut`](crate::GpuMat::as_cudarc_mut) and
+/// [`GpuViewMut::as_cudarc_mut`](crate::GpuViewMut::as_cudarc_mut).
 #[derive(Debug)]
-pub struct DeviceMut<'a, T> {
+#[must_use = "lent memory does nothing until passed to a cudarc call"]
+pub struct LentSliceMut<'a, T> {
     ptr: u64,
     len: usize,
     ld: usize,
@@ -190,7 +197,7 @@ fn refuse(user: &CudaStream, own: &CudaStream) {
 }
 
 /// What both lent kinds have alike: a constructor from a view's window, the leading dimension,
-/// and cudarc's `DeviceSlice` and `DevicePtr`. Only `DeviceMut` adds `DevicePtrMut`.
+/// and cudarc's `DeviceSlice` and `DevicePtr`. Only `LentSliceMut` adds `DevicePtrMut`.
 macro_rules! lent {
     ($($lent:ident),*) => {$(
         impl<'a, T> $lent<'a, T> {
@@ -212,6 +219,7 @@ macro_rules! lent {
 
             /// Elements from one row to the next: cuBLAS's leading dimension of a row-major
             /// matrix.
+            #[must_use]
             pub fn ld(&self) -> usize {
                 self.ld
             }
@@ -233,9 +241,9 @@ macro_rules! lent {
         }
     )*};
 }
-lent!(DeviceRef, DeviceMut);
+lent!(LentSlice, LentSliceMut);
 
-impl<T> DevicePtrMut<T> for DeviceMut<'_, T> {
+impl<T> DevicePtrMut<T> for LentSliceMut<'_, T> {
     fn device_ptr_mut<'a>(
         &'a mut self,
         stream: &'a CudaStream,

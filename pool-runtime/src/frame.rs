@@ -186,10 +186,10 @@ impl<'s, T: Pod> Pooled<'_, 's, T> {
         self.mat.row_range_mut(rows)
     }
 
-    /// [`GpuMat::device_mut`]: the buffer lent to cudarc for writing (cuBLAS and the like).
+    /// [`GpuMat::as_cudarc_mut`]: the buffer lent to cudarc for writing (cuBLAS and the like).
     #[cfg(feature = "cuda")]
-    pub fn device_mut(&mut self) -> Result<crate::DeviceMut<'_, T>, PoolError> {
-        self.mat.device_mut()
+    pub fn as_cudarc_mut(&mut self) -> Result<crate::LentSliceMut<'_, T>, PoolError> {
+        self.mat.as_cudarc_mut()
     }
 
     /// [`GpuMat::as_1d_mut`].

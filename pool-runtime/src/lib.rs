@@ -43,7 +43,7 @@
 //!    expands to), `mix` ([`MixMemory`]), `pplcv`, and, with CUDA, `graph`, `device_memory` and
 //!    `kernel_args`.
 //! 7. `report` (every device's stats), `timeline` (recordings as a Chrome trace and an SVG
-//!    chart) and `testing` (hooks for tests), over everything.
+//!    chart) and `testing` (hooks for tests, with the `testing` feature), over everything.
 
 mod allocator;
 mod arena;
@@ -73,6 +73,7 @@ mod stats;
 mod storage;
 mod stream;
 mod sync;
+#[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(feature = "timeline")]
 pub mod timeline;
@@ -90,7 +91,7 @@ pub use config::{
 };
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]
-pub use device_memory::{DeviceMut, DeviceRef};
+pub use device_memory::{LentSlice, LentSliceMut};
 pub use error::{DeviceId, PoolError, Request};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
@@ -100,7 +101,7 @@ pub use mix::MixMemory;
 pub use record::{Event, EventKind, StreamRecording};
 pub use report::{Report, report};
 pub use source::{CallSite, FallbackReason, Source};
-pub use stats::{DeviceStats, FallbackCounts, PeakSite, SiteFallbacks, StreamStats};
+pub use stats::{DeviceStats, FallbackCounts, SiteFallbacks, StreamStats};
 pub use stream::Stream;
 pub use view::{GpuView, GpuViewMut};
 

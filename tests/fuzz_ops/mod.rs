@@ -157,7 +157,7 @@ pub fn run(data: &[u8]) -> Outcome {
 
 pub fn run_ops(ops: &[Op]) -> Outcome {
     // A limit makes the huge requests out-of-memory errors instead of the OS's problem.
-    let device = Device::host_with_limit(Some(32 << 20));
+    let device = Device::host_with_limit(32 << 20);
     // Small stacks to start with, so a run costs microseconds (the fuzzer's address sanitizer
     // makes large allocations slow); `Config` operations change them.
     set_buffer_pool_config(&device, 1 << 20, 4).expect("a valid config");

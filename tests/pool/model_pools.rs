@@ -50,7 +50,7 @@ fn span(m: &GpuMat<'_, u8>) -> std::ops::Range<u64> {
 }
 
 fn run_cache(ops: Vec<CacheOp>) -> Result<(), TestCaseError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let cache = Arc::new(CachingPool::new(&device));
     let streams = [
         Stream::with_allocator(&device, cache.clone()).map_err(fail)?,
@@ -186,7 +186,7 @@ struct MixModel {
 }
 
 fn run_mix(ops: Vec<MixOp>) -> Result<(), TestCaseError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let stream = Stream::new(&device).map_err(fail)?;
     let baseline = gpu_pool::testing::host_live_bytes(&device).unwrap_or(0); // none: the stack is lazy
     let mut mix = MixMemory::new(&device).map_err(fail)?;
