@@ -70,7 +70,7 @@ fn instruction_loop(mut args: impl Iterator<Item = String>) {
         .and_then(|a| a.parse().ok())
         .expect("loop N hand|dsl");
     let dsl = args.next().is_some_and(|a| a == "dsl");
-    let stream = Stream::new(&Device::host_with_limit(None)).expect("host stream");
+    let stream = Stream::new(&Device::private_host()).expect("host stream");
     let mut x = 0;
     for _ in 0..iterations {
         x ^= if dsl {
@@ -89,12 +89,12 @@ fn main() {
         return instruction_loop(args);
     }
     let mut c = support::criterion();
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     device.set_fallback(Fallback::Driver);
     set_buffer_pool_config(&device, 64 << 20, 2).expect("valid config");
     let stream = Stream::new(&device).expect("host stream");
     let pool = BufferPool::new(&stream);
-    let fallback_device = Device::host_with_limit(None);
+    let fallback_device = Device::private_host();
     fallback_device.set_fallback(Fallback::Driver);
     gpu_pool::set_buffer_pool_config(&fallback_device, 4096, 1).expect("valid config");
     let full = Stream::new(&fallback_device).expect("host stream");

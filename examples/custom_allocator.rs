@@ -77,10 +77,7 @@ unsafe impl GpuAllocator for Budgeted {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(ptr, bytes);
-                Ok(Allocation {
-                    ptr,
-                    pitch: req.pitch,
-                })
+                Ok(Allocation::new(ptr, req.pitch))
             }
             Err(e) => {
                 self.live.fetch_sub(bytes, Relaxed); // give the reservation back

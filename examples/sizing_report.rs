@@ -84,6 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
 
     let report = gpu_pool::report();
+    println!("{report}");
     let stats = report
         .devices
         .iter()

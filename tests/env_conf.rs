@@ -31,7 +31,7 @@ fn run_child(conf: &str) -> String {
 #[test]
 #[ignore = "run as a child process by the tests of this file"]
 fn child_reports_what_it_sees() {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     match Stream::new(&device) {
         Ok(stream) => {
             let _b = gpu_pool::BufferPool::new(&stream).get_buffer_1d::<u8>(64);
@@ -42,7 +42,7 @@ fn child_reports_what_it_sees() {
                 device.fallback(),
                 gpu_pool::buffer_pool_usage(),
                 stream.stack_index(),
-                device.recording(),
+                device.recording_events_per_stream(),
             )
         }
         Err(e) => println!(

@@ -37,7 +37,7 @@ static ALLOC: Counting = Counting;
 
 #[test]
 fn released_and_dropped_fallback_buffers_free_their_records() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     device.set_fallback(Fallback::Driver);
     set_buffer_pool_config(&device, 4096, 1)?;
     let stream = Stream::new(&device)?;

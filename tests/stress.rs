@@ -139,7 +139,7 @@ fn eight_threads_never_see_overlapping_buffers() -> Result<(), Box<dyn Error>> {
         ));
         assert!(t.checks > 0);
     };
-    let host = Device::host_with_limit(None);
+    let host = Device::private_host();
     report(&host, stress(&host, secs)?);
     let arena = 6 * (4 << 20);
     assert_eq!(

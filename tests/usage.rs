@@ -11,7 +11,7 @@ use gpu_pool::{
 static GLOBAL: Mutex<()> = Mutex::new(());
 
 fn private() -> Device {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     device.set_fallback(Fallback::Driver);
     device
 }

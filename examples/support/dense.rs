@@ -66,8 +66,8 @@ mod gpu {
         w: &GpuMat<'_, f32>,
         h: &mut Pooled<'_, '_, f32>,
     ) -> Result<(), PoolError> {
-        let (xs, ws) = (x.device_ref()?, w.device_ref()?);
-        let mut hs = h.device_mut()?;
+        let (xs, ws) = (x.as_cudarc()?, w.as_cudarc()?);
+        let mut hs = h.as_cudarc_mut()?;
         let cfg = GemmConfig {
             transa: cublasOperation_t::CUBLAS_OP_N,
             transb: cublasOperation_t::CUBLAS_OP_N,

@@ -15,8 +15,10 @@ use crate::source::FallbackReason;
 use crate::stats::StreamCounters;
 use crate::storage::Storage;
 
-/// What a buffer request needs.
+/// What a buffer request needs: what a [`GpuAllocator`] is asked for. Made by the pool only; later
+/// versions may add fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AllocRequest {
     /// Rows of the buffer.
     pub rows: usize,
@@ -43,13 +45,23 @@ pub struct AllocRequest {
     pub align: usize,
 }
 
-/// Memory handed out by a [`GpuAllocator`].
+/// Memory handed out by a [`GpuAllocator`], made with [`Allocation::new`] (later versions may add
+/// fields, with defaults).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Allocation {
     /// Device address of row 0.
     pub ptr: u64,
     /// Bytes between rows; at least the request's `width_bytes`.
     pub pitch: usize,
+}
+
+impl Allocation {
+    /// Memory at device address `ptr`, rows `pitch` bytes apart.
+    #[must_use]
+    pub const fn new(ptr: u64, pitch: usize) -> Allocation {
+        Allocation { ptr, pitch }
+    }
 }
 
 /// The counted driver operations an allocator may use, bound to one stream.
@@ -62,16 +74,19 @@ pub struct AllocContext<'a> {
 
 impl AllocContext<'_> {
     /// The device allocations are made on.
+    #[must_use]
     pub fn device_id(&self) -> DeviceId {
         self.storage.id
     }
 
     /// The stream the allocation is for ([`Stream::id`](crate::Stream::id)).
+    #[must_use]
     pub fn stream_id(&self) -> u64 {
         self.stream_id
     }
 
     /// Whether [`alloc_async`](Self::alloc_async) is truly stream-ordered on this device.
+    #[must_use]
     pub fn supports_stream_ordered(&self) -> bool {
         self.storage.backend.supports_stream_ordered()
     }
@@ -140,7 +155,7 @@ impl AllocContext<'_> {
 /// unsafe impl GpuAllocator for Counting {
 ///     fn allocate(&self, ctx: &AllocContext<'_>, req: &AllocRequest) -> Result<Allocation, PoolError> {
 ///         self.0.fetch_add(1, Ordering::Relaxed);
-///         Ok(Allocation { ptr: ctx.alloc(req.bytes)?, pitch: req.pitch })
+///         Ok(Allocation::new(ctx.alloc(req.bytes)?, req.pitch))
 ///     }
 ///     unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
 ///         // SAFETY: `a` came from `allocate` above, which used `ctx.alloc`.

@@ -32,11 +32,13 @@ pub struct BufferPool<'s> {
 
 impl<'s> BufferPool<'s> {
     /// The pool of `stream`'s stack.
+    #[must_use]
     pub fn new(stream: &'s Stream) -> BufferPool<'s> {
         BufferPool { stream }
     }
 
     /// The stream buffers are taken for.
+    #[must_use]
     pub fn stream(&self) -> &'s Stream {
         self.stream
     }
@@ -80,6 +82,7 @@ impl<'s> BufferPool<'s> {
 
     /// The allocator that serves this stream's buffers when the stack does not (OpenCV's
     /// `getAllocator`).
+    #[must_use]
     pub fn allocator(&self) -> std::sync::Arc<dyn GpuAllocator> {
         self.stream.allocator()
     }
@@ -99,6 +102,7 @@ impl<'s> BufferPool<'s> {
 ///     BufferPool::new(&stream).get_buffer_1d::<u8>(8).unwrap()
 /// };
 /// ```
+#[must_use = "a buffer goes back to its pool when dropped: one never used is released at once"]
 pub struct GpuMat<'s, T> {
     /// The memory, which goes back to its stream when the buffer is dropped.
     lease: Lease<'s>,
@@ -151,47 +155,56 @@ impl<'s, T> GpuMat<'s, T> {
 
 impl<'s, T: Pod> GpuMat<'s, T> {
     /// Rows.
+    #[must_use]
     pub fn rows(&self) -> usize {
         self.rows
     }
 
     /// Columns.
+    #[must_use]
     pub fn cols(&self) -> usize {
         self.cols
     }
 
     /// Elements (`rows * cols`).
+    #[must_use]
     pub fn len(&self) -> usize {
         // Cannot wrap: every buffer's layout checked `rows * cols`, zero-sized elements included.
         self.rows * self.cols
     }
 
     /// Whether it has no elements.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Bytes from the start of one row to the next.
+    #[must_use]
     pub fn step(&self) -> usize {
         self.lease.pitch()
     }
 
     /// Whether the rows follow each other with no padding.
+    #[must_use]
     pub fn is_continuous(&self) -> bool {
         self.window().is_continuous::<T>()
     }
 
     /// Where the memory came from.
+    #[must_use]
     pub fn source(&self) -> Source {
         self.lease.source()
     }
 
     /// The stream the buffer belongs to; its operations run there.
+    #[must_use]
     pub fn stream(&self) -> &'s Stream {
         self.lease.stream()
     }
 
     /// The device address of row 0 (0 for an empty buffer).
+    #[must_use]
     pub fn device_ptr(&self) -> u64 {
         self.lease.ptr()
     }

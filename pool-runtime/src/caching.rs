@@ -29,7 +29,7 @@ use crate::storage::Storage;
 /// ```
 /// use std::sync::Arc;
 /// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
-/// let device = Device::host_with_limit(None);
+/// let device = Device::private_host();
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;
 /// let buf = BufferPool::new(&stream).get_buffer_1d::<u8>(1000)?; // 1024 bytes asked of the pool
@@ -43,6 +43,7 @@ use crate::storage::Storage;
 /// # Ok::<(), PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CachingStats {
     /// Blocks held for reuse.
     pub held_blocks: usize,
@@ -120,7 +121,7 @@ impl State {
 /// ```
 /// use std::sync::Arc;
 /// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
-/// let device = Device::host_with_limit(None);
+/// let device = Device::private_host();
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;
 /// let pool = BufferPool::new(&stream);
@@ -150,6 +151,7 @@ impl std::fmt::Debug for CachingPool {
 
 impl Device {
     /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
+    #[must_use]
     pub fn caching_pool(&self) -> Arc<CachingPool> {
         let shared = self
             .caching_slot()
@@ -183,6 +185,7 @@ impl CachingPool {
     /// assert_eq!(CachingPool::bin_of(0, 4), CachingPool::bin_of(1, 4)); // nothing: the 1-byte bin
     /// assert_eq!(CachingPool::bin_of(usize::MAX, 4).1, usize::MAX);
     /// ```
+    #[must_use]
     pub fn bin_of(bytes: usize, leading_bits: u32) -> (u64, usize) {
         let bytes = bytes.max(1);
         let top = usize::BITS - 1 - bytes.leading_zeros();
@@ -198,6 +201,7 @@ impl CachingPool {
     }
 
     /// A pool for `device` with [`DEFAULT_LEADING_BITS`](Self::DEFAULT_LEADING_BITS).
+    #[must_use]
     pub fn new(device: &Device) -> CachingPool {
         CachingPool::on_storage(device.storage(), CachingPool::DEFAULT_LEADING_BITS)
     }
@@ -231,6 +235,7 @@ impl CachingPool {
     }
 
     /// A snapshot of the counters.
+    #[must_use]
     pub fn stats(&self) -> CachingStats {
         self.lock().stats
     }
@@ -243,7 +248,7 @@ impl CachingPool {
     /// ```
     /// use std::sync::Arc;
     /// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
-    /// let device = Device::host_with_limit(None);
+    /// let device = Device::private_host();
     /// let cache = Arc::new(CachingPool::new(&device));
     /// let stream = Stream::with_allocator(&device, cache.clone())?;
     /// let pool = BufferPool::new(&stream);
@@ -495,7 +500,7 @@ mod tests {
 
     #[test]
     fn a_block_the_driver_will_not_free_stays_held_and_counted() -> Result<(), PoolError> {
-        let device = crate::Device::host_with_limit(None);
+        let device = crate::Device::private_host();
         let cache = std::sync::Arc::new(CachingPool::new(&device));
         let stream = crate::Stream::with_allocator(&device, cache.clone())?;
         drop(crate::BufferPool::new(&stream).get_buffer_1d::<u8>(1000)?);
@@ -533,7 +538,7 @@ mod tests {
 
     #[test]
     fn a_request_of_zero_bytes_gets_a_one_byte_block() -> Result<(), PoolError> {
-        let device = crate::Device::host_with_limit(None);
+        let device = crate::Device::private_host();
         let cache = CachingPool::new(&device);
         let counters = crate::stats::StreamCounters::default();
         let ctx = AllocContext {

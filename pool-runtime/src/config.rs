@@ -71,16 +71,19 @@ impl PoolConfig {
     }
 
     /// Bytes of each stack.
+    #[must_use]
     pub fn stack_size(&self) -> usize {
         self.stack_size
     }
 
     /// Number of stacks, so the number of streams that can pool at once.
+    #[must_use]
     pub fn stack_count(&self) -> usize {
         self.stack_count
     }
 
     /// Bytes of the one allocation that holds every stack.
+    #[must_use]
     pub fn total_bytes(&self) -> usize {
         // Cannot overflow: checked in `new`.
         self.stack_size * self.stack_count
@@ -96,6 +99,7 @@ impl PoolConfig {
     /// assert_eq!((parsed.stack_size, parsed.stack_count), (Some(12 << 20), Some(3)));
     /// # Ok::<(), gpu_pool_runtime::PoolError>(())
     /// ```
+    #[must_use]
     pub fn env_value(&self) -> String {
         let size = match self.stack_size {
             s if s % (1 << 20) == 0 => format!("{}MiB", s >> 20),
@@ -119,7 +123,7 @@ impl Default for PoolConfig {
 ///
 /// ```
 /// use gpu_pool_runtime::{Device, Fallback};
-/// let device = Device::host_with_limit(None);
+/// let device = Device::private_host();
 /// device.set_fallback(Fallback::Error);
 /// assert_eq!(device.fallback()?, Fallback::Error);
 /// # Ok::<(), gpu_pool_runtime::PoolError>(())
@@ -154,6 +158,7 @@ impl Fallback {
 
 /// What `GPU_POOL_CONF` says; unset keys are `None`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EnvConfig {
     /// `stack_size=`.
     pub stack_size: Option<usize>,

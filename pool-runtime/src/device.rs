@@ -96,6 +96,7 @@ impl Device {
 
     /// The process-wide host device: real host memory, no limit. Every call returns the same device,
     /// so configuration made through one handle holds for all.
+    #[must_use]
     pub fn host() -> Device {
         static HOST: OnceLock<Device> = OnceLock::new();
         HOST.get_or_init(|| {
@@ -107,13 +108,27 @@ impl Device {
         .clone()
     }
 
-    /// A new, private host device whose backend hands out at most `limit` bytes in all (like a GPU's
-    /// memory size). Its settings and stacks are its own: tests use it for isolation and to provoke
-    /// out-of-memory.
+    /// A new, private host device: real host memory, no limit. Unlike [`Device::host`], its
+    /// settings, stacks and counters are its own, so tests use it for isolation.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::Device;
+    /// let (a, b) = (Device::private_host(), Device::private_host());
+    /// assert_ne!(a, b);
+    /// assert_ne!(a, Device::host());
+    /// assert!(a.is_host());
+    /// ```
+    #[must_use]
+    pub fn private_host() -> Device {
+        Device::new_private_host(None, 0)
+    }
+
+    /// A new, private host device (as [`Device::private_host`]) whose backend hands out at most
+    /// `limit` bytes in all (like a GPU's memory size): tests use it to provoke out-of-memory.
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
-    /// let small = Device::host_with_limit(Some(1 << 20));
+    /// let small = Device::host_with_limit(1 << 20);
     /// small.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&small, 512 << 10, 1)?;
     /// let stream = Stream::new(&small)?;
@@ -121,12 +136,13 @@ impl Device {
     /// assert!(matches!(err, PoolError::OutOfMemory { .. }));
     /// # Ok::<(), PoolError>(())
     /// ```
-    pub fn host_with_limit(limit: Option<usize>) -> Device {
-        Device::private_host(limit, 0)
+    #[must_use]
+    pub fn host_with_limit(limit: usize) -> Device {
+        Device::new_private_host(Some(limit), 0)
     }
 
     /// A new private host device with its own id, memory `limit` and fault injection.
-    pub(crate) fn private_host(limit: Option<usize>, fail_at: u64) -> Device {
+    pub(crate) fn new_private_host(limit: Option<usize>, fail_at: u64) -> Device {
         let id = DeviceId::Host(HOST_IDS.next());
         Device::from_backend(id, Box::new(HostBackend::with_fault(id, limit, fail_at)))
     }
@@ -176,12 +192,14 @@ impl Device {
     }
 
     /// The first CUDA device if there is one, else the host device: what examples run on.
+    #[must_use]
     pub fn cuda_or_host() -> Device {
         Device::cuda(0).unwrap_or_else(|_| Device::host())
     }
 
     /// The cudarc context of a CUDA device, for loading modules and launching kernels.
     #[cfg(feature = "cuda")]
+    #[must_use]
     pub fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
         self.inner.storage.backend.cuda_context()
     }
@@ -197,21 +215,25 @@ impl Device {
     }
 
     /// Which device this is.
+    #[must_use]
     pub fn id(&self) -> DeviceId {
         self.inner.storage.id
     }
 
     /// Whether this is a host-backend device.
+    #[must_use]
     pub fn is_host(&self) -> bool {
         matches!(self.inner.storage.id, DeviceId::Host(_))
     }
 
     /// The texture alignment: 2D buffers have a pitch that is a multiple of it.
+    #[must_use]
     pub fn texture_alignment(&self) -> usize {
         self.inner.storage.backend.texture_alignment()
     }
 
     /// Whether the device supports stream-ordered allocation (`cuMemAllocAsync`).
+    #[must_use]
     pub fn supports_stream_ordered(&self) -> bool {
         self.inner.storage.backend.supports_stream_ordered()
     }
@@ -231,9 +253,9 @@ impl Device {
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
-    /// let device = Device::host_with_limit(None);
+    /// let device = Device::private_host();
     /// let stream = Stream::new(&device)?;
-    /// BufferPool::new(&stream).get_buffer::<u8>(4, 4)?;
+    /// drop(BufferPool::new(&stream).get_buffer::<u8>(4, 4)?);
     /// assert!(device.release_stack_memory().is_err()); // `stream` holds a stack
     /// drop(stream);
     /// assert_eq!(device.release_stack_memory()?, 50 << 20); // the default 5 x 10 MiB
@@ -296,7 +318,7 @@ impl Device {
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
-    /// let device = Device::host_with_limit(None);
+    /// let device = Device::private_host();
     /// device.set_recording(100);
     /// let stream = Stream::new(&device)?;
     /// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(64)?);
@@ -308,14 +330,16 @@ impl Device {
         self.inner.lock_state().recording = Some(events_per_stream);
     }
 
-    /// Events per stream that new streams record: [`Device::set_recording`]'s, else
-    /// `GPU_POOL_CONF`'s `record`, else 0.
-    pub fn recording(&self) -> Result<usize, PoolError> {
+    /// The setting: events per stream that new streams record, [`Device::set_recording`]'s, else
+    /// `GPU_POOL_CONF`'s `record`, else 0. What was recorded is [`Device::recordings`].
+    pub fn recording_events_per_stream(&self) -> Result<usize, PoolError> {
         let explicit = self.inner.lock_state().recording;
         config::setting(explicit, |env| Ok(env.record), || 0)
     }
 
-    /// The recordings of this device's live streams and of its last dropped ones, oldest first.
+    /// The data: the recordings of this device's live streams and of its last dropped ones, oldest
+    /// first.
+    #[must_use]
     pub fn recordings(&self) -> Vec<StreamRecording> {
         let state = self.inner.lock_state();
         let mut all: Vec<StreamRecording> = state.retired_recordings.iter().cloned().collect();
@@ -354,7 +378,7 @@ impl Device {
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, Fallback, Stream, set_buffer_pool_config};
-    /// let device = Device::host_with_limit(None);
+    /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&device, 1 << 20, 1)?;
     /// let stream = Stream::new(&device)?;
@@ -380,6 +404,7 @@ impl Device {
     }
 
     /// A snapshot of the device's counters and of each live stream's.
+    #[must_use]
     pub fn stats(&self) -> DeviceStats {
         let state = self.inner.lock_state();
         let streams: Vec<StreamStats> = state
@@ -536,7 +561,7 @@ impl Drop for DeviceInner {
 ///
 /// ```
 /// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
-/// let device = Device::host_with_limit(None);
+/// let device = Device::private_host();
 /// set_buffer_pool_config(&device, 64 << 20, 2)?;
 /// let stream = Stream::new(&device)?;
 /// let err = set_buffer_pool_config(&device, 1 << 20, 1).unwrap_err();

@@ -1,15 +1,15 @@
-//! Pool memory as cudarc device memory: [`DeviceRef`] and [`DeviceMut`] implement cudarc's
+//! Pool memory as cudarc device memory: [`LentSlice`] and [`LentSliceMut`] implement cudarc's
 //! `DeviceSlice`, `DevicePtr` and `DevicePtrMut`, so pool buffers and regions go wherever cudarc
 //! takes device memory: cuBLAS, cuFFT, cuDNN, its copies and fills.
 //!
 //! cudarc's traits name the stream the memory is ordered on, which only a CUDA buffer has, so a
-//! buffer lends itself through [`GpuMat::device_ref`](crate::GpuMat::device_ref) and
-//! [`GpuMat::device_mut`](crate::GpuMat::device_mut), which return `PoolError::Unsupported` on the
-//! host backend.
+//! buffer lends itself through [`GpuMat::as_cudarc`](crate::GpuMat::as_cudarc) and
+//! [`GpuMat::as_cudarc_mut`](crate::GpuMat::as_cudarc_mut), which return `PoolError::Unsupported`
+//! on the host backend.
 //!
 //! cudarc's traits describe a flat run of `len` elements, and its safe calls (copies, fills) use
 //! all of it. So a 2D buffer is lent as the run from its first element to its last, its padding
-//! included (which it owns): pass [`DeviceRef::ld`] as the leading dimension where the callee takes
+//! included (which it owns): pass [`LentSlice::ld`] as the leading dimension where the callee takes
 //! one (cuBLAS). A region narrower than its buffer would lend its neighbours' elements between its
 //! rows, so it is refused with `PoolError::NotContinuous` (rows of every column, and 1-row regions,
 //! are lent); copy it into a buffer of its own first.
@@ -36,7 +36,7 @@
 //! let mut x = BufferPool::new(&stream).get_buffer_1d::<f32>(1024)?;
 //! x.set_to(1.0)?;
 //! let cuda = stream.cuda_stream().unwrap();
-//! let host: Vec<f32> = cuda.clone_dtoh(&x.device_ref()?)?; // cudarc's own copy
+//! let host: Vec<f32> = cuda.clone_dtoh(&x.as_cudarc()?)?; // cudarc's own copy
 //! assert_eq!(host, vec![1.0; 1024]);
 //! # Ok(()) }
 //! ```
@@ -54,9 +54,12 @@ use crate::id::DeviceId;
 use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut, Window};
 
-/// A buffer or region lent to cudarc for reading.
+/// A pool buffer or region lent to cudarc for reading: a `DeviceSlice` + `DevicePtr`, as cudarc's
+/// own `CudaView`, made by [`GpuMat::as_cudarc`](crate::GpuMat::as_cudarc) and
+/// [`GpuView::as_cudarc`](crate::GpuView::as_cudarc).
 #[derive(Debug)]
-pub struct DeviceRef<'a, T> {
+#[must_use = "lent memory does nothing until passed to a cudarc call"]
+pub struct LentSlice<'a, T> {
     ptr: u64,
     len: usize,
     ld: usize,
@@ -65,9 +68,13 @@ pub struct DeviceRef<'a, T> {
     _borrow: PhantomData<&'a T>,
 }
 
-/// A buffer or region lent to cudarc for reading and writing.
+/// A pool buffer or region lent to cudarc for reading and writing: a `DeviceSlice` + `DevicePtr` +
+/// `DevicePtrMut`, as cudarc's own `CudaViewMut`, made by
+/// [`GpuMat::as_cudarc_mut`](crate::GpuMat::as_cudarc_mut) and
+/// [`GpuViewMut::as_cudarc_mut`](crate::GpuViewMut::as_cudarc_mut).
 #[derive(Debug)]
-pub struct DeviceMut<'a, T> {
+#[must_use = "lent memory does nothing until passed to a cudarc call"]
+pub struct LentSliceMut<'a, T> {
     ptr: u64,
     len: usize,
     ld: usize,
@@ -194,7 +201,7 @@ fn refuse(user: &CudaStream, own: &CudaStream) {
 }
 
 /// What both lent kinds have alike: a constructor from a view's window, the leading dimension,
-/// and cudarc's `DeviceSlice` and `DevicePtr`. Only `DeviceMut` adds `DevicePtrMut`.
+/// and cudarc's `DeviceSlice` and `DevicePtr`. Only `LentSliceMut` adds `DevicePtrMut`.
 macro_rules! lent {
     ($($lent:ident),*) => {$(
         impl<'a, T> $lent<'a, T> {
@@ -216,6 +223,7 @@ macro_rules! lent {
 
             /// Elements from one row to the next: cuBLAS's leading dimension of a row-major
             /// matrix.
+            #[must_use]
             pub fn ld(&self) -> usize {
                 self.ld
             }
@@ -237,9 +245,9 @@ macro_rules! lent {
         }
     )*};
 }
-lent!(DeviceRef, DeviceMut);
+lent!(LentSlice, LentSliceMut);
 
-impl<T> DevicePtrMut<T> for DeviceMut<'_, T> {
+impl<T> DevicePtrMut<T> for LentSliceMut<'_, T> {
     fn device_ptr_mut<'a>(
         &'a mut self,
         stream: &'a CudaStream,
@@ -249,44 +257,44 @@ impl<T> DevicePtrMut<T> for DeviceMut<'_, T> {
 }
 
 // The lending methods of buffers and views live here, beside what they lend: `buffer`, `view` and
-// `frame` sit below this module and never name `DeviceRef` or `DeviceMut`.
+// `frame` sit below this module and never name `LentSlice` or `LentSliceMut`.
 
 impl<T: Pod> GpuMat<'_, T> {
     /// The buffer lent to cudarc (`DeviceSlice` + `DevicePtr`): cuBLAS, cuFFT, cudarc's copies.
     /// A 2D buffer is lent as the run from its first element to its last; its leading dimension
-    /// is [`DeviceRef::ld`]. `PoolError::Unsupported` on the host backend.
-    pub fn device_ref(&self) -> Result<DeviceRef<'_, T>, PoolError> {
-        self.view().device_ref()
+    /// is [`LentSlice::ld`]. `PoolError::Unsupported` on the host backend.
+    pub fn as_cudarc(&self) -> Result<LentSlice<'_, T>, PoolError> {
+        self.view().as_cudarc()
     }
 
     /// The buffer lent to cudarc for writing (`DevicePtrMut`); see
-    /// [`device_ref`](Self::device_ref).
-    pub fn device_mut(&mut self) -> Result<DeviceMut<'_, T>, PoolError> {
+    /// [`as_cudarc`](Self::as_cudarc).
+    pub fn as_cudarc_mut(&mut self) -> Result<LentSliceMut<'_, T>, PoolError> {
         let view = self.view_mut();
-        DeviceMut::new(view.window, view.device, view.cuda)
+        LentSliceMut::new(view.window, view.device, view.cuda)
     }
 }
 
 impl<T: Pod> Pooled<'_, '_, T> {
-    /// [`GpuMat::device_mut`]: the buffer lent to cudarc for writing (cuBLAS and the like).
-    pub fn device_mut(&mut self) -> Result<DeviceMut<'_, T>, PoolError> {
+    /// [`GpuMat::as_cudarc_mut`]: the buffer lent to cudarc for writing (cuBLAS and the like).
+    pub fn as_cudarc_mut(&mut self) -> Result<LentSliceMut<'_, T>, PoolError> {
         let view = self.view_mut();
-        DeviceMut::new(view.window, view.device, view.cuda)
+        LentSliceMut::new(view.window, view.device, view.cuda)
     }
 }
 
 impl<'a, T: Pod> GpuView<'a, T> {
-    /// This view lent to cudarc (`DevicePtr`), for cuBLAS and the like; see [`DeviceRef`].
+    /// This view lent to cudarc (`DevicePtr`), for cuBLAS and the like; see [`LentSlice`].
     /// `PoolError::Unsupported` on the host backend.
-    pub fn device_ref(&self) -> Result<DeviceRef<'a, T>, PoolError> {
-        DeviceRef::new(self.window, self.device, self.cuda)
+    pub fn as_cudarc(&self) -> Result<LentSlice<'a, T>, PoolError> {
+        LentSlice::new(self.window, self.device, self.cuda)
     }
 }
 
 impl<T: Pod> GpuViewMut<'_, T> {
-    /// This view lent to cudarc for writing (`DevicePtrMut`); see [`DeviceMut`].
+    /// This view lent to cudarc for writing (`DevicePtrMut`); see [`LentSliceMut`].
     /// `PoolError::Unsupported` on the host backend.
-    pub fn device_mut(&mut self) -> Result<DeviceMut<'_, T>, PoolError> {
-        DeviceMut::new(self.window, self.device, self.cuda)
+    pub fn as_cudarc_mut(&mut self) -> Result<LentSliceMut<'_, T>, PoolError> {
+        LentSliceMut::new(self.window, self.device, self.cuda)
     }
 }

@@ -397,7 +397,7 @@ impl PoolError {
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
-    /// let stream = Stream::new(&Device::host_with_limit(Some(64 << 20)))?;
+    /// let stream = Stream::new(&Device::host_with_limit(64 << 20))?;
     /// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
     /// let context = err.context().expect("a buffer asked");
     /// assert_eq!(context.stream, stream.id());
@@ -612,7 +612,7 @@ mod tests {
     fn a_buffer_refused_in_a_capture_carries_its_request() -> Result<(), crate::PoolError> {
         use crate::{BufferPool, Device, GpuMat, PoolError, Stream, set_buffer_pool_config};
 
-        let device = Device::host_with_limit(None);
+        let device = Device::private_host();
         set_buffer_pool_config(&device, 1 << 20, 1)?;
         let stream = Stream::new(&device)?;
         let pool = BufferPool::new(&stream);

@@ -61,6 +61,7 @@ use crate::stream::Stream;
 
 /// A captured CUDA graph of pooled work, replayed with [`launch`](Graph::launch) on the stream it
 /// was captured on. Dropping it gives back the stack memory its replays use.
+#[must_use = "a graph does nothing unless launched; dropping it gives its memory back"]
 pub struct Graph<'a> {
     stream: &'a Stream,
     /// The stream's CUDA stream, which the replays are queued on.
@@ -101,11 +102,13 @@ impl Graph<'_> {
     }
 
     /// The stream the graph replays on.
+    #[must_use]
     pub fn stream(&self) -> &Stream {
         self.stream
     }
 
     /// Stack bytes held for the replays' buffers (the fence included).
+    #[must_use]
     pub fn stack_bytes(&self) -> usize {
         self.reserved
             .as_ref()

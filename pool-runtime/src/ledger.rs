@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use crate::id::DeviceId;
 use crate::record::{Event, Ring};
 use crate::source::{CallSite, FallbackReason};
-use crate::stats::{PeakSite, SiteFallbacks, StreamCounters, StreamStats};
+use crate::stats::{SiteFallbacks, StreamCounters, StreamStats};
 use crate::sync;
 
 /// A stream's counters and what else it shares with its device for reports: read by the device
@@ -49,10 +49,7 @@ impl Ledger {
         stats.fallback_sites = sync::lock(&self.fallback_sites).clone();
         let peak = self.peak_at.load(Relaxed);
         // SAFETY: `peak_at` holds null or a pointer made from a `&'static Location` (`note_peak`).
-        stats.peak_at = unsafe { peak.as_ref() }.map(|at| PeakSite {
-            file: at.file(),
-            line: at.line(),
-        });
+        stats.peak_at = unsafe { peak.as_ref() }.map(CallSite::at);
         stats
     }
 

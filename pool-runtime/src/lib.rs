@@ -24,7 +24,7 @@
 //! # Layers
 //! Each module has a rank and imports only modules of a lower rank, never one of its own, so no
 //! import cycle can form. `tests/layers.rs` reads the table below and checks every path into the
-//! crate against it, the names re-exported here included (`crate::DeviceRef` is an import of
+//! crate against it, the names re-exported here included (`crate::LentSlice` is an import of
 //! `device_memory`); only `#[cfg(test)] mod` blocks may look anywhere. Every module file is named
 //! once (a file under a module's directory is `dir::file`), or belongs to its nearest named parent
 //! (`stream/lease.rs` is part of `stream`): a new module is one more name in a row, or a row of its
@@ -94,6 +94,7 @@ mod stats;
 mod storage;
 mod stream;
 mod sync;
+#[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(feature = "timeline")]
 pub mod timeline;
@@ -111,7 +112,7 @@ pub use config::{
 };
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]
-pub use device_memory::{DeviceMut, DeviceRef};
+pub use device_memory::{LentSlice, LentSliceMut};
 pub use error::{Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
@@ -122,7 +123,7 @@ pub use mix::MixMemory;
 pub use record::{Event, EventKind, StreamRecording};
 pub use report::{Report, report};
 pub use source::{CallSite, FallbackReason, Source};
-pub use stats::{DeviceStats, FallbackCounts, PeakSite, SiteFallbacks, StreamStats};
+pub use stats::{DeviceStats, FallbackCounts, SiteFallbacks, StreamStats};
 pub use stream::Stream;
 pub use view::{GpuView, GpuViewMut};
 

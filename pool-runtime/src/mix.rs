@@ -37,7 +37,7 @@ enum Gpu {
 ///
 /// ```
 /// use gpu_pool_runtime::{Device, MixMemory, PoolError, Stream};
-/// let device = Device::host_with_limit(None);
+/// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
 /// let mut mix = MixMemory::new(&device)?;
 /// mix.cpu::<f32>(4)?.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
@@ -236,11 +236,13 @@ impl<'a> MixMemory<'a> {
     }
 
     /// The reallocations made so far, both sides.
+    #[must_use]
     pub fn reallocations(&self) -> u64 {
         self.reallocations
     }
 
     /// Bytes held on (host, device).
+    #[must_use]
     pub fn capacity(&self) -> (usize, usize) {
         (self.host_bytes(), self.gpu_bytes())
     }

@@ -17,7 +17,7 @@
 //! use gpu_pool_runtime::{Device, PoolError};
 //!
 //! // The application sizes and activates the pool once...
-//! activate_gpu_memory_pool_on(&Device::host_with_limit(None), ceil_2d_volume(640 * 4, 480))?;
+//! activate_gpu_memory_pool_on(&Device::private_host(), ceil_2d_volume(640 * 4, 480))?;
 //! // ...and a library function takes its intermediate buffer from it when it is active.
 //! fn library_function() -> Result<usize, PoolError> {
 //!     let mut block = GpuMemoryBlock::default();
@@ -48,12 +48,14 @@ pub const PITCH_GRANULARITY: usize = 512;
 
 /// The pool bytes a 1D block of `volume` bytes needs (ppl.cv's `ceil1DVolume`): `volume` rounded
 /// up to 512. Saturates at `usize::MAX`, which no activation can satisfy.
+#[must_use]
 pub fn ceil_1d_volume(volume: usize) -> usize {
     align_up(volume, PITCH_GRANULARITY).unwrap_or(usize::MAX)
 }
 
 /// The pool bytes a 2D block of `width` bytes by `height` rows needs (ppl.cv's `ceil2DVolume`):
 /// the pitch, `width` rounded up to 512, times `height`. Saturates at `usize::MAX`.
+#[must_use]
 pub fn ceil_2d_volume(width: usize, height: usize) -> usize {
     align_up(width, PITCH_GRANULARITY)
         .and_then(|pitch| pitch.checked_mul(height))
@@ -85,26 +87,31 @@ pub struct GpuMemoryBlock {
 
 impl GpuMemoryBlock {
     /// The pool's base address (ppl.cv's `data`); 0 while unallocated.
+    #[must_use]
     pub fn data(&self) -> u64 {
         self.data
     }
 
     /// Offset of the block in the pool (ppl.cv's `offset`).
+    #[must_use]
     pub fn offset(&self) -> usize {
         self.offset
     }
 
     /// Bytes of the block (ppl.cv's `size`).
+    #[must_use]
     pub fn size(&self) -> usize {
         self.size
     }
 
     /// Bytes between rows of a 2D block; 0 for a 1D block (ppl.cv's `pitch`).
+    #[must_use]
     pub fn pitch(&self) -> usize {
         self.pitch
     }
 
     /// The block's first byte (`data + offset`); 0 while unallocated.
+    #[must_use]
     pub fn device_ptr(&self) -> u64 {
         // No overflow: an allocated block lies inside the pool's one allocation, and an unallocated
         // one is all zeros.
@@ -112,6 +119,7 @@ impl GpuMemoryBlock {
     }
 
     /// Whether the block holds memory of the pool (a zero-byte block holds an empty range of it).
+    #[must_use]
     pub fn is_allocated(&self) -> bool {
         self.id != 0
     }
@@ -247,11 +255,13 @@ pub fn shutdown_gpu_memory_pool() -> Result<(), PoolError> {
 }
 
 /// Whether the pool is activated (ppl.cv's `memoryPoolUsed`).
+#[must_use]
 pub fn memory_pool_used() -> bool {
     lock().is_some()
 }
 
 /// Bytes of the pool held by live blocks, or `None` when it is not activated.
+#[must_use]
 pub fn memory_pool_in_use() -> Option<usize> {
     lock()
         .as_ref()

@@ -11,6 +11,7 @@ use crate::source::{CallSite, Source};
 
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EventKind {
     /// A buffer was taken.
     Take,
@@ -20,6 +21,7 @@ pub enum EventKind {
 
 /// One take or release on a stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Event {
     /// Nanoseconds since the first event of the process.
     pub t_ns: u64,
@@ -79,6 +81,7 @@ impl Ring {
 
 /// What one stream recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StreamRecording {
     /// The stream's device.
     pub device: DeviceId,

@@ -6,33 +6,40 @@ use crate::device::all_devices;
 use crate::source::FallbackReason;
 use crate::stats::{DeviceStats, SiteFallbacks};
 
-/// Every device's stats, printable as the sizing report.
+/// Devices' stats, which display as the sizing report: per device and per live stream, stack
+/// use, fallbacks and driver calls, and the config that would have avoided every fallback.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
+#[must_use = "a report does nothing unless printed or read"]
 pub struct Report {
-    /// One entry per device that has been used.
+    /// One entry per device.
     pub devices: Vec<DeviceStats>,
 }
 
 impl Report {
-    /// Collects the report without printing it.
-    pub fn collect() -> Report {
-        Report {
-            devices: all_devices().iter().map(|d| d.stats()).collect(),
-        }
+    /// The report of the given devices' stats (for every live device, see [`report`]).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{Device, Report};
+    /// let device = Device::private_host();
+    /// let text = Report::new(vec![device.stats()]).to_string();
+    /// assert!(text.contains(&format!("{}: config", device.id())), "{text}");
+    /// ```
+    pub fn new(devices: Vec<DeviceStats>) -> Report {
+        Report { devices }
     }
 }
 
-/// Prints, per device and per live stream, stack use, fallbacks and driver calls, and the config that
-/// would have avoided every fallback; returns the same data.
+/// The report of every live device, in creation order. Printing it is the caller's choice: it
+/// implements `Display`.
 ///
 /// ```
 /// let report = gpu_pool_runtime::report();
 /// assert!(report.to_string().contains("gpu-pool report"));
+/// println!("{report}");
 /// ```
 pub fn report() -> Report {
-    let report = Report::collect();
-    println!("{report}");
-    report
+    Report::new(all_devices().iter().map(|d| d.stats()).collect())
 }
 
 /// One line per call site that fell back.
@@ -100,7 +107,7 @@ impl fmt::Display for Report {
                     s.fallback_allocations.total(),
                 )?;
                 if let Some(peak) = s.peak_at {
-                    writeln!(f, "    peak reached at {}:{}", peak.file, peak.line)?;
+                    writeln!(f, "    peak reached at {}:{}", peak.file(), peak.line())?;
                 }
                 write_sites(f, &s.fallback_sites)?;
             }

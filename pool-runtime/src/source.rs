@@ -5,6 +5,7 @@ use std::fmt;
 
 /// Where a buffer's memory came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Source {
     /// The stream's stack.
     Stack,
@@ -18,6 +19,7 @@ pub enum Source {
 
 /// Why a request did not come from the stream's stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FallbackReason {
     /// The stack has a buffer-sized hole only after releases; it is too full now.
     StackFull,
@@ -62,7 +64,7 @@ impl fmt::Display for FallbackReason {
 ///
 /// ```
 /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
-/// let stream = Stream::new(&Device::host_with_limit(Some(64 << 20)))?;
+/// let stream = Stream::new(&Device::host_with_limit(64 << 20))?;
 /// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
 /// assert!(err.to_string().contains(file!()), "{err}"); // the line that asked
 /// # Ok::<(), PoolError>(())
@@ -78,6 +80,7 @@ impl CallSite {
     /// for none).
     #[track_caller]
     #[inline(always)]
+    #[must_use]
     pub fn here(name: &'static str) -> CallSite {
         CallSite {
             name,
@@ -86,18 +89,26 @@ impl CallSite {
     }
 
     /// The name the `buffer!` binds; `None` for a runtime-API request.
+    #[must_use]
     pub fn name(&self) -> Option<&'static str> {
         (!self.name.is_empty()).then_some(self.name)
     }
 
     /// The source file.
+    #[must_use]
     pub fn file(&self) -> &'static str {
         self.location.file()
     }
 
     /// The line.
+    #[must_use]
     pub fn line(&self) -> u32 {
         self.location.line()
+    }
+
+    /// The site of `location`, with no name.
+    pub(crate) fn at(location: &'static std::panic::Location<'static>) -> CallSite {
+        CallSite { name: "", location }
     }
 
     /// The location alone.

@@ -102,10 +102,12 @@ pub struct FallbackCounts([u64; FallbackReason::ALL.len()]);
 
 impl FallbackCounts {
     /// Allocations that fell back for `reason`.
+    #[must_use]
     pub fn get(&self, reason: FallbackReason) -> u64 {
         self.0[reason as usize]
     }
     /// All fallback allocations.
+    #[must_use]
     pub fn total(&self) -> u64 {
         self.0.iter().sum()
     }
@@ -120,7 +122,7 @@ impl FallbackCounts {
 ///
 /// ```
 /// use gpu_pool_runtime::{BufferPool, Device, Stream};
-/// let device = Device::host_with_limit(None);
+/// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
 /// let buf = pool.get_buffer_1d::<f32>(1000)?;
@@ -131,6 +133,7 @@ impl FallbackCounts {
 /// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StreamStats {
     /// A number unique to the stream within the process.
     pub stream: u64,
@@ -160,14 +163,15 @@ pub struct StreamStats {
     pub lifo_violations: u64,
     /// The requests that fell back, by the `buffer!` or call that made them.
     pub fallback_sites: Vec<SiteFallbacks>,
-    /// Where the stack's high-water mark was reached: the request that took it highest. `None`
-    /// before any, and after [`Stream::reset_peak`](crate::Stream::reset_peak) until a take
-    /// raises the mark.
-    pub peak_at: Option<PeakSite>,
+    /// Where the stack's high-water mark was reached: the source location of the request that
+    /// took it highest (its [`name`](CallSite::name) is not kept: `None`). `None` before any, and
+    /// after [`Stream::reset_peak`](crate::Stream::reset_peak) until a take raises the mark.
+    pub peak_at: Option<CallSite>,
 }
 
 /// The fallbacks of one call site on one stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SiteFallbacks {
     /// The `buffer!` or runtime call.
     pub site: CallSite,
@@ -179,28 +183,20 @@ pub struct SiteFallbacks {
     pub bytes_short: usize,
 }
 
-/// The source line of a stream's stack peak.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeakSite {
-    /// The source file.
-    pub file: &'static str,
-    /// The line.
-    pub line: u32,
-}
-
 /// A snapshot of one device's counters: its own driver calls plus every stream it has had.
 ///
 /// ```
 /// use gpu_pool_runtime::{BufferPool, Device, Stream};
-/// let device = Device::host_with_limit(None);
+/// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
-/// BufferPool::new(&stream).get_buffer::<u8>(16, 16)?;
+/// drop(BufferPool::new(&stream).get_buffer::<u8>(16, 16)?);
 /// let stats = device.stats();
 /// assert_eq!(stats.driver_alloc_calls, 1); // the one allocation that holds every stack
 /// assert_eq!(stats.streams.len(), 1);
 /// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceStats {
     /// The device.
     pub device: DeviceId,
@@ -241,6 +237,7 @@ impl DeviceStats {
     /// The config that would have served every stack-eligible request of this device's streams from
     /// a stack: the largest stream demand rounded up to a MiB, and as many stacks as streams wanted
     /// at once. `None` if no stream ever asked for a buffer.
+    #[must_use]
     pub fn recommended_config(&self) -> Option<PoolConfig> {
         if self.peak_stream_demand == 0 {
             return None;

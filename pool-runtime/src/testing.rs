@@ -1,5 +1,6 @@
 //! Hooks for tests of code built on gpu-pool: fault injection and leak checks on the host
-//! backend. Not needed in production code, so not on [`Device`] itself.
+//! backend. Not needed in production code, so not on [`Device`] itself, and only with the
+//! `testing` feature (off by default): enable it in `[dev-dependencies]`.
 //!
 //! ```
 //! use gpu_pool_runtime::testing::{host_live_bytes, host_with_fault};
@@ -20,12 +21,14 @@ use crate::device::Device;
 /// A private host device whose allocation call number `fail_at` (1-based, every kind of
 /// allocation counted) fails with out-of-memory: for testing that every failure point is
 /// survived. 0 never fails.
+#[must_use]
 pub fn host_with_fault(fail_at: u64) -> Device {
-    Device::private_host(None, fail_at)
+    Device::new_private_host(None, fail_at)
 }
 
 /// On a host device, the bytes its backend has handed out and not taken back (device and pinned
 /// memory): what a leak check compares. `None` on a GPU.
+#[must_use]
 pub fn host_live_bytes(device: &Device) -> Option<usize> {
     device.backend().live_bytes()
 }

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream, timeline};
-//! let device = Device::host_with_limit(None);
+//! let device = Device::private_host();
 //! device.set_recording(1000);
 //! let stream = Stream::new(&device)?;
 //! let pool = BufferPool::new(&stream);
@@ -31,6 +31,7 @@ use crate::record::{EventKind, StreamRecording};
 use crate::source::Source;
 
 /// Every live device's recordings (live streams and the last dropped ones).
+#[must_use]
 pub fn recordings() -> Vec<StreamRecording> {
     all_devices().iter().flat_map(|d| d.recordings()).collect()
 }
@@ -38,6 +39,7 @@ pub fn recordings() -> Vec<StreamRecording> {
 /// `recordings` as Chrome trace JSON: per stream (a thread of its device's process), a counter of
 /// stack bytes in use, and an instant event per take, named for its `buffer!` and carrying its
 /// bytes, source and call site. Fallbacks are in category `fallback`.
+#[must_use]
 pub fn chrome_trace(recordings: &[StreamRecording]) -> String {
     let mut events = Vec::new();
     let mut devices: Vec<String> = Vec::new();

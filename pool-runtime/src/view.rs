@@ -107,8 +107,9 @@ fn check_range(what: &'static str, range: &Range<usize>, len: usize) -> Result<(
 
 /// A read-only view of a [`GpuMat`](crate::GpuMat) or of a region of one: the address, shape and
 /// step, valid while the buffer is borrowed. For kernel arguments, cudarc's device-memory traits
-/// (through [`device_ref`](GpuView::device_ref)) and, on the host backend, CPU twins of kernels.
+/// (through [`as_cudarc`](GpuView::as_cudarc)) and, on the host backend, CPU twins of kernels.
 #[derive(Clone, Copy, Debug)]
+#[must_use = "a view does nothing unless used"]
 pub struct GpuView<'a, T> {
     pub(crate) window: Window,
     pub(crate) device: DeviceId,
@@ -120,6 +121,7 @@ pub struct GpuView<'a, T> {
 /// A writable view of a [`GpuMat`](crate::GpuMat) or of a region of one, for kernel arguments,
 /// cudarc's device-memory traits and CPU twins.
 #[derive(Debug)]
+#[must_use = "a view does nothing unless used"]
 pub struct GpuViewMut<'a, T> {
     pub(crate) window: Window,
     pub(crate) device: DeviceId,
@@ -164,31 +166,38 @@ macro_rules! view_common {
             }
 
             /// The device address of row 0 (0 for an empty view).
+            #[must_use]
             pub fn device_ptr(&self) -> u64 {
                 self.window.ptr
             }
             /// Rows.
+            #[must_use]
             pub fn rows(&self) -> usize {
                 self.window.rows
             }
             /// Columns.
+            #[must_use]
             pub fn cols(&self) -> usize {
                 self.window.cols
             }
             /// Elements (`rows * cols`).
+            #[must_use]
             pub fn len(&self) -> usize {
                 // Cannot wrap: a view is never larger than the buffer whose layout checked it.
                 self.window.rows * self.window.cols
             }
             /// Whether it has no elements.
+            #[must_use]
             pub fn is_empty(&self) -> bool {
                 self.len() == 0
             }
             /// Bytes between rows (the parent's step, for a region).
+            #[must_use]
             pub fn step(&self) -> usize {
                 self.window.pitch
             }
             /// Whether the rows follow each other with no padding.
+            #[must_use]
             pub fn is_continuous(&self) -> bool {
                 self.window.is_continuous::<T>()
             }

@@ -3,7 +3,7 @@
 //! file under `src/` and resolves every path into the crate written there: `use` trees (grouped,
 //! nested, over several lines), `crate::`, `super::` and `self::` paths and paths through child
 //! modules anywhere in the code, and names re-exported by `lib.rs` or by another module
-//! (`crate::DeviceRef` leads to `device_memory`). Comments, doc comments and strings are skipped,
+//! (`crate::LentSlice` leads to `device_memory`). Comments, doc comments and strings are skipped,
 //! and so are `#[cfg(test)] mod` blocks and files: tests may look anywhere.
 //!
 //! A file the table does not name belongs to its nearest named parent (`stream::lease` is part of

@@ -27,7 +27,7 @@ fn model(threads: usize, stacks: usize, preemptions: Option<usize>) {
     let counter = runs.clone();
     builder.check(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let device = Device::host_with_limit(None);
+        let device = Device::private_host();
         set_buffer_pool_config(&device, 4096, stacks).expect("valid config");
         let flags: Arc<Vec<AtomicBool>> =
             Arc::new((0..stacks).map(|_| AtomicBool::new(false)).collect());

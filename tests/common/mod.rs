@@ -85,7 +85,7 @@ pub fn each_device(
     test: &str,
     body: impl Fn(&Device) -> Result<(), PoolError>,
 ) -> Result<(), PoolError> {
-    let host = Device::host_with_limit(None);
+    let host = Device::private_host();
     host.set_fallback(Fallback::Driver);
     body(&host)?;
     if let Some((gpu, _guard)) = gpu(test) {

@@ -132,7 +132,7 @@ pub fn run_ops(ops: &[Op]) -> Outcome {
         max_streams: 8,
         ..Setup::default()
     };
-    let device = Device::host_with_limit(Some(limit));
+    let device = Device::host_with_limit(limit);
     let tally = model::run_ops(&device, setup, decode(&ops[..ops.len().min(512)]))
         .unwrap_or_else(|m| panic!("the pool and the model part: {m}"));
     Outcome {

@@ -5,7 +5,7 @@ use gpu_pool::{BufferPool, Device, MixMemory, PoolError, Stream};
 
 #[test]
 fn typed_access_to_memory_not_aligned_for_the_type_is_an_error() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let mut host = [0u8; 64];
     let mut mix = MixMemory::wrap_cpu(&device, &mut host[1..])?; // odd address
     let err = mix.cpu::<u32>(4).unwrap_err();
@@ -27,7 +27,7 @@ fn typed_access_to_memory_not_aligned_for_the_type_is_an_error() -> Result<(), P
 
 #[test]
 fn record_stream_with_a_stream_of_another_device_is_an_error() -> Result<(), PoolError> {
-    let (a, b) = (Device::host_with_limit(None), Device::host_with_limit(None));
+    let (a, b) = (Device::private_host(), Device::private_host());
     let (sa, sb) = (Stream::new(&a)?, Stream::new(&b)?);
     let buf = BufferPool::new(&sa).get_buffer::<f32>(8, 8)?;
     assert!(matches!(
@@ -39,7 +39,7 @@ fn record_stream_with_a_stream_of_another_device_is_an_error() -> Result<(), Poo
 
 #[test]
 fn releasing_stack_memory_while_a_stream_holds_a_stack_is_refused() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let stream = Stream::new(&device)?;
     let buf = BufferPool::new(&stream).get_buffer::<u8>(16, 16)?;
     let err = device.release_stack_memory().unwrap_err();
@@ -68,7 +68,7 @@ struct Line([u8; 256]);
 
 #[test]
 fn element_types_aligned_above_256_bytes_are_refused_everywhere() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let stream = Stream::new(&device)?;
     let pool = BufferPool::new(&stream);
     let refused = |e: PoolError| {
@@ -98,7 +98,7 @@ fn element_types_aligned_above_256_bytes_are_refused_everywhere() -> Result<(), 
 
 #[test]
 fn rows_of_the_most_aligned_element_type_are_aligned() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(Some(64 << 20));
+    let device = Device::host_with_limit(64 << 20);
     device.set_fallback(gpu_pool::Fallback::Driver);
     gpu_pool::set_buffer_pool_config(&device, 64 << 10, 1)?;
     let stream = Stream::new(&device)?;
@@ -134,10 +134,10 @@ unsafe impl gpu_pool::GpuAllocator for Skewed {
         req: &gpu_pool::AllocRequest,
     ) -> Result<gpu_pool::Allocation, PoolError> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(gpu_pool::Allocation {
-            ptr: ctx.alloc(req.bytes + 8)? + 4,
-            pitch: req.pitch,
-        })
+        Ok(gpu_pool::Allocation::new(
+            ctx.alloc(req.bytes + 8)? + 4,
+            req.pitch,
+        ))
     }
     unsafe fn deallocate(
         &self,
@@ -152,7 +152,7 @@ unsafe impl gpu_pool::GpuAllocator for Skewed {
 
 #[test]
 fn an_allocator_answer_misaligned_for_the_type_is_refused_and_freed() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let skewed = std::sync::Arc::new(Skewed::default());
     let stream = Stream::with_allocator(&device, skewed.clone())?;
     let pool = BufferPool::new(&stream);
@@ -174,7 +174,7 @@ fn an_allocator_answer_misaligned_for_the_type_is_refused_and_freed() -> Result<
 
 #[test]
 fn zero_sized_elements_with_huge_shapes_never_overflow() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let pool = BufferPool::new(&stream);
     for (rows, cols) in [(usize::MAX, 2), (2, usize::MAX), (1 << 33, 1 << 33)] {
         let err = pool.get_buffer::<()>(rows, cols).unwrap_err();
@@ -196,7 +196,7 @@ fn zero_sized_elements_with_huge_shapes_never_overflow() -> Result<(), PoolError
 
 #[test]
 fn a_copy_between_different_shapes_names_both() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let pool = BufferPool::new(&stream);
     let src = pool.get_buffer::<f32>(3, 2)?;
     let mut dst = pool.get_buffer::<f32>(2, 3)?; // the same 6 elements
@@ -220,7 +220,7 @@ fn devices_never_share_an_identity() {
     let mut seen = std::collections::HashSet::new();
     for i in 0..1000 {
         let device = if i % 2 == 0 {
-            Device::host_with_limit(None)
+            Device::private_host()
         } else {
             gpu_pool::testing::host_with_fault(0)
         };
@@ -230,7 +230,7 @@ fn devices_never_share_an_identity() {
 
 #[test]
 fn a_caching_pool_serves_only_its_own_device() -> Result<(), PoolError> {
-    let (a, b) = (Device::host_with_limit(None), Device::host_with_limit(None));
+    let (a, b) = (Device::private_host(), Device::private_host());
     let cache = std::sync::Arc::new(gpu_pool::CachingPool::new(&a));
     let on_b = Stream::with_allocator(&b, cache.clone())?;
     let err = BufferPool::new(&on_b).get_buffer_1d::<u8>(64).unwrap_err();

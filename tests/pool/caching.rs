@@ -102,7 +102,7 @@ fn as_the_stack_fallback_it_turns_repeated_overflows_into_hits() -> Result<(), P
 #[test]
 fn out_of_memory_frees_what_is_held_and_retries_once() -> Result<(), PoolError> {
     // Bins round 2 MiB up to 2.125 MiB and 3 MiB to 3.125 MiB: both do not fit in 4 MiB.
-    let device = Device::host_with_limit(Some(4 << 20));
+    let device = Device::host_with_limit(4 << 20);
     let cache = Arc::new(CachingPool::new(&device));
     let stream = Stream::with_allocator(&device, cache.clone())?;
     let pool = BufferPool::new(&stream);
@@ -123,8 +123,8 @@ fn out_of_memory_frees_what_is_held_and_retries_once() -> Result<(), PoolError> 
 
 #[test]
 fn bad_settings_and_foreign_devices_are_errors() -> Result<(), PoolError> {
-    let a = Device::host_with_limit(None);
-    let b = Device::host_with_limit(None);
+    let a = Device::private_host();
+    let b = Device::private_host();
     let err = CachingPool::with_leading_bits(&a, 40).unwrap_err();
     assert!(err.to_string().contains("0 to 16"), "{err}");
     let cache = Arc::new(CachingPool::with_leading_bits(&a, 2)?);
@@ -138,7 +138,7 @@ fn bad_settings_and_foreign_devices_are_errors() -> Result<(), PoolError> {
 fn a_block_freed_on_one_stream_reaches_another_only_when_its_work_is_done() -> Result<(), PoolError>
 {
     // On the host backend every operation is finished when it returns: the block moves at once.
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let cache = Arc::new(CachingPool::new(&device));
     let (a, b) = (
         Stream::with_allocator(&device, cache.clone())?,
@@ -247,7 +247,7 @@ fn bin_of_is_total_from_zero_to_the_largest_size() {
 
 #[test]
 fn an_empty_buffer_on_a_caching_stream_asks_the_pool_for_nothing() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let cache = Arc::new(CachingPool::new(&device));
     let stream = Stream::with_allocator(&device, cache.clone())?;
     let pool = BufferPool::new(&stream);
@@ -265,7 +265,7 @@ fn an_empty_buffer_on_a_caching_stream_asks_the_pool_for_nothing() -> Result<(),
 
 #[test]
 fn active_bytes_are_counted_as_requested_and_as_rounded_and_peaks_reset() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let cache = Arc::new(CachingPool::new(&device));
     let stream = Stream::with_allocator(&device, cache.clone())?;
     let pool = BufferPool::new(&stream);

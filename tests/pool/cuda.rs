@@ -532,7 +532,7 @@ fn a_copy_from_another_stream_waits_for_its_writes_and_holds_off_its_reuse() -> 
 
 #[test]
 fn capture_is_unsupported_on_the_host_backend() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let err = stream.capture(|_| Ok(())).unwrap_err();
     assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
     let mut after = BufferPool::new(&stream).get_buffer_1d::<u8>(8)?;

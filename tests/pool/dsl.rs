@@ -431,7 +431,7 @@ fn over_aligned(stream: &Stream) -> Result<usize, PoolError> {
 
 #[test]
 fn an_over_aligned_element_is_an_error_through_the_dsl_too() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let err = over_aligned(&stream).unwrap_err();
     assert!(
         matches!(err, PoolError::UnsupportedAlignment { align: 512, .. }),

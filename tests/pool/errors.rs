@@ -19,7 +19,7 @@ struct Broken;
 // SAFETY: returns a null allocation, which the pool must refuse before anything uses it.
 unsafe impl GpuAllocator for Broken {
     fn allocate(&self, _: &AllocContext<'_>, _: &AllocRequest) -> Result<Allocation, PoolError> {
-        Ok(Allocation { ptr: 0, pitch: 0 })
+        Ok(Allocation::new(0, 0))
     }
     unsafe fn deallocate(&self, _: &AllocContext<'_>, _: Allocation) -> Result<(), PoolError> {
         Ok(())
@@ -28,7 +28,7 @@ unsafe impl GpuAllocator for Broken {
 
 /// A device of 4 MiB with one 1 MiB stack, falling back to `fallback`.
 fn small(fallback: Fallback) -> Result<Device, PoolError> {
-    let device = Device::host_with_limit(Some(4 * MIB));
+    let device = Device::host_with_limit(4 * MIB);
     device.set_fallback(fallback);
     set_buffer_pool_config(&device, MIB, 1)?;
     Ok(device)
@@ -96,7 +96,7 @@ fn every_memory_error_of_a_buffer_carries_its_request() -> Result<(), PoolError>
 
 #[test]
 fn memory_not_for_a_buffer_has_no_request() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(Some(MIB));
+    let device = Device::host_with_limit(MIB);
     let err = MixMemory::new(&device)?.gpu::<u8>(2 * MIB).unwrap_err();
     assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
     assert_eq!(err.context(), None);
@@ -187,7 +187,7 @@ fn a_failed_cuda_call_keeps_its_error_as_its_source() {
 
 #[test]
 fn a_wrong_host_slice_and_a_copy_between_shapes_say_different_things() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let pool = BufferPool::new(&stream);
     let mut a = pool.get_buffer::<f32>(2, 3)?;
     let slice = a.upload(&[0.0; 5]).unwrap_err();

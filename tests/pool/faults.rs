@@ -196,7 +196,7 @@ fn cached_work(stream: &Stream, n: usize) -> Result<(), PoolError> {
 
 #[test]
 fn a_failing_allocator_wrapper_leaves_every_device_clean() -> Result<(), PoolError> {
-    let host = Device::host_with_limit(None);
+    let host = Device::private_host();
     wrapper_every_k(&host)?;
     // The GPU's lock: the device-wide counters compared below are shared with every GPU test.
     if let Some((gpu, _lock)) = crate::common::gpu("fault_wrapper") {

@@ -55,7 +55,7 @@ fn round_trips_on_a_stream_and_waits_before_host_access() -> Result<(), PoolErro
                 "round {round}"
             );
         }
-        let other = Stream::new(&Device::host_with_limit(None))?;
+        let other = Stream::new(&Device::private_host())?;
         if other.device() != device {
             assert!(matches!(
                 mix.copy_to_gpu_async(&other),

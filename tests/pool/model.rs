@@ -56,7 +56,7 @@ proptest! {
     #![proptest_config(config(128))]
     #[test]
     fn random_sequences_match_the_model(ops in prop::collection::vec(op(), 1..80)) {
-        run(&Device::host_with_limit(None), ops)?;
+        run(&Device::private_host(), ops)?;
     }
 }
 

@@ -48,14 +48,14 @@ proptest! {
     #[test]
     fn caching_pool_matches_its_model(ops in prop::collection::vec(cache_op(), 1..120)) {
         let streams = [Op::NewStream(StreamKind::Cached), Op::NewStream(StreamKind::Cached)];
-        let device = Device::host_with_limit(None);
+        let device = Device::private_host();
         model::run_ops(&device, Setup::default(), streams.into_iter().chain(ops)).map_err(fail)?;
     }
 
     #[test]
     fn mix_memory_matches_its_model(ops in prop::collection::vec(mix_op(), 1..80)) {
         let stream = Op::NewStream(StreamKind::Stack);
-        let device = Device::host_with_limit(None);
+        let device = Device::private_host();
         model::run_ops(&device, Setup::default(), std::iter::once(stream).chain(ops))
             .map_err(fail)?;
     }

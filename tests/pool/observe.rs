@@ -5,7 +5,7 @@ use gpu_pool::{EventKind, Fallback, FallbackReason, set_buffer_pool_config};
 
 /// A device with one small stack and the given fallback.
 fn small(fallback: Fallback) -> Device {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     device.set_fallback(fallback);
     set_buffer_pool_config(&device, 64 << 10, 1).expect("a valid config");
     device
@@ -51,14 +51,14 @@ fn fallbacks_and_the_peak_name_their_buffer_lines() -> Result<(), PoolError> {
         (100 << 10) - ((64 << 10) - stats.stack_high_water)
     );
     let peak = stats.peak_at.expect("a peak was reached");
-    assert_eq!(peak.line, lines.wide);
-    let report = gpu_pool::Report::collect().to_string();
+    assert_eq!(peak.line(), lines.wide);
+    let report = gpu_pool::report().to_string();
     assert!(
         report.contains(&format!("`_huge` at {}:{}", site.site.file(), lines.huge)),
         "{report}"
     );
     assert!(
-        report.contains(&format!("peak reached at {}:{}", peak.file, lines.wide)),
+        report.contains(&format!("peak reached at {}:{}", peak.file(), lines.wide)),
         "{report}"
     );
     Ok(())
@@ -101,7 +101,7 @@ fn an_exhausted_stack_names_the_line_the_stream_and_the_setting_that_fixes_it() 
 
 #[test]
 fn runtime_api_requests_are_attributed_to_their_caller() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(Some(8 << 20));
+    let device = Device::host_with_limit(8 << 20);
     set_buffer_pool_config(&device, 1 << 20, 1)?;
     let stream = Stream::new(&device)?;
     let pool = BufferPool::new(&stream);
@@ -141,11 +141,11 @@ fn runtime_api_requests_are_attributed_to_their_caller() -> Result<(), PoolError
 
 #[test]
 fn nothing_is_recorded_unless_asked() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     let stream = Stream::new(&device)?;
     drop(BufferPool::new(&stream).get_buffer_1d::<u8>(64)?);
     assert!(device.recordings().is_empty());
-    assert_eq!(device.recording()?, 0);
+    assert_eq!(device.recording_events_per_stream()?, 0);
     Ok(())
 }
 

@@ -24,7 +24,7 @@ fn ceil_helpers_round_like_ppl_cv() {
 #[test]
 fn blocks_take_the_first_gap_that_holds_them() -> Result<(), PoolError> {
     let _g = serial();
-    activate_gpu_memory_pool_on(&Device::host_with_limit(None), 8 * 512)?;
+    activate_gpu_memory_pool_on(&Device::private_host(), 8 * 512)?;
     let (mut a, mut b, mut c) = Default::default();
     ppl_cuda_malloc(100, &mut a)?;
     ppl_cuda_malloc_pitch(700, 2, &mut b)?; // pitch 1024: 2048 bytes
@@ -47,7 +47,7 @@ fn blocks_take_the_first_gap_that_holds_them() -> Result<(), PoolError> {
 #[test]
 fn a_pool_too_small_is_an_error_that_changes_nothing() -> Result<(), PoolError> {
     let _g = serial();
-    activate_gpu_memory_pool_on(&Device::host_with_limit(None), ceil_2d_volume(640, 480))?;
+    activate_gpu_memory_pool_on(&Device::private_host(), ceil_2d_volume(640, 480))?;
     let mut a = GpuMemoryBlock::default();
     ppl_cuda_malloc_pitch(640, 480, &mut a)?;
     let mut b = GpuMemoryBlock::default();
@@ -75,9 +75,9 @@ fn misuse_is_refused_where_ppl_cv_only_logs() -> Result<(), PoolError> {
             .contains("not activated")
     );
     assert!(shutdown_gpu_memory_pool().is_err());
-    assert!(activate_gpu_memory_pool_on(&Device::host_with_limit(None), 0).is_err());
+    assert!(activate_gpu_memory_pool_on(&Device::private_host(), 0).is_err());
 
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     activate_gpu_memory_pool_on(&device, 4096)?;
     assert!(memory_pool_used());
     let again = activate_gpu_memory_pool_on(&device, 4096).unwrap_err();
@@ -122,7 +122,7 @@ fn misuse_is_refused_where_ppl_cv_only_logs() -> Result<(), PoolError> {
 #[test]
 fn shutting_down_under_live_blocks_is_an_error_of_the_ppl_cv_pool() -> Result<(), PoolError> {
     let _g = serial();
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     activate_gpu_memory_pool_on(&device, 4096)?;
     let (mut a, mut b) = Default::default();
     ppl_cuda_malloc(8, &mut a)?;
@@ -179,7 +179,7 @@ fn on_the_gpu_the_pool_is_one_driver_allocation() -> Result<(), PoolError> {
 #[test]
 fn a_zero_byte_block_never_touches_another_blocks_record() -> Result<(), PoolError> {
     let _g = serial();
-    activate_gpu_memory_pool_on(&Device::host_with_limit(None), 4 * 512)?;
+    activate_gpu_memory_pool_on(&Device::private_host(), 4 * 512)?;
     let mut a = GpuMemoryBlock::default();
     ppl_cuda_malloc(100, &mut a)?;
     let (mut zero, mut zero_2d) = (GpuMemoryBlock::default(), GpuMemoryBlock::default());
@@ -223,7 +223,7 @@ fn a_zero_byte_block_never_touches_another_blocks_record() -> Result<(), PoolErr
 #[test]
 fn a_block_from_another_activation_is_refused_and_keeps_its_bytes_apart() -> Result<(), PoolError> {
     let _g = serial();
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     activate_gpu_memory_pool_on(&device, 4096)?;
     let mut old = GpuMemoryBlock::default();
     ppl_cuda_malloc(64, &mut old)?;

@@ -322,7 +322,7 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
         .capture(|s| {
             let mut t = BufferPool::new(s).get_buffer::<f32>(16, 100)?;
             t.set_to(1.0)?;
-            let mut lent = t.device_mut()?;
+            let mut lent = t.as_cudarc_mut()?;
             let ran = other.memset_zeros(&mut lent);
             println!("cudarc memset_zeros on another stream inside the capture: {ran:?} (run now)");
             // Any cudarc call clears cudarc's one error slot: the refusal must not depend on it.
@@ -341,7 +341,7 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
     let err = stream
         .capture(|s| {
             let cuda = s.cuda_stream().expect("CUDA");
-            let _ = cuda.memset_zeros(&mut on_b.device_mut()?);
+            let _ = cuda.memset_zeros(&mut on_b.as_cudarc_mut()?);
             Ok(())
         })
         .unwrap_err();
@@ -365,7 +365,7 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
         ),
         "{refused:?}"
     );
-    let lent = cuda.memset_zeros(&mut t.device_mut()?);
+    let lent = cuda.memset_zeros(&mut t.as_cudarc_mut()?);
     let nested = stream.capture(|_| Ok(())).unwrap_err();
     assert!(
         matches!(nested, PoolError::CapturedElsewhere { .. }),
@@ -383,7 +383,7 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
     t.set_to(4.0)?;
     stream.synchronize()?;
     cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-    let refused = other.memset_zeros(&mut t.device_mut()?);
+    let refused = other.memset_zeros(&mut t.as_cudarc_mut()?);
     println!("memset on another stream during a foreign capture: {refused:?}");
     assert!(refused.is_err());
     end_foreign_capture(&cuda);
@@ -466,11 +466,11 @@ fn a_region_lent_to_cudarc_never_exposes_its_neighbours() -> TestResult {
     let mut image = BufferPool::new(&stream).get_buffer::<f32>(16, 100)?;
     image.set_to(1.0)?;
 
-    let err = image.roi_mut(4..8, 10..20)?.device_mut().unwrap_err();
+    let err = image.roi_mut(4..8, 10..20)?.as_cudarc_mut().unwrap_err();
     println!("a 4x10 region of a 16x100 image lent to cudarc: {err}");
     assert!(matches!(err, PoolError::NotContinuous { .. }), "{err}");
     assert!(matches!(
-        image.roi(4..8, 10..20)?.device_ref(),
+        image.roi(4..8, 10..20)?.as_cudarc(),
         Err(PoolError::NotContinuous { .. })
     ));
 
@@ -479,13 +479,13 @@ fn a_region_lent_to_cudarc_never_exposes_its_neighbours() -> TestResult {
     assert!(ld > 100, "a padded image");
     {
         let mut rows = image.row_range_mut(4..8)?;
-        let mut lent = rows.device_mut()?;
+        let mut lent = rows.as_cudarc_mut()?;
         assert_eq!(lent.ld(), ld);
         assert_eq!(lent.len(), 3 * lent.ld() + 100);
         cuda.memset_zeros(&mut lent)?;
     }
     // One row of a region is contiguous: lent as it is.
-    cuda.memset_zeros(&mut image.roi_mut(10..11, 10..20)?.device_mut()?)?;
+    cuda.memset_zeros(&mut image.roi_mut(10..11, 10..20)?.as_cudarc_mut()?)?;
     let host = image.to_vec()?;
     let zeroed: Vec<usize> = (0..host.len()).filter(|&i| host[i] == 0.0).collect();
     let expected: Vec<usize> = (4 * 100..8 * 100)
@@ -493,7 +493,7 @@ fn a_region_lent_to_cudarc_never_exposes_its_neighbours() -> TestResult {
         .collect();
     assert_eq!(zeroed, expected, "exactly the lent elements were zeroed");
     assert_eq!(
-        image.device_mut()?.len(),
+        image.as_cudarc_mut()?.len(),
         15 * ld + 100,
         "a whole buffer lends its padding"
     );

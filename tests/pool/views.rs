@@ -61,7 +61,7 @@ fn a_region_keeps_its_parents_step_and_writes_only_inside() -> Result<(), PoolEr
 
 #[test]
 fn a_region_past_the_edge_is_an_error() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let mut image = BufferPool::new(&stream).get_buffer::<u8>(4, 8)?;
     for (rows, cols, what) in [
         (0..5, 0..8, "rows"),
@@ -86,7 +86,7 @@ fn a_region_past_the_edge_is_an_error() -> Result<(), PoolError> {
 
 #[test]
 fn a_continuous_buffer_is_one_row() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let pool = BufferPool::new(&stream);
     let mut line = pool.get_buffer_1d::<f32>(100)?;
     line.as_1d_mut()?.for_each_host_row_mut(|r, row| {
@@ -130,7 +130,7 @@ fn halves(stream: &Stream, n: usize) -> Result<(u8, u8), PoolError> {
 
 #[test]
 fn regions_of_dsl_buffers() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     assert_eq!(halves(&stream, 33)?, (1, 2));
     assert_eq!(stream.stats().stack_in_use, 0);
     Ok(())
@@ -139,10 +139,13 @@ fn regions_of_dsl_buffers() -> Result<(), PoolError> {
 #[cfg(feature = "cuda")]
 #[test]
 fn buffers_lent_to_cudarc_need_a_cuda_stream() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let mut b = BufferPool::new(&stream).get_buffer_1d::<f32>(8)?;
-    assert!(matches!(b.device_ref(), Err(PoolError::Unsupported { .. })));
-    assert!(matches!(b.device_mut(), Err(PoolError::Unsupported { .. })));
+    assert!(matches!(b.as_cudarc(), Err(PoolError::Unsupported { .. })));
+    assert!(matches!(
+        b.as_cudarc_mut(),
+        Err(PoolError::Unsupported { .. })
+    ));
     Ok(())
 }
 
@@ -150,7 +153,7 @@ fn buffers_lent_to_cudarc_need_a_cuda_stream() -> Result<(), PoolError> {
 #[test]
 fn cudarc_copies_pool_buffers_and_regions() -> Result<(), Box<dyn std::error::Error>> {
     use gpu_pool::cudarc::driver::DeviceSlice;
-    let Some((gpu, _lock)) = crate::common::gpu("device_ref") else {
+    let Some((gpu, _lock)) = crate::common::gpu("as_cudarc") else {
         return Ok(());
     };
     let stream = Stream::new(&gpu)?;
@@ -162,28 +165,28 @@ fn cudarc_copies_pool_buffers_and_regions() -> Result<(), Box<dyn std::error::Er
     src.upload(&values)?;
     // cudarc's own copy, into a pool buffer and back out.
     let mut dst = pool.get_buffer_1d::<f32>(1000)?;
-    cuda.memcpy_dtod(&src.device_ref()?, &mut dst.device_mut()?)?;
-    assert_eq!(cuda.clone_dtoh(&dst.device_ref()?)?, values);
+    cuda.memcpy_dtod(&src.as_cudarc()?, &mut dst.as_cudarc_mut()?)?;
+    assert_eq!(cuda.clone_dtoh(&dst.as_cudarc()?)?, values);
     // A pitched buffer is lent as the run from its first element to its last, step included.
     let mut image = pool.get_buffer::<f32>(4, 100)?;
     image.set_to(2.5)?;
-    let lent = image.device_ref()?;
+    let lent = image.as_cudarc()?;
     assert_eq!(
         (lent.ld(), lent.len()),
         (image.step() / 4, 3 * (image.step() / 4) + 100)
     );
     let row = image.roi(2..3, 10..20)?;
-    assert_eq!(cuda.clone_dtoh(&row.device_ref()?)?, vec![2.5; 10]);
+    assert_eq!(cuda.clone_dtoh(&row.as_cudarc()?)?, vec![2.5; 10]);
     // On another stream: that stream waits for this one's queued work first.
     let other_cuda = other.cuda_stream().expect("CUDA").clone();
     let mut late = pool.get_buffer_1d::<f32>(1000)?;
     late.set_to(4.0)?;
-    let seen = other_cuda.clone_dtoh(&late.device_ref()?)?;
+    let seen = other_cuda.clone_dtoh(&late.as_cudarc()?)?;
     assert!(
         seen.iter().all(|&v| v == 4.0),
         "the other stream saw the fill"
     );
-    println!("device_ref: cudarc copies of pool buffers and regions, on two streams, all correct");
+    println!("as_cudarc: cudarc copies of pool buffers and regions, on two streams, all correct");
     Ok(())
 }
 
@@ -194,7 +197,7 @@ struct Nothing([u32; 0]);
 
 #[test]
 fn zero_sized_elements_have_rows_regions_and_callbacks_of_their_shape() -> Result<(), PoolError> {
-    let stream = Stream::new(&Device::host_with_limit(None))?;
+    let stream = Stream::new(&Device::private_host())?;
     let pool = BufferPool::new(&stream);
     let mut unit = pool.get_buffer::<()>(3, 4)?;
     let lens: Vec<usize> = unit.host_rows()?.map(<[()]>::len).collect();

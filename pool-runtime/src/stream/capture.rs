@@ -269,7 +269,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn a_capture_reserves_what_its_packed_buffers_used() -> Result<(), crate::PoolError> {
-        let device = crate::Device::host_with_limit(None);
+        let device = crate::Device::private_host();
         let stream = crate::Stream::new(&device)?;
         let pool = crate::BufferPool::new(&stream);
         let before = pool.get_buffer_1d::<u8>(64)?; // the top is not texture-aligned

@@ -142,6 +142,7 @@ impl Stream {
 
     /// The cudarc stream, on a CUDA device: launch kernels on it.
     #[cfg(feature = "cuda")]
+    #[must_use]
     pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         match &self.raw {
             RawStream::Cuda(s) => Some(s),
@@ -167,7 +168,7 @@ impl Stream {
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
         static STREAM_IDS: crate::unique::Counter = crate::unique::Counter::new();
-        let record = device.recording()?;
+        let record = device.recording_events_per_stream()?;
         let id = STREAM_IDS.next();
         #[cfg(feature = "cuda")]
         let wrapped = capturing::Wrapped::claim(&raw, id)?;
@@ -195,21 +196,25 @@ impl Stream {
     }
 
     /// The stream's device.
+    #[must_use]
     pub fn device(&self) -> &Device {
         &self.device
     }
 
     /// A number unique to this stream within the process.
+    #[must_use]
     pub fn id(&self) -> u64 {
         self.ledger.id
     }
 
     /// The index of the stack this stream holds, if any.
+    #[must_use]
     pub fn stack_index(&self) -> Option<usize> {
         self.stack.get().map(|s| s.index)
     }
 
     /// The device addresses of the stack this stream holds, if any.
+    #[must_use]
     pub fn stack_range(&self) -> Option<std::ops::Range<u64>> {
         self.stack
             .get()
@@ -222,6 +227,7 @@ impl Stream {
     }
 
     /// A snapshot of this stream's counters.
+    #[must_use]
     pub fn stats(&self) -> StreamStats {
         self.ledger.snapshot(self.device.id())
     }
@@ -239,7 +245,7 @@ impl Stream {
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, Stream};
-    /// let stream = Stream::new(&Device::host_with_limit(None))?;
+    /// let stream = Stream::new(&Device::private_host())?;
     /// let pool = BufferPool::new(&stream);
     /// let kept = pool.get_buffer_1d::<u8>(1000)?;   // 1024 bytes of stack
     /// drop(pool.get_buffer_1d::<f32>(4096)?);       // a peak of 1024 + 16 KiB, gone
@@ -262,6 +268,7 @@ impl Stream {
 
     /// The allocator behind the stack (or the only one, for a stream made with
     /// [`Stream::with_allocator`]).
+    #[must_use]
     pub fn allocator(&self) -> Arc<dyn GpuAllocator> {
         self.allocator.clone()
     }

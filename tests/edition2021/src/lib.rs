@@ -24,7 +24,7 @@ mod tests {
 
     #[test]
     fn tail_temporaries_are_released_before_the_blocks_buffers() -> Result<(), PoolError> {
-        let stream = Stream::new(&Device::host_with_limit(None))?;
+        let stream = Stream::new(&Device::private_host())?;
         assert_eq!(tails(&stream)?, 8 + 12 + 3);
         let stats = stream.stats();
         assert_eq!(stats.stack_allocations, 6);

@@ -61,7 +61,7 @@ fn fallback_kinds(device: &Device) -> Result<(), PoolError> {
 
 #[test]
 fn a_failed_fallback_leaves_the_pool_as_it_was() -> Result<(), PoolError> {
-    let device = Device::host_with_limit(Some(3 * MIB));
+    let device = Device::host_with_limit(3 * MIB);
     device.set_fallback(Fallback::Driver);
     set_buffer_pool_config(&device, 2 * MIB, 1)?;
     let stream = Stream::new(&device)?;
@@ -138,7 +138,7 @@ struct Broken;
 // SAFETY: returns a null allocation, which the pool must refuse before anything uses it.
 unsafe impl GpuAllocator for Broken {
     fn allocate(&self, _: &AllocContext<'_>, _: &AllocRequest) -> Result<Allocation, PoolError> {
-        Ok(Allocation { ptr: 0, pitch: 0 })
+        Ok(Allocation::new(0, 0))
     }
     unsafe fn deallocate(&self, _: &AllocContext<'_>, _: Allocation) -> Result<(), PoolError> {
         Ok(())

@@ -11,7 +11,7 @@ use gpu_pool::{Device, Fallback};
 const MIB: usize = 1 << 20;
 
 fn private(fallback: Fallback) -> Device {
-    let device = Device::host_with_limit(None);
+    let device = Device::private_host();
     device.set_fallback(fallback);
     device
 }

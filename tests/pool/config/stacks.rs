@@ -131,7 +131,7 @@ fn stack_handover(device: &Device) -> Result<(), PoolError> {
 /// allocator: so does gpu-pool, and says why each buffer fell back.
 #[test]
 fn a_stream_is_made_without_memory_for_the_stacks_and_a_later_one_gets_a_stack() -> TestResult {
-    let device = Device::host_with_limit(Some(MIB));
+    let device = Device::host_with_limit(MIB);
     set_buffer_pool_config(&device, 2 * MIB, 1)?;
     let starved = Stream::new(&device)?;
     assert_eq!(starved.stack_index(), None);
@@ -249,7 +249,7 @@ fn packing(device: &Device) -> Result<(), PoolError> {
 /// no memory for the stacks at that moment is a fallback, not an error, and is not retried per take.
 #[test]
 fn a_later_claim_without_memory_for_the_stacks_falls_back() -> TestResult {
-    let device = Device::host_with_limit(Some(MIB));
+    let device = Device::host_with_limit(MIB);
     set_buffer_pool_config(&device, MIB / 2, 1)?;
     let first = Stream::new(&device)?;
     let second = Stream::new(&device)?; // the one stack is held: none for it yet

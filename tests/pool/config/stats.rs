@@ -31,10 +31,7 @@ fn stats_and_report_recommend_a_config_that_avoids_every_fallback() -> Result<()
     assert_eq!(stats.peak_stream_demand, MIB / 2 + MIB + 3 * MIB);
     let rec = stats.recommended_config().expect("buffers were requested");
     assert_eq!((rec.stack_size(), rec.stack_count()), (5 * MIB, 2));
-    let text = gpu_pool::Report {
-        devices: vec![stats],
-    }
-    .to_string();
+    let text = gpu_pool::Report::new(vec![stats]).to_string();
     assert!(text.contains("stack_size=5MiB,stack_count=2"), "{text}");
 
     // The recommended config serves the same workload with no fallback.
@@ -86,7 +83,7 @@ fn a_streams_reset_peak_starts_its_peaks_over_from_what_it_uses_now() -> Result<
     let grown = stream.stats();
     assert_eq!(grown.stack_high_water, 1024 + 64);
     assert_eq!(grown.peak_demand, 1024 + 64 + 2 * MIB);
-    assert_eq!(grown.peak_at.map(|p| p.line), Some(line));
+    assert_eq!(grown.peak_at.map(|p| p.line()), Some(line));
     drop((small, overflow, kept));
     stream.reset_peak();
     let idle = stream.stats();
