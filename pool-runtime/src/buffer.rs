@@ -69,8 +69,7 @@ impl<'s> BufferPool<'s> {
         cols: usize,
         site: CallSite,
     ) -> Result<GpuMat<'s, T>, PoolError> {
-        let lease = self.stream.take::<T>(rows, cols, site)?;
-        Ok(GpuMat::on(lease, rows, cols))
+        self.stream.take::<T>(rows, cols, site).map(GpuMat::on)
     }
 
     /// A contiguous buffer of `len` elements (a `1 x len` [`GpuMat`]).
@@ -104,10 +103,8 @@ impl<'s> BufferPool<'s> {
 /// ```
 #[must_use = "a buffer goes back to its pool when dropped: one never used is released at once"]
 pub struct GpuMat<'s, T> {
-    /// The memory, which goes back to its stream when the buffer is dropped.
+    /// The memory and its shape, which go back to the stream when the buffer is dropped.
     lease: Lease<'s>,
-    rows: usize,
-    cols: usize,
     _elem: PhantomData<T>,
 }
 
@@ -118,7 +115,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     #[track_caller]
     pub fn new(stream: &'s Stream, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
         let lease = stream.take_from_driver::<T>(rows, cols, CallSite::here(""))?;
-        Ok(GpuMat::on(lease, rows, cols))
+        Ok(GpuMat::on(lease))
     }
 
     /// [`GpuMat::new`] filled from `data` (`rows * cols` elements, row-major).
@@ -135,13 +132,11 @@ impl<'s, T: Pod> GpuMat<'s, T> {
 }
 
 impl<'s, T> GpuMat<'s, T> {
-    /// A `rows x cols` buffer on `lease`'s memory, which a take of that shape made.
+    /// The buffer of `lease`, which a take for `T` made.
     #[inline(always)]
-    fn on(lease: Lease<'s>, rows: usize, cols: usize) -> GpuMat<'s, T> {
+    fn on(lease: Lease<'s>) -> GpuMat<'s, T> {
         GpuMat {
             lease,
-            rows,
-            cols,
             _elem: PhantomData,
         }
     }
@@ -157,20 +152,20 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     /// Rows.
     #[must_use]
     pub fn rows(&self) -> usize {
-        self.rows
+        self.lease.rows()
     }
 
     /// Columns.
     #[must_use]
     pub fn cols(&self) -> usize {
-        self.cols
+        self.lease.cols()
     }
 
     /// Elements (`rows * cols`).
     #[must_use]
     pub fn len(&self) -> usize {
         // Cannot wrap: every buffer's layout checked `rows * cols`, zero-sized elements included.
-        self.rows * self.cols
+        self.lease.rows() * self.lease.cols()
     }
 
     /// Whether it has no elements.
@@ -213,8 +208,8 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         Region {
             ptr: self.lease.ptr(),
             pitch: self.lease.pitch(),
-            width: self.cols * size_of::<T>(),
-            rows: self.rows,
+            width: self.lease.cols() * size_of::<T>(),
+            rows: self.lease.rows(),
         }
     }
 
@@ -294,10 +289,10 @@ impl<'s, T: Pod> GpuMat<'s, T> {
                 actual: src_stream.device().id(),
             });
         }
-        if (src.rows, src.cols) != (self.rows, self.cols) {
+        if (src.lease.rows(), src.lease.cols()) != (self.lease.rows(), self.lease.cols()) {
             return Err(PoolError::DimensionMismatch {
-                dst: (self.rows, self.cols),
-                src: (src.rows, src.cols),
+                dst: (self.lease.rows(), self.lease.cols()),
+                src: (src.lease.rows(), src.lease.cols()),
             });
         }
         if self.is_empty() || size_of::<T>() == 0 {
@@ -329,8 +324,8 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     fn window(&self) -> Window {
         Window {
             ptr: self.lease.ptr(),
-            rows: self.rows,
-            cols: self.cols,
+            rows: self.lease.rows(),
+            cols: self.lease.cols(),
             pitch: self.lease.pitch(),
             owns_gaps: true,
         }
@@ -393,7 +388,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
 
     /// Writable rows `rows`, every column.
     pub fn row_range_mut(&mut self, rows: Range<usize>) -> Result<GpuViewMut<'_, T>, PoolError> {
-        self.roi_mut(rows, 0..self.cols)
+        self.roi_mut(rows, 0..self.lease.cols())
     }
 
     /// All elements as one contiguous row, for a buffer whose rows have no padding between them
@@ -438,8 +433,8 @@ impl<T> GpuMat<'_, T> {
 impl<T> fmt::Debug for GpuMat<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GpuMat")
-            .field("rows", &self.rows)
-            .field("cols", &self.cols)
+            .field("rows", &self.lease.rows())
+            .field("cols", &self.lease.cols())
             .field("step", &self.lease.pitch())
             .field("ptr", &format_args!("{:#x}", self.lease.ptr()))
             .field("source", &self.lease.source())

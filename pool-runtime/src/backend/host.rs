@@ -105,6 +105,7 @@ impl Backend for HostBackend {
     }
 
     /// Bytes allocated and not freed (device and pinned memory alike).
+    #[cfg(any(test, feature = "testing"))]
     fn live_bytes(&self) -> Option<usize> {
         let live = self.lock();
         Some(live.bytes + live.pinned)

@@ -86,6 +86,7 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     }
     /// Bytes handed out and not taken back, where the backend keeps count (the host backend's
     /// leak check).
+    #[cfg(any(test, feature = "testing"))]
     fn live_bytes(&self) -> Option<usize> {
         None
     }
