@@ -84,8 +84,11 @@ impl Stages {
     /// Where the stages run, in words.
     pub fn describe(device: &Device) -> String {
         if device.is_host() {
+            // Why there is no GPU, as the program can tell: no driver, no device, a broken driver.
+            let why = Device::cuda_or_host_with_reason().1;
+            let why = why.map_or_else(|| "asked for".to_string(), |e| e.to_string());
             format!(
-                "{} (host backend: CPU twins of the kernels; no CUDA device found)",
+                "{} (host backend: CPU twins of the kernels; no CUDA device: {why})",
                 device.id()
             )
         } else {

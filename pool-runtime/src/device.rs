@@ -15,6 +15,7 @@ use crate::backend::{Backend, RawEvent};
 use crate::config::{self, Fallback, PoolConfig};
 use crate::error::PoolError;
 use crate::id::DeviceId;
+use crate::layout::{Footprint, Layout};
 use crate::ledger::Ledger;
 use crate::record::StreamRecording;
 use crate::stack::Stack;
@@ -191,10 +192,55 @@ impl Device {
         })
     }
 
-    /// The first CUDA device if there is one, else the host device: what examples run on.
+    /// The first CUDA device if there is one, else the host device: what examples run on. See
+    /// [`cuda_or_host_with_reason`](Self::cuda_or_host_with_reason) for why it is the host.
     #[must_use]
     pub fn cuda_or_host() -> Device {
-        Device::cuda(0).unwrap_or_else(|_| Device::host())
+        Device::cuda_or_host_with_reason().0
+    }
+
+    /// [`cuda_or_host`](Self::cuda_or_host), with the reason it fell back to the host device: the
+    /// error of [`Device::cuda(0)`](Self::cuda) (no driver, no device, a driver that failed to
+    /// start), which a program can print, since a broken driver otherwise looks like "no GPU".
+    ///
+    /// ```
+    /// use gpu_pool_runtime::Device;
+    /// let (device, why_host) = Device::cuda_or_host_with_reason();
+    /// match &why_host {
+    ///     Some(reason) => println!("running on {} ({reason})", device.id()),
+    ///     None => println!("running on {}", device.id()),
+    /// }
+    /// assert_eq!(device.is_host(), why_host.is_some());
+    /// ```
+    #[must_use]
+    pub fn cuda_or_host_with_reason() -> (Device, Option<PoolError>) {
+        match Device::cuda(0) {
+            Ok(device) => (device, None),
+            Err(reason) => (Device::host(), Some(reason)),
+        }
+    }
+
+    /// What a `rows x cols` buffer of `T` takes of this device's stacks: its bytes, step and
+    /// alignment, by the rule every take follows. For sizing stacks (and graphs, which hold what
+    /// their buffers reached) before a run. The errors of a take of that shape: `SizeOverflow`,
+    /// `UnsupportedAlignment`.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// let device = Device::private_host();
+    /// let image = device.footprint::<[u8; 3]>(480, 640)?;
+    /// assert_eq!((image.bytes, image.step, image.align), (480 * 2048, 2048, 512));
+    /// let row = device.footprint::<f32>(1, 100)?;
+    /// assert_eq!((row.bytes, row.align), (448, 64)); // 400 bytes, rounded to 64
+    /// let stream = Stream::new(&device)?;
+    /// let buffer = BufferPool::new(&stream).get_buffer::<[u8; 3]>(480, 640)?;
+    /// assert_eq!(buffer.step(), image.step);
+    /// assert_eq!(stream.stats().stack_in_use, image.bytes);
+    /// # drop(buffer);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    pub fn footprint<T>(&self, rows: usize, cols: usize) -> Result<Footprint, PoolError> {
+        Layout::of::<T>(rows, cols, self.texture_alignment()).map(|l| Footprint::of(&l))
     }
 
     /// The cudarc context of a CUDA device, for loading modules and launching kernels.

@@ -20,6 +20,33 @@ pub(crate) const CONTIGUOUS_ALIGN: usize = 64;
 /// `PoolError::UnsupportedAlignment`.
 pub const MAX_ELEMENT_ALIGN: usize = 256;
 
+/// What a buffer of one shape takes of a stack: the numbers the pool lays it out with, for sizing
+/// stacks before a run ([`Device::footprint`](crate::Device::footprint)).
+///
+/// A stack holding several buffers needs, for each, `bytes` plus up to `align - 1` bytes of
+/// padding before it (blocks start on `align`; rows and columns pack on 64 bytes, as OpenCV's do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Footprint {
+    /// Bytes the block holds: `step * rows` for 2D, a row or column rounded up to 64.
+    pub bytes: usize,
+    /// Bytes from one row to the next ([`GpuMat::step`](crate::GpuMat::step)).
+    pub step: usize,
+    /// Where the block may start: a multiple of this.
+    pub align: usize,
+}
+
+impl Footprint {
+    /// The footprint of `layout`.
+    pub(crate) fn of(layout: &Layout) -> Footprint {
+        Footprint {
+            bytes: layout.bytes,
+            step: layout.pitch,
+            align: layout.block_align,
+        }
+    }
+}
+
 /// The memory a buffer of `rows x cols` elements needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {

@@ -118,7 +118,7 @@ pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
 pub use id::DeviceId;
-pub use layout::MAX_ELEMENT_ALIGN;
+pub use layout::{Footprint, MAX_ELEMENT_ALIGN};
 pub use mix::MixMemory;
 pub use record::{Event, EventKind, StreamRecording};
 pub use report::{Report, report};

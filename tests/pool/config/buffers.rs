@@ -87,3 +87,69 @@ fn stream_is_send_and_moves_to_another_thread() -> Result<(), PoolError> {
     );
     Ok(())
 }
+
+/// `Device::footprint` is the rule takes follow: a stack of exactly the footprints (each start
+/// rounded up to its alignment) holds the buffers with no fallback, and each buffer sits at the
+/// offset the footprints predict, with the predicted step.
+#[test]
+fn footprints_predict_what_takes_use() -> Result<(), PoolError> {
+    each_device("footprints", footprints)
+}
+
+fn footprints(device: &Device) -> Result<(), PoolError> {
+    let shapes = [
+        (1, 100),
+        (100, 1),
+        (480, 640),
+        (3, 5),
+        (1, 1),
+        (7, 333),
+        (0, 9),
+    ];
+    let stream = Stream::new(device)?;
+    let pool = BufferPool::new(&stream);
+    let mut top: usize = 0;
+    let mut held = Vec::new();
+    for (rows, cols) in shapes {
+        let f = device.footprint::<[u8; 3]>(rows, cols)?;
+        let buffer = pool.get_buffer::<[u8; 3]>(rows, cols)?;
+        if rows * cols == 0 {
+            assert_eq!(buffer.source(), Source::Empty);
+            continue;
+        }
+        let start = top.next_multiple_of(f.align);
+        let base = stream.stack_range().expect("a stack").start;
+        assert_eq!(
+            (buffer.device_ptr() - base, buffer.step()),
+            (start as u64, f.step),
+            "{rows}x{cols}: {f:?}"
+        );
+        top = start + f.bytes;
+        assert_eq!(stream.stats().stack_in_use, top, "{rows}x{cols}: {f:?}");
+        held.push(buffer);
+    }
+    let err = device.footprint::<u64>(usize::MAX, 2).unwrap_err();
+    assert!(matches!(err, PoolError::SizeOverflow { .. }), "{err}");
+    #[repr(align(8192))]
+    struct Huge;
+    let err = device.footprint::<Huge>(1, 1).unwrap_err();
+    assert!(
+        matches!(err, PoolError::UnsupportedAlignment { .. }),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// `cuda_or_host_with_reason` says why it is the host: without a driver, the error `Device::cuda`
+/// gives; with a GPU, no reason and a CUDA device.
+#[test]
+fn the_host_fallback_says_why() {
+    let (device, why) = Device::cuda_or_host_with_reason();
+    match Device::cuda(0) {
+        Ok(gpu) => assert_eq!((device, why), (gpu, None)),
+        Err(e) => {
+            assert!(device.is_host());
+            assert_eq!(why.as_ref().map(ToString::to_string), Some(e.to_string()));
+        }
+    }
+}
