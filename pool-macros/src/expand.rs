@@ -7,6 +7,7 @@ use syn::visit_mut::VisitMut;
 use syn::{FnArg, Ident, ItemFn, Pat};
 
 use crate::args::{ScopeArgs, StreamArg};
+use crate::drops;
 use crate::error::{Errors, to_compile_errors};
 use crate::rewrite::{Rewriter, find_await, frame_ident};
 
@@ -113,6 +114,7 @@ fn expand_fn(attr: TokenStream, function: &mut ItemFn) -> syn::Result<()> {
             ),
         );
     }
+    errors.push_all(drops::check(&function.block));
     let mut rewriter = Rewriter::new();
     rewriter.visit_block_mut(&mut function.block);
     errors.push_all(rewriter.errors);
@@ -202,6 +204,7 @@ pub(crate) fn gpu_scope(input: TokenStream) -> TokenStream {
                  buffers from the stream; close the scope before awaiting",
             );
         }
+        rewriter.errors.push_all(drops::check(&args.body));
         rewriter.visit_block_mut(&mut args.body);
         rewriter.errors.finish()?;
         prepend(&mut args.body, open_frame(&args.stream))?;

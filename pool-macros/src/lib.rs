@@ -5,6 +5,7 @@
 //! `expand`, all on `proc_macro2` so they are unit-tested and snapshot-tested.
 
 mod args;
+mod drops;
 mod error;
 mod expand;
 mod rewrite;
@@ -68,6 +69,24 @@ use proc_macro::TokenStream;
 /// handle (`Pooled`) borrows its owner and offers no `&mut GpuMat`, so a buffer can neither escape
 /// its scope nor be swapped into another owner.
 ///
+/// A buffer goes back at the end of the block that declared it, never earlier. To end one early,
+/// declare it in an inner block: `{ let tmp = buffer!(..)?; .. }`. `drop(name)` of a handle would
+/// release nothing (the handle only borrows the owner), so it is a compile error that says so,
+/// spelled `drop`, `mem::drop`, `std::mem::drop` or `core::mem::drop`, wherever `name` still
+/// names the buffer: in inner blocks, closures and nested `gpu_scope!`s, not once a later `let`,
+/// a closure parameter or a pattern shadows it. `std::mem::forget(name)` and `let _ = name;` are
+/// harmless: the owner still gives the memory back.
+///
+/// ```compile_fail
+/// use gpu_pool::prelude::*;
+/// #[pooled(stream)]
+/// fn early(stream: &Stream) -> Result<(), PoolError> {
+///     let tmp = buffer!(8; u8)?;
+///     drop(tmp); // error: `drop(tmp)` does not release a `buffer!`: .. declare it in an inner block
+///     Ok(())
+/// }
+/// ```
+///
 /// `buffer!` works at any depth of the body (blocks, `if`, `match`, loops, closures) but not in
 /// nested functions or inside other macros' arguments; neither it nor `gpu_scope!` may stand in an
 /// `async` block or closure, or in a constant (`const { .. }`, an array length, a const generic
@@ -88,7 +107,9 @@ pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// are given back, in reverse order, when the block ends; the block's value is the macro's value.
 /// Buffers of an enclosing frame stay usable inside. An `.await` inside the block (macro arguments
 /// included) is a compile error: a future suspended there would hold the buffers while other code
-/// takes more from the stream. Close the scope, then await.
+/// takes more from the stream. Close the scope, then await. As in `#[pooled]`, a buffer goes back at
+/// the end of the block that declared it, and `drop(name)` of a handle, which would release
+/// nothing, is a compile error: declare the buffer in an inner block to end it early.
 ///
 /// The one known limit: an `.await` that only appears once another macro is expanded (a
 /// `macro_rules!` of yours, `tokio::join!`, `select!`) is not in the tokens this macro is given, so

@@ -163,6 +163,15 @@ fn split_init(init: &Expr) -> Option<Result<(&Macro, Postfix), &Macro>> {
     }
 }
 
+/// Whether `local` is a `let` this rewriter turns into an owner and a handle: its names then bind
+/// the handle.
+pub(crate) fn declares_buffer(local: &Local) -> bool {
+    local
+        .init
+        .as_ref()
+        .is_some_and(|init| init.diverge.is_none() && matches!(split_init(&init.expr), Some(Ok(_))))
+}
+
 const NOT_A_LET: &str = "`buffer!` must be the whole initializer of a `let`: write \
                          `let name = buffer!(..)?;` so the buffer lives exactly as long as `name`";
 
@@ -268,7 +277,7 @@ fn drop_tail_temporaries_first(block: &mut Block) {
 }
 
 /// gpu-pool's `gpu_scope!` (see [`is_ours`]).
-fn is_gpu_scope(mac: &Macro) -> bool {
+pub(crate) fn is_gpu_scope(mac: &Macro) -> bool {
     is_ours(mac, "gpu_scope")
 }
 

@@ -1,0 +1,373 @@
+//! Refuses `drop(name)` of a `buffer!` handle: the handle only borrows the hidden owner, so dropping
+//! it releases nothing, and the buffer would look released while it still holds its stack memory.
+//! The memory goes back where the owner goes out of scope, at the end of the block that declared
+//! the buffer; to release it earlier, the user declares it in an inner block.
+//!
+//! This is a check, not a rewrite: it reads the body as the user wrote it, before [`Rewriter`]
+//! turns it into owners and handles, and reports each such call on the user's tokens.
+//!
+//! Names are resolved as Rust does for locals, closely enough never to refuse a call that drops
+//! something else: a `let` (or a closure parameter, a `match` arm, an `if let`/`while let`/`for`
+//! pattern) shadows a buffer's name, and a name bound in a block ends with the block. The walk
+//! goes where [`Rewriter`] goes, so into closures, and also into the body of a nested `gpu_scope!`:
+//! a drop there, of its buffers or of the enclosing ones, is reported by the outermost macro, which
+//! then does not expand the nested one, so each is reported once and all in one build. It stops at
+//! nested items, which cannot name the body's locals, and at other macros.
+//!
+//! [`Rewriter`]: crate::rewrite::Rewriter
+
+use syn::visit::{self, Visit};
+use syn::{Block, Expr, ExprCall, Ident, Macro, Pat};
+
+use crate::args::ScopeArgs;
+use crate::error::Errors;
+use crate::rewrite::{declares_buffer, is_gpu_scope};
+
+/// Every `drop(NAME)` in `block` whose `NAME` is a `buffer!` handle declared by this expansion.
+pub(crate) fn check(block: &Block) -> Errors {
+    let mut check = DropCheck {
+        scopes: Vec::new(),
+        errors: Errors::default(),
+    };
+    check.visit_block(block);
+    check.errors
+}
+
+struct Binding {
+    /// Unraw, so `r#type` and `type` are one name.
+    name: String,
+    /// Declared by `let name = buffer!(..)?;`.
+    buffer: bool,
+}
+
+struct DropCheck {
+    /// The bindings in scope, innermost scope last, each in declaration order.
+    scopes: Vec<Vec<Binding>>,
+    errors: Errors,
+}
+
+impl DropCheck {
+    fn scoped(&mut self, f: impl FnOnce(&mut DropCheck)) {
+        self.scopes.push(Vec::new());
+        f(self);
+        self.scopes.pop();
+    }
+
+    /// Binds every name of `pat` in the innermost scope. A name that is in fact a constant or a
+    /// unit struct (`None`) is bound too: it can only hide a buffer, never make one up.
+    fn bind(&mut self, pat: &Pat, buffer: bool) {
+        struct Names<'a>(&'a mut Vec<String>);
+        impl<'ast> Visit<'ast> for Names<'_> {
+            fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
+                self.0.push(unraw(&p.ident));
+                visit::visit_pat_ident(self, p);
+            }
+        }
+        let mut names = Vec::new();
+        Names(&mut names).visit_pat(pat);
+        if self.scopes.is_empty() {
+            self.scopes.push(Vec::new());
+        }
+        let scope = self.scopes.last_mut().expect("a scope is open");
+        scope.extend(names.into_iter().map(|name| Binding { name, buffer }));
+    }
+
+    /// The binding `name` refers to here, if the body declares it.
+    fn resolve(&self, name: &Ident) -> Option<&Binding> {
+        let name = unraw(name);
+        self.scopes
+            .iter()
+            .rev()
+            .flat_map(|scope| scope.iter().rev())
+            .find(|b| b.name == name)
+    }
+
+    fn check_call(&mut self, call: &ExprCall) {
+        let Some(callee) = drop_fn(&call.func) else {
+            return;
+        };
+        let [arg] = call.args.iter().collect::<Vec<_>>()[..] else {
+            return;
+        };
+        let Some(name) = plain_name(arg) else {
+            return;
+        };
+        if self.resolve(name).is_some_and(|b| b.buffer) {
+            let name = unraw(name);
+            self.errors.push_at(
+                call,
+                format!(
+                    "`{callee}({name})` does not release a `buffer!`: `{name}` is a handle, and the \
+                     memory goes back at the end of the block that declared it; to release it \
+                     earlier, declare it in an inner block: `{{ let {name} = buffer!(..)?; .. }}`"
+                ),
+            );
+        }
+    }
+
+    fn nested_scope(&mut self, mac: &Macro) {
+        // A `gpu_scope!` that does not parse reports itself when it expands.
+        if is_gpu_scope(mac)
+            && let Ok(args) = mac.parse_body::<ScopeArgs>()
+        {
+            self.visit_block(&args.body);
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for DropCheck {
+    fn visit_block(&mut self, block: &'ast Block) {
+        self.scoped(|this| visit::visit_block(this, block));
+    }
+
+    fn visit_local(&mut self, local: &'ast syn::Local) {
+        // The initializer (and `else`) run before the new names exist.
+        for attr in &local.attrs {
+            self.visit_attribute(attr);
+        }
+        if let Some(init) = &local.init {
+            self.visit_expr(&init.expr);
+            if let Some((_, diverge)) = &init.diverge {
+                self.visit_expr(diverge);
+            }
+        }
+        self.bind(&local.pat, declares_buffer(local));
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast ExprCall) {
+        self.check_call(call);
+        visit::visit_expr_call(self, call);
+    }
+
+    fn visit_expr_closure(&mut self, closure: &'ast syn::ExprClosure) {
+        self.scoped(|this| {
+            for input in &closure.inputs {
+                this.bind(input, false);
+            }
+            this.visit_expr(&closure.body);
+        });
+    }
+
+    fn visit_arm(&mut self, arm: &'ast syn::Arm) {
+        self.scoped(|this| {
+            this.bind(&arm.pat, false);
+            if let Some((_, guard)) = &arm.guard {
+                this.visit_expr(guard);
+            }
+            this.visit_expr(&arm.body);
+        });
+    }
+
+    // An `if let`/`while let` binds in the rest of its condition and in the branch it guards.
+
+    fn visit_expr_if(&mut self, expr: &'ast syn::ExprIf) {
+        self.scoped(|this| {
+            this.visit_expr(&expr.cond);
+            this.visit_block(&expr.then_branch);
+        });
+        if let Some((_, otherwise)) = &expr.else_branch {
+            self.visit_expr(otherwise);
+        }
+    }
+
+    fn visit_expr_while(&mut self, expr: &'ast syn::ExprWhile) {
+        self.scoped(|this| {
+            this.visit_expr(&expr.cond);
+            this.visit_block(&expr.body);
+        });
+    }
+
+    fn visit_expr_let(&mut self, expr: &'ast syn::ExprLet) {
+        self.visit_expr(&expr.expr);
+        self.bind(&expr.pat, false);
+    }
+
+    fn visit_expr_for_loop(&mut self, expr: &'ast syn::ExprForLoop) {
+        self.visit_expr(&expr.expr);
+        self.scoped(|this| {
+            this.bind(&expr.pat, false);
+            this.visit_block(&expr.body);
+        });
+    }
+
+    fn visit_macro(&mut self, mac: &'ast Macro) {
+        self.nested_scope(mac);
+    }
+
+    fn visit_item(&mut self, _: &'ast syn::Item) {
+        // A nested item cannot name the body's locals.
+    }
+}
+
+/// The path as written when `func` names `drop`: `drop`, `mem::drop`, or `std::mem::drop` and
+/// `core::mem::drop`, either with a leading `::`.
+fn drop_fn(func: &Expr) -> Option<String> {
+    let Expr::Path(path) = func else {
+        return None;
+    };
+    if path.qself.is_some() {
+        return None;
+    }
+    let path = &path.path;
+    if path.segments.iter().any(|s| !s.arguments.is_none()) {
+        return None;
+    }
+    let idents: Vec<String> = path.segments.iter().map(|s| unraw(&s.ident)).collect();
+    let idents: Vec<&str> = idents.iter().map(String::as_str).collect();
+    let ok = match idents[..] {
+        ["drop"] | ["mem", "drop"] => path.leading_colon.is_none(),
+        ["std" | "core", "mem", "drop"] => true,
+        _ => false,
+    };
+    ok.then(|| {
+        let written = idents.join("::");
+        if path.leading_colon.is_some() {
+            format!("::{written}")
+        } else {
+            written
+        }
+    })
+}
+
+/// `NAME` in `NAME`, `(NAME)`: a single identifier.
+fn plain_name(expr: &Expr) -> Option<&Ident> {
+    match expr {
+        Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => p.path.get_ident(),
+        Expr::Paren(p) => plain_name(&p.expr),
+        Expr::Group(g) => plain_name(&g.expr),
+        _ => None,
+    }
+}
+
+fn unraw(ident: &Ident) -> String {
+    syn::ext::IdentExt::unraw(ident).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn messages(body: proc_macro2::TokenStream) -> Vec<String> {
+        let block: Block = syn::parse2(body).expect("a block");
+        match check(&block).finish() {
+            Ok(()) => Vec::new(),
+            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    fn refused(body: proc_macro2::TokenStream) -> Vec<String> {
+        messages(body)
+            .iter()
+            .map(|m| m.split(' ').next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn every_spelling_of_drop_is_refused() {
+        let found = refused(quote::quote!({
+            let x = buffer!(8; u8)?;
+            drop(x);
+            std::mem::drop(x);
+            core::mem::drop(x);
+            ::std::mem::drop(x);
+            mem::drop((x));
+            drop(r#x);
+        }));
+        assert_eq!(
+            found,
+            [
+                "`drop(x)`",
+                "`std::mem::drop(x)`",
+                "`core::mem::drop(x)`",
+                "`::std::mem::drop(x)`",
+                "`mem::drop(x)`",
+                "`drop(x)`",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_message_says_how_to_end_a_buffer_early() {
+        let found = messages(quote::quote!({
+            let t = buffer!(8; u8).unwrap();
+            drop(t);
+        }));
+        assert_eq!(
+            found,
+            [
+                "`drop(t)` does not release a `buffer!`: `t` is a handle, and the memory goes back at \
+              the end of the block that declared it; to release it earlier, declare it in an inner \
+              block: `{ let t = buffer!(..)?; .. }`"
+            ]
+        );
+    }
+
+    #[test]
+    fn outer_buffers_are_seen_in_inner_blocks_closures_and_nested_scopes() {
+        let found = refused(quote::quote!({
+            let x = buffer!(8; u8)?;
+            {
+                drop(x);
+            }
+            let f = || drop(x);
+            if ok {
+                match y {
+                    _ => drop(x),
+                }
+            }
+            gpu_scope!(other, {
+                drop(x);
+                let z = buffer!(8; u8)?;
+                drop(z);
+            });
+        }));
+        assert_eq!(found.len(), 5, "{found:?}");
+    }
+
+    #[test]
+    fn shadowed_and_ended_names_are_not_buffers() {
+        let found = messages(quote::quote!({
+            let v = vec![1];
+            {
+                let v = buffer!(8; u8)?;
+            }
+            drop(v); // the vec: the buffer ended with its block
+            let x = buffer!(8; u8)?;
+            let g = |x: Vec<u8>| drop(x);
+            if let Some(x) = opt {
+                drop(x);
+            }
+            match opt {
+                Some(x) => drop(x),
+                None => {}
+            }
+            for x in xs {
+                drop(x);
+            }
+            while let Some(x) = it.next() {
+                drop(x);
+            }
+            fn nested(x: Vec<u8>) {
+                drop(x);
+            }
+            drop(x.clone());
+            drop(other::drop);
+            my::drop(x);
+            std::mem::forget(x);
+            let x = vec![2];
+            drop(x);
+        }));
+        assert!(found.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_buffer_that_does_not_expand_is_not_a_buffer() {
+        let found = messages(quote::quote!({
+            let x = buffer!(8; u8);
+            drop(x);
+            let Some(y) = buffer!(8; u8)? else { return };
+            drop(y);
+        }));
+        assert!(found.is_empty(), "{found:?}");
+    }
+}
