@@ -13,9 +13,18 @@ use support::dense::{BATCH, IN, OUT, dense_relu, engine, reference};
 
 fn main() -> Result<(), PoolError> {
     let batches = support::count_arg(50);
-    let device = Device::cuda_or_host();
-    let stream = Stream::new(&device)?;
-    let (engine, described) = engine(&device, &stream)?;
+    let mut device = Device::cuda_or_host();
+    let mut stream = Stream::new(&device)?;
+    let (engine, described) = match engine(&device, &stream) {
+        // A GPU without libcublas: a typed error (cudarc alone would panic), and the host instead.
+        Err(e @ PoolError::NoCudaLibrary { .. }) => {
+            println!("{e}");
+            device = Device::host();
+            stream = Stream::new(&device)?;
+            engine(&device, &stream)?
+        }
+        made => made?,
+    };
     println!("device: {described}");
 
     let wv: Vec<f32> = (0..IN * OUT)

@@ -122,8 +122,7 @@ mod library {
                     r,
                     (c, mode),
                 )
-            }
-            .map_err(|e| support::launch_error("box kernels", e))?;
+            }?;
             return Ok(());
         }
         let _ = stages;

@@ -50,13 +50,6 @@ mod gpu {
     use gpu_pool::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
     use gpu_pool::prelude::*;
 
-    fn blas_error(e: gpu_pool::cudarc::cublas::result::CublasError) -> PoolError {
-        PoolError::Driver {
-            call: "cublasSgemm",
-            source: e.into(),
-        }
-    }
-
     /// `h = x w`, row-major. cuBLAS is column-major, and a row-major matrix read column-major is
     /// its transpose: so it computes `h^T = w^T x^T`, with each matrix's step as its leading
     /// dimension.
@@ -82,7 +75,8 @@ mod gpu {
         };
         // SAFETY: `w` holds k x m, `x` n x k and `h` n x m row-major f32 at the leading dimensions
         // given (each lent whole, steps included), so every access stays inside them.
-        unsafe { blas.gemm(cfg, &ws, &xs, &mut hs) }.map_err(blas_error)
+        unsafe { blas.gemm(cfg, &ws, &xs, &mut hs) }?;
+        Ok(())
     }
 
     /// `y = max(h + b, 0)`, `b` broadcast over the rows.
@@ -108,11 +102,8 @@ mod gpu {
                 (y.device_ptr(), y.step()),
                 shape,
             )
-        }
-        .map_err(|e| PoolError::Driver {
-            call: "bias_relu",
-            source: e.into(),
-        })
+        }?;
+        Ok(())
     }
 }
 
@@ -167,24 +158,15 @@ pub fn reference(x: &[f32], w: &[f32], b: &[f32]) -> Vec<f32> {
 /// The engine for `stream`: cuBLAS on a CUDA stream, the CPU twins on the host backend; and where,
 /// in words.
 pub fn engine(device: &Device, stream: &Stream) -> Result<(Engine, String), PoolError> {
-    let Some(cuda) = stream.cuda_stream() else {
+    if stream.cuda_stream().is_none() {
         return Ok((
             Engine::Cpu,
             format!("{} (host backend: CPU twins)", device.id()),
         ));
-    };
-    // SAFETY: only asks whether the library loads; cudarc would panic on its first call without it.
-    if !unsafe { gpu_pool::cudarc::cublas::sys::is_culib_present() } {
-        return Err(PoolError::Unsupported {
-            device: device.id(),
-            what: "cuBLAS (libcublas could not be loaded)",
-        });
     }
-    let blas =
-        gpu_pool::cudarc::cublas::CudaBlas::new(cuda.clone()).map_err(|e| PoolError::Driver {
-            call: "cublasCreate",
-            source: e.into(),
-        })?;
+    // `PoolError::NoCudaLibrary` where libcublas cannot be loaded (cudarc's `CudaBlas::new` would
+    // panic).
+    let blas = stream.cublas()?;
     let kernels = super::kernels::Kernels::load(device);
     Ok((
         Engine::Gpu { blas, kernels },

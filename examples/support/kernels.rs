@@ -504,19 +504,15 @@ pub fn six_kernels(
         (src.device_ptr(), src.step()),
         (sums.device_ptr(), sums.step()),
     );
-    let fail = |e: DriverError| gpu_pool::PoolError::Driver {
-        call: "cuLaunchKernel",
-        source: e.into(),
-    };
     // SAFETY: every buffer is `shape` of its type (checked above, or taken so), lives on
     // `stream`'s device and outlives the queued kernels: the temporaries are released to this
     // stream's stack, so later work of this stream alone can reuse them, after these kernels.
     unsafe {
-        bgr_to_gray(k, cuda, src_at, at(&gray), shape).map_err(fail)?;
-        invert(k, cuda, at(&gray), at(&inv), shape).map_err(fail)?;
-        box_passes(k, cuda, at(&inv), sums_at, at(&gray), shape, 2, (0, 0)).map_err(fail)?;
-        threshold(k, cuda, at(&gray), at(&inv), shape, 100).map_err(fail)?;
-        invert(k, cuda, at(&inv), at(out), shape).map_err(fail)?;
+        bgr_to_gray(k, cuda, src_at, at(&gray), shape)?;
+        invert(k, cuda, at(&gray), at(&inv), shape)?;
+        box_passes(k, cuda, at(&inv), sums_at, at(&gray), shape, 2, (0, 0))?;
+        threshold(k, cuda, at(&gray), at(&inv), shape, 100)?;
+        invert(k, cuda, at(&inv), at(out), shape)?;
     }
     Ok(())
 }

@@ -108,8 +108,7 @@ impl Stages {
             let shape = (src.rows(), src.cols());
             // SAFETY: both views hold `shape` pixels of the kernel's types at their steps, and
             // borrow buffers this stream's later work alone reuses.
-            unsafe { kernels::bgr_to_gray(k, cuda(stream), at(&src), at_mut(&dst), shape) }
-                .map_err(|e| launch_error("bgr_to_gray", e))?;
+            unsafe { kernels::bgr_to_gray(k, cuda(stream), at(&src), at_mut(&dst), shape) }?;
             return Ok(());
         }
         let _ = stream; // the host backend runs the twin in place, at once
@@ -133,8 +132,7 @@ impl Stages {
         if let Some(k) = &self.gpu {
             let shape = (src.rows(), src.cols());
             // SAFETY: as in `bgr_to_gray`.
-            unsafe { kernels::threshold(k, cuda(stream), at(&src), at_mut(&dst), shape, t) }
-                .map_err(|e| launch_error("threshold", e))?;
+            unsafe { kernels::threshold(k, cuda(stream), at(&src), at_mut(&dst), shape, t) }?;
             return Ok(());
         }
         let _ = stream;
@@ -159,8 +157,7 @@ impl Stages {
         if let Some(k) = &self.gpu {
             let shape = (dst.rows(), dst.cols());
             // SAFETY: as in `bgr_to_gray`.
-            unsafe { kernels::fill_pattern(k, cuda(stream), at_mut(&dst), shape, seed) }
-                .map_err(|e| launch_error("fill_pattern", e))?;
+            unsafe { kernels::fill_pattern(k, cuda(stream), at_mut(&dst), shape, seed) }?;
             return Ok(());
         }
         let _ = stream; // the host backend runs the twin in place, at once
@@ -182,8 +179,7 @@ impl Stages {
         if let Some(k) = &self.gpu {
             let shape = (src.rows(), src.cols());
             // SAFETY: as in `bgr_to_gray`.
-            unsafe { kernels::invert(k, cuda(stream), at(&src), at_mut(&dst), shape) }
-                .map_err(|e| launch_error("invert", e))?;
+            unsafe { kernels::invert(k, cuda(stream), at(&src), at_mut(&dst), shape) }?;
             return Ok(());
         }
         let _ = stream;
@@ -208,8 +204,7 @@ impl Stages {
         if let Some(k) = &self.gpu {
             let xy = (x.device_ptr(), y.device_ptr());
             // SAFETY: both views hold `x.cols()` floats, as in `bgr_to_gray`.
-            unsafe { kernels::affine_relu(k, cuda(stream), xy, x.cols(), (a, b)) }
-                .map_err(|e| launch_error("affine_relu", e))?;
+            unsafe { kernels::affine_relu(k, cuda(stream), xy, x.cols(), (a, b)) }?;
             return Ok(());
         }
         let _ = stream;
@@ -239,13 +234,4 @@ fn cuda(stream: &Stream) -> &std::sync::Arc<gpu_pool::cudarc::driver::CudaStream
     stream
         .cuda_stream()
         .expect("the kernels are loaded only on a CUDA device, whose streams are CUDA streams")
-}
-
-#[cfg(feature = "cuda")]
-/// A kernel launch's driver error as a `PoolError`.
-pub fn launch_error(kernel: &'static str, e: gpu_pool::cudarc::driver::DriverError) -> PoolError {
-    PoolError::Driver {
-        call: kernel,
-        source: e.into(),
-    }
 }

@@ -6,6 +6,11 @@
 //! as its [`source`](std::error::Error::source); an error about memory for a buffer carries the
 //! [`RequestContext`] of the request (who asked, on which stream), attached by the stream as the
 //! error leaves the take.
+//!
+//! cudarc's errors convert into `PoolError` (feature `cuda`), so `?` works on them in a function
+//! that returns `PoolError`: a `DriverError` becomes [`PoolError::Driver`] (its call
+//! [`PoolError::CUDARC_CALL`]), nvrtc's `CompileError` and `NvrtcError` [`PoolError::Nvrtc`],
+//! cuBLAS's `CublasError` (feature `cublas`) [`PoolError::Cublas`]; each kept as the source.
 
 use std::error::Error;
 use std::fmt;
@@ -215,20 +220,64 @@ pub enum PoolError {
         count: usize,
     },
 
-    /// A CUDA call (the driver's, or a CUDA library's such as cuBLAS) failed.
+    /// A CUDA driver call failed: one the pool made, or one of cudarc's that returned its
+    /// `DriverError` into a `PoolError` (`?` converts it: `From<DriverError>`).
     ///
     /// The call's own error is the [`source`](std::error::Error::source): cudarc's `DriverError`
-    /// for the driver (downcast it to read its `CUresult`).
+    /// (downcast it to read its `CUresult`).
     #[error(
-        "CUDA call {call} failed: {source}; see what {call} returns this error for in the CUDA \
+        "{what} failed: {source}; see what the call returns this error for in the CUDA \
          documentation (an error of earlier asynchronous work, such as CUDA_ERROR_ILLEGAL_ADDRESS, \
-         is sticky: the context stays unusable, restart the process)"
+         is sticky: the context stays unusable, restart the process)",
+        what = call_words(call)
     )]
     Driver {
-        /// The function that failed, e.g. `cuMemAlloc`.
+        /// The function that failed, e.g. `cuMemAlloc`; [`PoolError::CUDARC_CALL`] for an error
+        /// converted from cudarc's, whose call is not known.
         call: &'static str,
         /// What it returned.
         source: Cause,
+    },
+
+    /// nvrtc could not compile a kernel source (or make its program, or hand out its PTX).
+    ///
+    /// The [`source`](std::error::Error::source) is cudarc's error: its `CompileError` (whose
+    /// `CompileError::CompileError { log, .. }` holds the compiler's log), or an `NvrtcError`.
+    #[error(
+        "nvrtc failed: {source}; for a compile error the compiler's log is in it (cudarc's \
+         CompileError::CompileError {{ log, .. }}): fix the kernel source or the options, and check \
+         that libnvrtc matches the driver's CUDA version"
+    )]
+    Nvrtc {
+        /// cudarc's error.
+        source: Cause,
+    },
+
+    /// A cuBLAS call failed.
+    ///
+    /// The [`source`](std::error::Error::source) is cudarc's `CublasError` (downcast it to read
+    /// its `cublasStatus_t`).
+    #[error(
+        "cuBLAS call failed: {source}; CUBLAS_STATUS_INVALID_VALUE is an argument out of range \
+         (sizes, leading dimensions, a buffer lent too short), NOT_INITIALIZED or ALLOC_FAILED a \
+         handle that could not be made (device memory, driver); see cublasStatus_t in the cuBLAS \
+         documentation for the others"
+    )]
+    Cublas {
+        /// cudarc's error.
+        source: Cause,
+    },
+
+    /// A CUDA library the program asked for could not be loaded (cudarc loads them at run time,
+    /// and would panic on the first call into a missing one).
+    #[error(
+        "the CUDA library {library} could not be loaded (searched for lib{library}.so and its \
+         versioned names); install it (the CUDA toolkit, or the {library} package of the driver's \
+         CUDA version), put its directory on LD_LIBRARY_PATH, or run without it"
+    )]
+    NoCudaLibrary {
+        /// The library, e.g. `cublas`.
+        library: &'static str,
     },
 
     /// A host slice given to an upload or download differs in length from the buffer.
@@ -388,6 +437,10 @@ pub enum PoolError {
 }
 
 impl PoolError {
+    /// The `call` of a [`PoolError::Driver`] converted from cudarc's `DriverError` (with `?` or
+    /// `From`), which does not say which call returned it.
+    pub const CUDARC_CALL: &'static str = "a cudarc call";
+
     /// The buffer request behind a memory error ([`OutOfMemory`](PoolError::OutOfMemory),
     /// [`StackExhausted`](PoolError::StackExhausted),
     /// [`CaptureNeedsStack`](PoolError::CaptureNeedsStack),
@@ -521,6 +574,57 @@ impl<E: Error + Send + Sync + 'static> From<E> for Cause {
 impl From<std::io::Error> for Cause<std::io::Error> {
     fn from(error: std::io::Error) -> Self {
         Cause(Arc::new(error))
+    }
+}
+
+/// "CUDA call cuMemAlloc", or "a CUDA driver call made through cudarc" where the call is not known.
+fn call_words(call: &str) -> String {
+    if call == PoolError::CUDARC_CALL {
+        "a CUDA driver call made through cudarc".into()
+    } else {
+        format!("CUDA call {call}")
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl From<cudarc::driver::DriverError> for PoolError {
+    /// A driver error of a cudarc call, as [`PoolError::Driver`] with
+    /// [`CUDARC_CALL`](PoolError::CUDARC_CALL) as its call and the error as its source.
+    fn from(error: cudarc::driver::DriverError) -> Self {
+        PoolError::Driver {
+            call: PoolError::CUDARC_CALL,
+            source: error.into(),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl From<cudarc::nvrtc::CompileError> for PoolError {
+    /// An nvrtc compile error, as [`PoolError::Nvrtc`] with the error as its source.
+    fn from(error: cudarc::nvrtc::CompileError) -> Self {
+        PoolError::Nvrtc {
+            source: error.into(),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl From<cudarc::nvrtc::result::NvrtcError> for PoolError {
+    /// An error of a call into nvrtc, as [`PoolError::Nvrtc`] with the error as its source.
+    fn from(error: cudarc::nvrtc::result::NvrtcError) -> Self {
+        PoolError::Nvrtc {
+            source: error.into(),
+        }
+    }
+}
+
+#[cfg(feature = "cublas")]
+impl From<cudarc::cublas::result::CublasError> for PoolError {
+    /// An error of a cuBLAS call, as [`PoolError::Cublas`] with the error as its source.
+    fn from(error: cudarc::cublas::result::CublasError) -> Self {
+        PoolError::Cublas {
+            source: error.into(),
+        }
     }
 }
 

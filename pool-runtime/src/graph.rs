@@ -30,6 +30,12 @@
 //! - only the pool can end the capture, so only the pool makes its graph: the capture is begun on
 //!   a private stream that the stream joins, and cudarc's `end_capture` on the stream fails.
 //!
+//! Errors compose: inside the closure, cudarc's errors convert into `PoolError` with `?` (a kernel
+//! launch's `DriverError`, cuBLAS's `CublasError`; each kept as the error's `source()`), so
+//! [`Stream::capture`] takes a closure of `Result<(), PoolError>` with no `map_err`. A closure of an
+//! error type of your own, one a `PoolError` converts into, goes to
+//! [`Stream::capture_with`]`::<E>`: its error comes back unchanged, the pool's converted.
+//!
 //! ```no_run
 //! use gpu_pool_runtime::{BufferPool, Device, GpuMat, PoolError, Stream};
 //! # fn main() -> Result<(), PoolError> {
@@ -200,6 +206,10 @@ struct Capturing<'s> {
     cu_stream: sys::CUstream,
     origin: Origin,
     fence: Option<Block>,
+    /// Where the fence ends: the stack's top once every buffer taken inside is released.
+    fence_end: usize,
+    /// The stream's capture count when this capture began (the graph's epoch).
+    epoch: u64,
     /// The stream's stack high-water mark before the capture, restored after it.
     high_water: u64,
     /// The highest stack offset the captured buffers reached.
@@ -277,6 +287,39 @@ impl Capturing<'_> {
     }
 }
 
+impl<'s> Capturing<'s> {
+    /// The graph of a capture that ended with `ended` (what [`end`](Capturing::end) returned),
+    /// after the closure succeeded: the fence grown to what the captured buffers used, held by the
+    /// graph. On an error the guard gives the fence back as it drops.
+    fn into_graph(
+        mut self,
+        ended: Result<Option<Exec>, PoolError>,
+    ) -> Result<Graph<'s>, PoolError> {
+        let stream = self.stream;
+        let exec = ended?.ok_or(PoolError::Unsupported {
+            device: stream.device().id(),
+            what: "a capture the driver made no graph of",
+        })?;
+        if stream.stack_top() != Some(self.fence_end) {
+            // A buffer taken inside is still live: the graph would write memory it owns.
+            return Err(PoolError::CaptureKeptBuffers);
+        }
+        if let Some(fence) = self.fence.as_mut() {
+            stream.reserve_up_to(fence, self.peak)?;
+        }
+        let reserved = self.fence.take();
+        stream.graph_made(self.epoch);
+        Ok(Graph {
+            stream,
+            cu_stream: self.cu_stream,
+            exec,
+            reserved,
+            epoch: self.epoch,
+            _captures: PhantomData,
+        })
+    }
+}
+
 impl Drop for Capturing<'_> {
     fn drop(&mut self) {
         if self.stream.in_own_capture() {
@@ -295,16 +338,78 @@ impl Stream {
     /// launch (see [the module](crate::graph)). Buffers taken inside come from this stream's
     /// stack, and the graph keeps their memory for its replays.
     ///
+    /// For a closure of another error type (one of your own that wraps `PoolError`), use
+    /// [`capture_with`](Stream::capture_with): this one fixes the error to `PoolError`, so a
+    /// closure that ends in `Ok(())` needs no annotation.
+    ///
     /// Errors: `PoolError::Unsupported` on the host backend; `CaptureNeedsStack` for a buffer the
     /// stack cannot serve; `CaptureKeptBuffers` if a buffer taken inside outlives the capture;
-    /// `CaptureCrossStream` for work that would reach another stream; `CapturedElsewhere` if the
-    /// stream is already being captured; the closure's own error; `PoolError::Driver` if the
-    /// driver refused the capture (a synchronizing call such as `download` inside it). The stream
-    /// stays usable after any of them.
+    /// `CaptureCrossStream` for work that would reach another stream (preferred over the error
+    /// the closure returned after it); `CapturedElsewhere` if the stream is already being captured;
+    /// the closure's own error; `PoolError::Driver` if the driver refused the capture (a
+    /// synchronizing call such as `download` inside it). The stream stays usable after any of them.
     pub fn capture<'a, F>(&'a self, work: F) -> Result<Graph<'a>, PoolError>
     where
         F: FnOnce(&'a Stream) -> Result<(), PoolError> + 'a,
     {
+        self.capture_with(work)
+    }
+
+    /// [`capture`](Stream::capture) for a closure of any error type `E` that a `PoolError`
+    /// converts into: the closure's error comes back unchanged, the pool's own errors (the same
+    /// as `capture`'s) converted with `E::from`. Name the type once, where `?` inside the closure
+    /// leaves it open: `stream.capture_with::<AppError>(|s| { ...; Ok(()) })`.
+    ///
+    /// ```no_run
+    /// use gpu_pool_runtime::{Device, PoolError, Stream};
+    ///
+    /// #[derive(Debug)]
+    /// enum AppError {
+    ///     Pool(PoolError),
+    ///     BadInput,
+    /// }
+    /// impl From<PoolError> for AppError {
+    ///     fn from(e: PoolError) -> Self {
+    ///         AppError::Pool(e)
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> Result<(), AppError> {
+    /// let stream = Stream::new(&Device::cuda(0)?)?;
+    /// let (rows, cols) = (512, 512);
+    /// let graph = stream.capture_with::<AppError>(|s| {
+    ///     if rows == 0 {
+    ///         return Err(AppError::BadInput); // comes back as it is
+    ///     }
+    ///     let mut tmp = gpu_pool_runtime::BufferPool::new(s).get_buffer::<f32>(rows, cols)?;
+    ///     tmp.set_to(0.0)?; // a PoolError, converted
+    ///     Ok(())
+    /// })?;
+    /// graph.launch()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn capture_with<'a, E>(
+        &'a self,
+        work: impl FnOnce(&'a Stream) -> Result<(), E> + 'a,
+    ) -> Result<Graph<'a>, E>
+    where
+        E: From<PoolError>,
+    {
+        let mut capturing = self.begin_capture()?;
+        let worked = work(self);
+        let ended = capturing.end();
+        if let Err(e @ PoolError::CaptureCrossStream { .. }) = ended {
+            // The cause, rather than what the invalidated capture made of the closure's later
+            // work.
+            return Err(e.into());
+        }
+        worked?;
+        Ok(capturing.into_graph(ended)?)
+    }
+
+    /// Everything before the captured closure runs: checks, the fence, the capture begun (and
+    /// ended again by the guard returned, on every way out).
+    fn begin_capture(&self) -> Result<Capturing<'_>, PoolError> {
         let Some(cuda) = self.cuda_stream() else {
             return Err(PoolError::Unsupported {
                 device: self.device().id(),
@@ -338,42 +443,13 @@ impl Stream {
             cu_stream: cuda.cu_stream(),
             origin,
             fence: Some(fence),
+            fence_end,
+            epoch,
             high_water: self.start_high_water(fence_end),
             peak: fence_end,
             thread: None,
         };
         capturing.begin()?;
-        let worked = work(self);
-        let graph = capturing.end();
-        if let Err(e @ PoolError::CaptureCrossStream { .. }) = graph {
-            // The cause, rather than what the invalidated capture made of the closure's later
-            // work.
-            return Err(e);
-        }
-        worked?;
-        let exec = graph?.ok_or(PoolError::Unsupported {
-            device: self.device().id(),
-            what: "a capture the driver made no graph of",
-        })?;
-        if self.stack_top() != Some(fence_end) {
-            // A buffer taken inside is still live: the graph would write memory it owns.
-            return Err(PoolError::CaptureKeptBuffers);
-        }
-        // The fence grows to what the captured buffers used; until the graph holds it, `capturing`
-        // gives it back on every way out.
-        let fence = capturing.fence.as_mut();
-        if let Some(fence) = fence {
-            self.reserve_up_to(fence, capturing.peak)?;
-        }
-        let reserved = capturing.fence.take();
-        self.graph_made(epoch);
-        Ok(Graph {
-            stream: self,
-            cu_stream: cuda.cu_stream(),
-            exec,
-            reserved,
-            epoch,
-            _captures: PhantomData,
-        })
+        Ok(capturing)
     }
 }

@@ -48,7 +48,7 @@
 //! | 14 | `view`, `graph`, `pplcv` | views and regions; CUDA graphs; ppl.cv's pool |
 //! | 15 | `buffer`, `mix` | [`GpuMat`], [`BufferPool`]; [`MixMemory`] |
 //! | 16 | `frame` | what the DSL expands to |
-//! | 17 | `device_memory`, `kernel_args` | CUDA interop: buffers lent to cudarc; kernel arguments |
+//! | 17 | `device_memory`, `kernel_args`, `blas` | CUDA interop: buffers lent to cudarc; kernel arguments; cuBLAS handles |
 //! | 18 | `report`, `timeline`, `testing` | every device's stats; recordings exported; test hooks |
 //!
 //! Storage (ranks 7 and 8) knows memory, not policy; the stack and the allocators (9) build on
@@ -68,6 +68,8 @@
 mod allocator;
 mod arena;
 mod backend;
+#[cfg(feature = "cublas")]
+mod blas;
 mod buffer;
 mod caching;
 mod capturing;

@@ -530,6 +530,59 @@ fn a_copy_from_another_stream_waits_for_its_writes_and_holds_off_its_reuse() -> 
     Ok(())
 }
 
+/// `capture_with` takes a closure of the caller's own error type: its error comes back as it is,
+/// the pool's errors inside (with `?`) and around it converted, and a graph is made as `capture`'s.
+#[test]
+fn capture_with_passes_the_closures_own_error_through() -> TestResult {
+    #[derive(Debug)]
+    enum AppError {
+        Pool(PoolError),
+        Mine,
+    }
+    impl From<PoolError> for AppError {
+        fn from(e: PoolError) -> Self {
+            AppError::Pool(e)
+        }
+    }
+    let Some((gpu, _lock)) = gpu("capture_with") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, MIB, 1)?;
+    let stream = Stream::new(&gpu)?;
+
+    let err = stream
+        .capture_with::<AppError>(|s| {
+            BufferPool::new(s).get_buffer_1d::<u8>(64)?.set_to(1)?;
+            Err(AppError::Mine)
+        })
+        .unwrap_err();
+    assert!(matches!(err, AppError::Mine), "{err:?}");
+    assert_eq!(stream.stats().stack_in_use, 0, "no fence left behind");
+
+    let err = stream
+        .capture_with::<AppError>(|s| {
+            let _too_big = BufferPool::new(s).get_buffer_1d::<u8>(8 * MIB)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, AppError::Pool(PoolError::CaptureNeedsStack { .. })),
+        "{err:?}"
+    );
+
+    let graph = stream
+        .capture_with::<AppError>(|s| {
+            BufferPool::new(s).get_buffer_1d::<u8>(64)?.set_to(7)?;
+            Ok(())
+        })
+        .map_err(|e| format!("{e:?}"))?;
+    graph.launch()?;
+    assert!(graph.stack_bytes() >= 64, "the replays' buffer is held");
+    drop(graph);
+    assert_eq!(stream.stats().stack_in_use, 0);
+    Ok(())
+}
+
 #[test]
 fn capture_is_unsupported_on_the_host_backend() -> Result<(), PoolError> {
     let stream = Stream::new(&Device::private_host())?;

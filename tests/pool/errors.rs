@@ -218,3 +218,149 @@ fn a_wrong_host_slice_and_a_copy_between_shapes_say_different_things() -> Result
     assert_ne!(before_colon(&slice), before_colon(&shapes));
     Ok(())
 }
+
+/// cudarc's errors convert into `PoolError` with `?`, each kept whole as `source()`; a closure of
+/// the caller's own error type can be captured; cuBLAS without its library is a typed error.
+/// None of these needs a GPU. (A `DriverError` is never formatted here: its text asks the driver.)
+#[cfg(feature = "cuda")]
+mod cudarc_errors {
+    use std::error::Error as _;
+    use std::ffi::CString;
+
+    use gpu_pool::cudarc::driver::{DriverError, sys::CUresult};
+    use gpu_pool::cudarc::nvrtc::{CompileError, result::NvrtcError, sys::nvrtcResult};
+    use gpu_pool::{BufferPool, Device, PoolError, Stream};
+
+    fn launch() -> Result<(), DriverError> {
+        Err(DriverError(CUresult::CUDA_ERROR_LAUNCH_FAILED))
+    }
+
+    fn pooled_launch() -> Result<(), PoolError> {
+        launch()?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_driver_error_converts_with_question_mark_and_stays_its_source() {
+        let err = pooled_launch().unwrap_err();
+        assert!(matches!(
+            err,
+            PoolError::Driver {
+                call: PoolError::CUDARC_CALL,
+                ..
+            }
+        ));
+        let source = err.source().and_then(|e| e.downcast_ref::<DriverError>());
+        assert_eq!(
+            source.map(|e| e.0),
+            Some(CUresult::CUDA_ERROR_LAUNCH_FAILED)
+        );
+    }
+
+    #[test]
+    fn an_nvrtc_compile_error_converts_and_keeps_its_log() {
+        let compile = CompileError::CompileError {
+            nvrtc: NvrtcError(nvrtcResult::NVRTC_ERROR_COMPILATION),
+            options: vec!["--gpu-architecture=sm_90".into()],
+            log: CString::new("kernel.cu(3): error: identifier \"x\" is undefined").unwrap(),
+        };
+        let err = PoolError::from(compile.clone());
+        assert!(matches!(err, PoolError::Nvrtc { .. }), "{err}");
+        let source = err.source().and_then(|e| e.downcast_ref::<CompileError>());
+        assert_eq!(source, Some(&compile));
+        let text = err.to_string();
+        assert!(text.starts_with("nvrtc failed: "), "{text}");
+        assert!(
+            text.contains("is undefined"),
+            "the log is in the message: {text}"
+        );
+        assert!(text.contains("fix the kernel source"), "{text}");
+
+        let err = PoolError::from(NvrtcError(nvrtcResult::NVRTC_ERROR_INVALID_INPUT));
+        assert!(matches!(err, PoolError::Nvrtc { .. }), "{err}");
+        let source = err.source().and_then(|e| e.downcast_ref::<NvrtcError>());
+        assert_eq!(
+            source.map(|e| e.0),
+            Some(nvrtcResult::NVRTC_ERROR_INVALID_INPUT)
+        );
+    }
+
+    #[cfg(feature = "cublas")]
+    #[test]
+    fn a_cublas_error_converts_and_stays_its_source() {
+        use gpu_pool::cudarc::cublas::{result::CublasError, sys::cublasStatus_t};
+        fn gemm() -> Result<(), PoolError> {
+            Err(CublasError(cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE))?
+        }
+        let err = gemm().unwrap_err();
+        assert!(matches!(err, PoolError::Cublas { .. }), "{err}");
+        let source = err.source().and_then(|e| e.downcast_ref::<CublasError>());
+        assert_eq!(
+            source.map(|e| e.0),
+            Some(cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE)
+        );
+        let text = err.to_string();
+        assert!(text.contains("CUBLAS_STATUS_INVALID_VALUE"), "{text}");
+        assert!(text.contains("leading dimensions"), "{text}");
+    }
+
+    /// Where `libcublas` cannot be loaded (as on a machine without CUDA), `Stream::cublas` is
+    /// `NoCudaLibrary`, not cudarc's panic; where it can, a host stream is `Unsupported`.
+    #[cfg(feature = "cublas")]
+    #[test]
+    fn cublas_without_its_library_is_a_typed_error() -> Result<(), PoolError> {
+        let stream = Stream::new(&Device::private_host())?;
+        let err = stream.cublas().unwrap_err();
+        // SAFETY: only asks whether the library loads.
+        if unsafe { gpu_pool::cudarc::cublas::sys::is_culib_present() } {
+            assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
+            println!("libcublas present: a host stream is {err}");
+        } else {
+            assert!(
+                matches!(err, PoolError::NoCudaLibrary { library: "cublas" }),
+                "{err}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("libcublas.so"), "{text}");
+            assert!(text.contains("LD_LIBRARY_PATH"), "{text}");
+            println!("no libcublas, as expected here: {err}");
+        }
+        Ok(())
+    }
+
+    /// An error type of the caller's own, as an application defines one.
+    #[derive(Debug)]
+    enum AppError {
+        Pool(PoolError),
+        Mine,
+    }
+
+    impl From<PoolError> for AppError {
+        fn from(e: PoolError) -> Self {
+            AppError::Pool(e)
+        }
+    }
+
+    /// On the host backend a capture is refused before the closure runs: the pool's error comes
+    /// back converted into the caller's type. (On a GPU, `cuda.rs` shows the closure's own error
+    /// passing through.)
+    #[test]
+    fn capture_with_converts_the_pools_error_into_the_callers() -> Result<(), PoolError> {
+        let stream = Stream::new(&Device::private_host())?;
+        let mut ran = false;
+        let err = stream
+            .capture_with::<AppError>(|s| {
+                ran = true;
+                BufferPool::new(s).get_buffer_1d::<u8>(8)?.set_to(1)?; // a PoolError, converted
+                Err(AppError::Mine)
+            })
+            .unwrap_err();
+        assert!(
+            matches!(err, AppError::Pool(PoolError::Unsupported { .. })),
+            "{err:?}"
+        );
+        assert!(!ran, "the closure never ran");
+        assert_eq!(stream.stats().stack_in_use, 0, "no fence left behind");
+        Ok(())
+    }
+}
