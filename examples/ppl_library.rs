@@ -35,12 +35,16 @@ mod library {
             }
         }
 
-        /// Address and pitch, for the kernels.
+        /// The intermediate as a kernel's output, `rows x cols` floats.
         #[cfg(feature = "cuda")]
-        fn raw(&self) -> (u64, usize) {
+        fn pitched_mut(&mut self, rows: usize, cols: usize) -> gpu_pool::PitchedMut<'_, f32> {
             match self {
-                Scratch::Pool(b) => (b.device_ptr(), b.pitch()),
-                Scratch::Own(m) => (m.device_ptr(), m.step()),
+                // SAFETY: the block holds `rows` rows of `cols` floats at its pitch (asked for in
+                // `new`) and is borrowed, so it stays allocated, while the argument lives.
+                Scratch::Pool(b) => unsafe {
+                    gpu_pool::PitchedMut::from_raw_parts(b.device_ptr(), b.pitch(), rows, cols)
+                },
+                Scratch::Own(m) => m.pitched_mut(),
             }
         }
 
@@ -104,21 +108,16 @@ mod library {
         #[cfg(feature = "cuda")]
         if let Some(k) = stages.kernels() {
             let s = stream.cuda_stream().expect("CUDA stream");
-            let (src_at, dst_at) = (
-                (src.device_ptr(), src.step()),
-                (dst.device_ptr(), dst.step()),
-            );
             // SAFETY: the three buffers hold rows x cols of their element; the intermediate lives
             // until this function returns, after the stream has queued both kernels (ppl.cv's
             // reuse is in host order, on one stream), and `dst` is borrowed mutably meanwhile.
             unsafe {
+                let tmp = tmp.pitched_mut(rows, cols);
                 support::kernels::box_passes(
                     k,
                     s,
-                    src_at,
-                    tmp.raw(),
-                    dst_at,
-                    (rows, cols),
+                    (src.pitched(), tmp),
+                    dst.pitched_mut(),
                     r,
                     (c, mode),
                 )

@@ -25,7 +25,7 @@ use criterion::{BenchmarkId, Criterion};
 use driver::{Competitor, Driver};
 use gpu_pool::cudarc::driver::{CudaStream, result, sys};
 use gpu_pool::prelude::*;
-use gpu_pool::{CachingPool, Fallback, set_buffer_pool_config};
+use gpu_pool::{CachingPool, Fallback, Pitched, PitchedMut, set_buffer_pool_config};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -227,12 +227,15 @@ struct Pipeline<'a> {
 impl Pipeline<'_> {
     fn launch(&self, gray: (u64, usize), binary: (u64, usize)) -> Res<()> {
         let cs: &Arc<CudaStream> = &self.drv.stream;
-        let src = (self.src.device_ptr(), self.src.step());
         // SAFETY: bgr_to_gray and threshold read and write ROWS x COLS pixels of pitched buffers
-        // of that shape (the image, and two temporaries of at least ROWS rows of `pitch` bytes).
+        // of that shape (the image, and two temporaries of at least ROWS rows of `pitch` bytes),
+        // which stay allocated until the stream has run them.
         unsafe {
-            kernels::bgr_to_gray(self.k, cs, src, gray, (ROWS, COLS))?;
-            kernels::threshold(self.k, cs, gray, binary, (ROWS, COLS), 128)?;
+            let raw =
+                |(ptr, step): (u64, usize)| PitchedMut::<u8>::from_raw_parts(ptr, step, ROWS, COLS);
+            let mut gray = raw(gray);
+            kernels::bgr_to_gray(self.k, cs, self.src.pitched(), gray.reborrow())?;
+            kernels::threshold(self.k, cs, gray.as_const(), raw(binary), 128)?;
         }
         Ok(())
     }
@@ -428,7 +431,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (src, gray, _) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe { kernels::bgr_to_gray(k, &cs, (src, ss), (gray, gs), (ROWS, COLS))? };
+            unsafe { kernels::bgr_to_gray(k, &cs, ro(src, ss, ROWS), rw(gray, gs, ROWS))? };
             Ok(())
         })?,
     ));
@@ -438,7 +441,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (_, gray, bin) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe { kernels::threshold(k, &cs, (gray, gs), (bin, gs), (ROWS, COLS), 128)? };
+            unsafe { kernels::threshold(k, &cs, ro(gray, gs, ROWS), rw(bin, gs, ROWS), 128)? };
             Ok(())
         })?,
     ));
@@ -448,7 +451,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (_, gray, bin) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe { kernels::invert(k, &cs, (gray, gs), (bin, gs), (ROWS, COLS))? };
+            unsafe { kernels::invert(k, &cs, ro(gray, gs, ROWS), rw(bin, gs, ROWS))? };
             Ok(())
         })?,
     ));
@@ -458,7 +461,7 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let bin = sets[i].2;
             // SAFETY: as the note above `rows` says.
-            unsafe { kernels::fill_pattern(k, &cs, (bin, gs), (ROWS, COLS), 0)? };
+            unsafe { kernels::fill_pattern(k, &cs, rw(bin, gs, ROWS), 0)? };
             Ok(())
         })?,
     ));
@@ -478,7 +481,15 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
         time(&mut |i| {
             let (tmp, gray, _) = sets[i];
             // SAFETY: as the note above `rows` says.
-            unsafe { kernels::box_rows(k, &cs, (gray, gs), (tmp, tp), (ROWS / 2, COLS), radius)? };
+            unsafe {
+                kernels::box_rows(
+                    k,
+                    &cs,
+                    ro(gray, gs, ROWS / 2),
+                    rw(tmp, tp, ROWS / 2),
+                    radius,
+                )?
+            };
             Ok(())
         })?,
     ));
@@ -489,16 +500,9 @@ fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
             let (tmp, gray, bin) = sets[i];
             // SAFETY: as the note above `rows` says.
             unsafe {
-                kernels::box_cols(
-                    k,
-                    &cs,
-                    (tmp, tp),
-                    (gray, gs),
-                    (bin, gs),
-                    (ROWS / 2, COLS),
-                    radius,
-                    (0, 0),
-                )?
+                let half = ROWS / 2;
+                let inputs = (ro(tmp, tp, half), ro(gray, gs, half));
+                kernels::box_cols(k, &cs, inputs, rw(bin, gs, half), radius, (0, 0))?
             };
             Ok(())
         })?,
@@ -585,4 +589,22 @@ fn charts(b_ids: &[String]) -> Res<()> {
     )?;
     println!("\ncharts: {}", dir.display());
     Ok(())
+}
+
+/// `rows x COLS` elements of `T` at `step` bytes from `ptr`, read by a kernel.
+///
+/// # Safety
+/// As `Pitched::from_raw_parts`.
+unsafe fn ro<T>(ptr: u64, step: usize, rows: usize) -> Pitched<'static, T> {
+    // SAFETY: the caller's contract.
+    unsafe { Pitched::from_raw_parts(ptr, step, rows, COLS) }
+}
+
+/// `rows x COLS` elements of `T` at `step` bytes from `ptr`, written by a kernel.
+///
+/// # Safety
+/// As `PitchedMut::from_raw_parts`.
+unsafe fn rw<T>(ptr: u64, step: usize, rows: usize) -> PitchedMut<'static, T> {
+    // SAFETY: the caller's contract.
+    unsafe { PitchedMut::from_raw_parts(ptr, step, rows, COLS) }
 }

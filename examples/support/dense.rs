@@ -90,18 +90,11 @@ mod gpu {
         let cuda = stream
             .cuda_stream()
             .expect("a GPU engine runs on a CUDA stream");
-        let shape = (y.rows(), y.cols());
-        // SAFETY: `h` and `y` hold `shape` floats at their steps and `b` holds `cols`, on this
-        // stream's device; `h` is a stack buffer this stream alone reuses, after the kernel.
+        // SAFETY: `h` and `y` are on this stream's device (the launcher checks their shapes)
+        // and `b` holds `y.cols()` floats; `h` is a stack buffer this stream alone reuses, after
+        // the kernel.
         unsafe {
-            super::super::kernels::bias_relu(
-                k,
-                cuda,
-                (h.device_ptr(), h.step()),
-                b.device_ptr(),
-                (y.device_ptr(), y.step()),
-                shape,
-            )
+            super::super::kernels::bias_relu(k, cuda, h.pitched(), b.device_ptr(), y.pitched_mut())
         }?;
         Ok(())
     }

@@ -8,22 +8,25 @@
 
 use std::sync::Arc;
 
-use gpu_pool::Device;
 use gpu_pool::cudarc::driver::{
     CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
 use gpu_pool::cudarc::nvrtc::compile_ptx;
+use gpu_pool::{Device, PITCHED_H, Pitched, PitchedMut, PoolError, grid_2d};
 
+/// The kernels, in CUDA C++ after `gpu_pool::PITCHED_H`: a 2D buffer is one `Pitched<T>`
+/// parameter (`Pitched<const T>` for an input), and the shape a kernel covers is its output's.
 pub const SOURCE: &str = r#"
 // The byte-image kernels are bandwidth-bound: each thread moves 16 pixels of a row with 16-byte
 // loads and stores where the row allows (pool buffers start 64-aligned, 2D ones 512-aligned, with
 // pitches of a multiple of 64), and falls back to bytes at a ragged right edge. Launch them with
 // `grid_16px`.
 #define ROW16(ptr) (((size_t)(ptr) & 15) == 0)
-extern "C" __global__ void fill_pattern(unsigned char* dst, size_t pitch, int rows, int cols, int seed) {
+extern "C" __global__ void fill_pattern(Pitched<unsigned char> dst, int seed) {
     int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 16, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (y >= rows || x0 >= cols) return;
-    unsigned char* d = dst + y * pitch + x0;
+    if (!dst.contains(y, x0)) return;
+    int cols = (int)dst.cols;
+    unsigned char* d = dst.row(y) + x0;
     unsigned base = x0 * 7 + y * 13 + seed;
     if (x0 + 16 <= cols && ROW16(d)) {
         union { uint4 v; unsigned char b[16]; } out;
@@ -34,11 +37,12 @@ extern "C" __global__ void fill_pattern(unsigned char* dst, size_t pitch, int ro
         for (int i = 0; i < 16 && x0 + i < cols; ++i) d[i] = (unsigned char)(base + 7 * i);
     }
 }
-extern "C" __global__ void invert(const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols) {
+extern "C" __global__ void invert(Pitched<const unsigned char> src, Pitched<unsigned char> dst) {
     int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 16, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (y >= rows || x0 >= cols) return;
-    const unsigned char* s = src + y * sp + x0;
-    unsigned char* d = dst + y * dp + x0;
+    if (!dst.contains(y, x0)) return;
+    int cols = (int)dst.cols;
+    const unsigned char* s = src.row(y) + x0;
+    unsigned char* d = dst.row(y) + x0;
     if (x0 + 16 <= cols && ROW16(s) && ROW16(d)) {
         uint4 v = *(const uint4*)s;
         v.x = ~v.x; v.y = ~v.y; v.z = ~v.z; v.w = ~v.w; // 255 - b, four bytes at a time
@@ -50,11 +54,12 @@ extern "C" __global__ void invert(const unsigned char* src, size_t sp, unsigned 
 __device__ __forceinline__ unsigned char luma(unsigned b, unsigned g, unsigned r) {
     return (unsigned char)((b * 1868u + g * 9617u + r * 4899u + (1u << 13)) >> 14);
 }
-extern "C" __global__ void bgr_to_gray(const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols) {
+extern "C" __global__ void bgr_to_gray(Pitched<const uchar3> src, Pitched<unsigned char> dst) {
     int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 16, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (y >= rows || x0 >= cols) return;
-    const unsigned char* s = src + y * sp + 3 * x0;
-    unsigned char* d = dst + y * dp + x0;
+    if (!dst.contains(y, x0)) return;
+    int cols = (int)dst.cols;
+    const unsigned char* s = (const unsigned char*)(src.row(y) + x0);
+    unsigned char* d = dst.row(y) + x0;
     if (x0 + 16 <= cols && ROW16(s) && ROW16(d)) {
         union { uint4 v[3]; unsigned char b[48]; } in;
         union { uint4 v; unsigned char b[16]; } out;
@@ -67,11 +72,12 @@ extern "C" __global__ void bgr_to_gray(const unsigned char* src, size_t sp, unsi
         for (int i = 0; i < 16 && x0 + i < cols; ++i) d[i] = luma(s[3 * i], s[3 * i + 1], s[3 * i + 2]);
     }
 }
-extern "C" __global__ void threshold(const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols, unsigned char t) {
+extern "C" __global__ void threshold(Pitched<const unsigned char> src, Pitched<unsigned char> dst, unsigned char t) {
     int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 16, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (y >= rows || x0 >= cols) return;
-    const unsigned char* s = src + y * sp + x0;
-    unsigned char* d = dst + y * dp + x0;
+    if (!dst.contains(y, x0)) return;
+    int cols = (int)dst.cols;
+    const unsigned char* s = src.row(y) + x0;
+    unsigned char* d = dst.row(y) + x0;
     if (x0 + 16 <= cols && ROW16(s) && ROW16(d)) {
         uint4 v = *(const uint4*)s;
         unsigned t4 = t * 0x01010101u;
@@ -86,11 +92,12 @@ extern "C" __global__ void threshold(const unsigned char* src, size_t sp, unsign
 // Box filter, pass 1: horizontal sums of 2r+1 pixels (edges clamped) into a float intermediate.
 // Four outputs a thread, stored as one float4 where the row allows; launch with `grid_4px`. The
 // sums are of integers below 2^24, so exact in any order: the CPU twin matches bit for bit.
-extern "C" __global__ void box_rows(const unsigned char* src, size_t sp, unsigned long long tmp, size_t tp, int rows, int cols, int r) {
+extern "C" __global__ void box_rows(Pitched<const unsigned char> src, Pitched<float> tmp, int r) {
     int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x0 >= cols || y >= rows) return;
-    const unsigned char* s = src + y * sp;
-    float* t = (float*)(tmp + y * tp);
+    if (!tmp.contains(y, x0)) return;
+    int cols = (int)tmp.cols;
+    const unsigned char* s = src.row(y);
+    float* t = tmp.row(y);
     float out[4];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -106,13 +113,14 @@ extern "C" __global__ void box_rows(const unsigned char* src, size_t sp, unsigne
 }
 // Pass 2: vertical sums of the intermediate; mode 0 writes the rounded mean (box filter), mode 1
 // writes src > mean - c ? 255 : 0 (adaptive threshold). Four columns a thread, read as float4s.
-extern "C" __global__ void box_cols(unsigned long long tmp, size_t tp, const unsigned char* src, size_t sp, unsigned char* dst, size_t dp, int rows, int cols, int r, int c, int mode) {
+extern "C" __global__ void box_cols(Pitched<const float> tmp, Pitched<const unsigned char> src, Pitched<unsigned char> dst, int r, int c, int mode) {
     int x0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4, y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x0 >= cols || y >= rows) return;
-    bool whole = x0 + 4 <= cols && ROW16(tmp) && (tp & 15) == 0;
+    if (!dst.contains(y, x0)) return;
+    int rows = (int)dst.rows, cols = (int)dst.cols;
+    bool whole = x0 + 4 <= cols && ROW16(tmp.ptr) && (tmp.step & 15) == 0;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int k = -r; k <= r; ++k) {
-        const float* row = (const float*)(tmp + min(max(y + k, 0), rows - 1) * tp) + x0;
+        const float* row = tmp.row(min(max(y + k, 0), rows - 1)) + x0;
         if (whole) {
             float4 v = *(const float4*)row;
             acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
@@ -125,7 +133,7 @@ extern "C" __global__ void box_cols(unsigned long long tmp, size_t tp, const uns
     for (int j = 0; j < 4; ++j) {
         if (x0 + j >= cols) break;
         float mean = acc[j] / area;
-        dst[y * dp + x0 + j] = mode == 0 ? (unsigned char)(mean + 0.5f) : (src[y * sp + x0 + j] > mean - (float)c ? 255 : 0);
+        dst(y, x0 + j) = mode == 0 ? (unsigned char)(mean + 0.5f) : (src(y, x0 + j) > mean - (float)c ? 255 : 0);
     }
 }
 // y = max(a * x + b, 0) over n floats, with one rounding (fmaf) so the CPU twin's mul_add matches
@@ -145,12 +153,10 @@ extern "C" __global__ void affine_relu(const float* x, float* y, int n, float a,
     }
 }
 // y[r][c] = max(h[r][c] + bias[c], 0): a dense layer's bias and ReLU after its GEMM. One thread an
-// element; steps in bytes.
-extern "C" __global__ void bias_relu(const float* h, size_t hp, const float* bias, float* y, size_t yp, int rows, int cols) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
-    if (r >= rows || c >= cols) return;
-    float v = *(const float*)((const char*)h + r * hp + c * 4) + bias[c];
-    *(float*)((char*)y + r * yp + c * 4) = fmaxf(v, 0.0f);
+// element: launch with `grid_2d`.
+extern "C" __global__ void bias_relu(Pitched<const float> h, const float* bias, Pitched<float> y) {
+    unsigned c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
+    if (y.contains(r, c)) y(r, c) = fmaxf(h(r, c) + bias[c], 0.0f);
 }
 // Waits about `spin` clock cycles, then copies: a reader that is still running when the owner
 // stream moves on.
@@ -176,7 +182,8 @@ pub struct Kernels {
 impl Kernels {
     pub fn load(device: &Device) -> Kernels {
         let ctx: &Arc<_> = device.cuda_context().expect("a CUDA device");
-        let ptx = compile_ptx(SOURCE).expect("nvrtc compiles the test kernels");
+        let ptx =
+            compile_ptx(format!("{PITCHED_H}{SOURCE}")).expect("nvrtc compiles the test kernels");
         let module = ctx.load_module(ptx).expect("the module loads");
         let f = |name: &str| module.load_function(name).expect("kernel present");
         Kernels {
@@ -193,119 +200,133 @@ impl Kernels {
     }
 }
 
-/// A pitched image on the device: address and bytes between rows.
-pub type Pitched = (u64, usize);
-
 // One typed launcher per kernel, shared by the examples, the GPU tests and the benches: each takes
-// the kernel's own parameters as Rust types, and its launch configuration is chosen here.
+// the kernel's own parameters as Rust types, and its launch configuration is chosen here. A 2D
+// kernel covers its output's shape; an input of another shape is `PoolError::DimensionMismatch`.
 //
 // # Safety (every launcher)
-// Each address holds what the kernel reads or writes there (`rows x cols` elements of its type at
-// its pitch, or `n` elements), on `stream`'s device, and stays allocated until the stream has run
-// the kernel. The parameters passed match the kernel's signature in `SOURCE`.
+// Each argument's memory is on `stream`'s device and stays allocated until the stream has run the
+// kernel (a `Pitched` made from a pool buffer borrows it only for the call). The parameters
+// passed match the kernel's signature in `SOURCE`.
 
-/// `dst[y][x] = pattern(x, y, seed)` over `rows x cols` bytes.
+/// `Ok` if `src` has `dst`'s shape.
+fn same_shape<S, D>(src: &Pitched<'_, S>, dst: &PitchedMut<'_, D>) -> Result<(), PoolError> {
+    if (src.rows(), src.cols()) == (dst.rows(), dst.cols()) {
+        Ok(())
+    } else {
+        Err(PoolError::DimensionMismatch {
+            dst: (dst.rows(), dst.cols()),
+            src: (src.rows(), src.cols()),
+        })
+    }
+}
+
+/// `dst[y][x] = pattern(x, y, seed)`.
 ///
 /// # Safety
 /// See the note above the launchers.
 pub unsafe fn fill_pattern(
     k: &Kernels,
     stream: &CudaStream,
-    (dst, dp): Pitched,
-    (rows, cols): (usize, usize),
+    dst: PitchedMut<'_, u8>,
     seed: i32,
-) -> Result<(), DriverError> {
-    let (r, c) = (rows as i32, cols as i32);
-    let mut l = stream.launch_builder(&k.fill_pattern);
-    l.arg(&dst).arg(&dp).arg(&r).arg(&c).arg(&seed);
+) -> Result<(), PoolError> {
+    let grid = grid_16px(dst.rows(), dst.cols())?;
     // SAFETY: the caller's contract.
-    unsafe { l.launch(grid_16px(rows, cols)) }.map(drop)
+    unsafe {
+        stream
+            .launch_builder(&k.fill_pattern)
+            .arg(&dst)
+            .arg(&seed)
+            .launch(grid)
+    }?;
+    Ok(())
 }
 
-/// `dst = 255 - src` over `rows x cols` bytes.
+/// `dst = 255 - src`.
 ///
 /// # Safety
 /// See the note above the launchers.
 pub unsafe fn invert(
     k: &Kernels,
     stream: &CudaStream,
-    (src, sp): Pitched,
-    (dst, dp): Pitched,
-    (rows, cols): (usize, usize),
-) -> Result<(), DriverError> {
-    let (r, c) = (rows as i32, cols as i32);
-    let mut l = stream.launch_builder(&k.invert);
-    l.arg(&src).arg(&sp).arg(&dst).arg(&dp).arg(&r).arg(&c);
+    src: Pitched<'_, u8>,
+    dst: PitchedMut<'_, u8>,
+) -> Result<(), PoolError> {
+    same_shape(&src, &dst)?;
+    let grid = grid_16px(dst.rows(), dst.cols())?;
     // SAFETY: the caller's contract.
-    unsafe { l.launch(grid_16px(rows, cols)) }.map(drop)
+    unsafe {
+        stream
+            .launch_builder(&k.invert)
+            .arg(&src)
+            .arg(&dst)
+            .launch(grid)
+    }?;
+    Ok(())
 }
 
-/// `dst = gray(src)`: 3-byte BGR pixels in, bytes out, `rows x cols` pixels.
+/// `dst = gray(src)`: 3-byte BGR pixels in, bytes out.
 ///
 /// # Safety
 /// See the note above the launchers.
 pub unsafe fn bgr_to_gray(
     k: &Kernels,
     stream: &CudaStream,
-    (src, sp): Pitched,
-    (dst, dp): Pitched,
-    (rows, cols): (usize, usize),
-) -> Result<(), DriverError> {
-    let (r, c) = (rows as i32, cols as i32);
-    let mut l = stream.launch_builder(&k.bgr_to_gray);
-    l.arg(&src).arg(&sp).arg(&dst).arg(&dp).arg(&r).arg(&c);
+    src: Pitched<'_, [u8; 3]>,
+    dst: PitchedMut<'_, u8>,
+) -> Result<(), PoolError> {
+    same_shape(&src, &dst)?;
+    let grid = grid_16px(dst.rows(), dst.cols())?;
     // SAFETY: the caller's contract.
-    unsafe { l.launch(grid_16px(rows, cols)) }.map(drop)
+    unsafe {
+        stream
+            .launch_builder(&k.bgr_to_gray)
+            .arg(&src)
+            .arg(&dst)
+            .launch(grid)
+    }?;
+    Ok(())
 }
 
-/// `dst = src > t ? 255 : 0` over `rows x cols` bytes.
+/// `dst = src > t ? 255 : 0`.
 ///
 /// # Safety
 /// See the note above the launchers.
 pub unsafe fn threshold(
     k: &Kernels,
     stream: &CudaStream,
-    (src, sp): Pitched,
-    (dst, dp): Pitched,
-    (rows, cols): (usize, usize),
+    src: Pitched<'_, u8>,
+    dst: PitchedMut<'_, u8>,
     t: u8,
-) -> Result<(), DriverError> {
-    let (r, c) = (rows as i32, cols as i32);
+) -> Result<(), PoolError> {
+    same_shape(&src, &dst)?;
+    let grid = grid_16px(dst.rows(), dst.cols())?;
     let mut l = stream.launch_builder(&k.threshold);
-    l.arg(&src)
-        .arg(&sp)
-        .arg(&dst)
-        .arg(&dp)
-        .arg(&r)
-        .arg(&c)
-        .arg(&t);
+    l.arg(&src).arg(&dst).arg(&t);
     // SAFETY: the caller's contract.
-    unsafe { l.launch(grid_16px(rows, cols)) }.map(drop)
+    unsafe { l.launch(grid) }?;
+    Ok(())
 }
 
-/// The box filter's first pass: `tmp` (f32) = sums of `2r+1` bytes of `src` along each row.
+/// The box filter's first pass: `tmp` = sums of `2r+1` bytes of `src` along each row.
 ///
 /// # Safety
 /// See the note above the launchers.
 pub unsafe fn box_rows(
     k: &Kernels,
     stream: &CudaStream,
-    (src, sp): Pitched,
-    (tmp, tp): Pitched,
-    (rows, cols): (usize, usize),
+    src: Pitched<'_, u8>,
+    tmp: PitchedMut<'_, f32>,
     radius: i32,
-) -> Result<(), DriverError> {
-    let (r, c) = (rows as i32, cols as i32);
+) -> Result<(), PoolError> {
+    same_shape(&src, &tmp)?;
+    let grid = grid_4px(tmp.rows(), tmp.cols())?;
     let mut l = stream.launch_builder(&k.box_rows);
-    l.arg(&src)
-        .arg(&sp)
-        .arg(&tmp)
-        .arg(&tp)
-        .arg(&r)
-        .arg(&c)
-        .arg(&radius);
+    l.arg(&src).arg(&tmp).arg(&radius);
     // SAFETY: the caller's contract.
-    unsafe { l.launch(grid_4px(rows, cols)) }.map(drop)
+    unsafe { l.launch(grid) }?;
+    Ok(())
 }
 
 /// The box filter's second pass: sums of `2r+1` rows of `tmp` into `dst`, as the rounded mean
@@ -313,44 +334,41 @@ pub unsafe fn box_rows(
 ///
 /// # Safety
 /// See the note above the launchers.
-#[allow(clippy::too_many_arguments, reason = "the kernel's own parameters")]
 pub unsafe fn box_cols(
     k: &Kernels,
     stream: &CudaStream,
-    (tmp, tp): Pitched,
-    (src, sp): Pitched,
-    (dst, dp): Pitched,
-    (rows, cols): (usize, usize),
+    (tmp, src): (Pitched<'_, f32>, Pitched<'_, u8>),
+    dst: PitchedMut<'_, u8>,
     radius: i32,
     (c, mode): (i32, i32),
-) -> Result<(), DriverError> {
-    let (ri, ci) = (rows as i32, cols as i32);
+) -> Result<(), PoolError> {
+    same_shape(&tmp, &dst)?;
+    same_shape(&src, &dst)?;
+    let grid = grid_4px(dst.rows(), dst.cols())?;
     let mut l = stream.launch_builder(&k.box_cols);
-    l.arg(&tmp).arg(&tp).arg(&src).arg(&sp).arg(&dst).arg(&dp);
-    l.arg(&ri).arg(&ci).arg(&radius).arg(&c).arg(&mode);
+    l.arg(&tmp).arg(&src).arg(&dst);
+    l.arg(&radius).arg(&c).arg(&mode);
     // SAFETY: the caller's contract.
-    unsafe { l.launch(grid_4px(rows, cols)) }.map(drop)
+    unsafe { l.launch(grid) }?;
+    Ok(())
 }
 
 /// Both box filter passes: `src` (u8) through `tmp` (f32) into `dst` (u8).
 ///
 /// # Safety
 /// See the note above the launchers.
-#[allow(clippy::too_many_arguments, reason = "the kernels' own parameters")]
 pub unsafe fn box_passes(
     k: &Kernels,
     stream: &CudaStream,
-    src: Pitched,
-    tmp: Pitched,
-    dst: Pitched,
-    shape: (usize, usize),
+    (src, mut tmp): (Pitched<'_, u8>, PitchedMut<'_, f32>),
+    dst: PitchedMut<'_, u8>,
     radius: i32,
     c_mode: (i32, i32),
-) -> Result<(), DriverError> {
+) -> Result<(), PoolError> {
     // SAFETY: the caller's contract covers both passes.
     unsafe {
-        box_rows(k, stream, src, tmp, shape, radius)?;
-        box_cols(k, stream, tmp, src, dst, shape, radius, c_mode)
+        box_rows(k, stream, src, tmp.reborrow(), radius)?;
+        box_cols(k, stream, (tmp.as_const(), src), dst, radius, c_mode)
     }
 }
 
@@ -372,34 +390,24 @@ pub unsafe fn affine_relu(
     unsafe { l.launch(line4(n)) }.map(drop)
 }
 
-/// `y[r][c] = max(h[r][c] + bias[c], 0)` over `rows x cols` floats.
+/// `y[r][c] = max(h[r][c] + bias[c], 0)`; `bias` holds `y.cols()` floats.
 ///
 /// # Safety
 /// See the note above the launchers.
 pub unsafe fn bias_relu(
     k: &Kernels,
     stream: &CudaStream,
-    (h, hp): Pitched,
+    h: Pitched<'_, f32>,
     bias: u64,
-    (y, yp): Pitched,
-    (rows, cols): (usize, usize),
-) -> Result<(), DriverError> {
-    let (r, c) = (rows as i32, cols as i32);
-    let grid = LaunchConfig {
-        grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(8) as u32, 1),
-        block_dim: (32, 8, 1),
-        shared_mem_bytes: 0,
-    };
+    y: PitchedMut<'_, f32>,
+) -> Result<(), PoolError> {
+    same_shape(&h, &y)?;
+    let grid = grid_2d(y.rows(), y.cols())?;
     let mut l = stream.launch_builder(&k.bias_relu);
-    l.arg(&h)
-        .arg(&hp)
-        .arg(&bias)
-        .arg(&y)
-        .arg(&yp)
-        .arg(&r)
-        .arg(&c);
+    l.arg(&h).arg(&bias).arg(&y);
     // SAFETY: the caller's contract.
-    unsafe { l.launch(grid) }.map(drop)
+    unsafe { l.launch(grid) }?;
+    Ok(())
 }
 
 /// Waits about `spin` clock cycles on the GPU, then copies `n` bytes: one block of 256 threads.
@@ -427,22 +435,14 @@ pub unsafe fn slow_copy(
 }
 
 /// The launch of the byte-image kernels (`fill_pattern`, `invert`, `bgr_to_gray`, `threshold`):
-/// one thread per 16 pixels of a row, 32x8 a block.
-pub fn grid_16px(rows: usize, cols: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (cols.div_ceil(16 * 32) as u32, rows.div_ceil(8) as u32, 1),
-        block_dim: (32, 8, 1),
-        shared_mem_bytes: 0,
-    }
+/// one thread per 16 pixels of a row.
+pub fn grid_16px(rows: usize, cols: usize) -> Result<LaunchConfig, PoolError> {
+    grid_2d(rows, cols.div_ceil(16))
 }
 
-/// The launch of the box filter's passes: one thread per 4 pixels of a row, 32x8 a block.
-pub fn grid_4px(rows: usize, cols: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (cols.div_ceil(4 * 32) as u32, rows.div_ceil(8) as u32, 1),
-        block_dim: (32, 8, 1),
-        shared_mem_bytes: 0,
-    }
+/// The launch of the box filter's passes: one thread per 4 pixels of a row.
+pub fn grid_4px(rows: usize, cols: usize) -> Result<LaunchConfig, PoolError> {
+    grid_2d(rows, cols.div_ceil(4))
 }
 
 /// The launch of `affine_relu`: one thread per 4 elements, 256 a block.
@@ -490,29 +490,36 @@ pub fn six_kernels(
             src: shape,
         });
     }
-    let gray = gpu_pool::buffer!(shape.0, shape.1; u8)?;
-    let inv = gpu_pool::buffer!(shape.0, shape.1; u8)?;
-    let sums = gpu_pool::buffer!(shape.0, shape.1; f32)?;
+    let mut gray = gpu_pool::buffer!(shape.0, shape.1; u8)?;
+    let mut inv = gpu_pool::buffer!(shape.0, shape.1; u8)?;
+    let mut sums = gpu_pool::buffer!(shape.0, shape.1; f32)?;
     let cuda = stream
         .cuda_stream()
         .ok_or(gpu_pool::PoolError::Unsupported {
             device: stream.device().id(),
             what: "CUDA kernels",
         })?;
-    let at = |m: &gpu_pool::GpuMat<'_, u8>| (m.device_ptr(), m.step());
-    let (src_at, sums_at) = (
-        (src.device_ptr(), src.step()),
-        (sums.device_ptr(), sums.step()),
-    );
+    // SAFETY: `out` is written through its address, as capture needs (see above): it is
+    // `shape` bytes (checked above), and nothing else uses it while the kernels run.
+    let mut out =
+        unsafe { PitchedMut::<u8>::from_raw_parts(out.device_ptr(), out.step(), shape.0, shape.1) };
     // SAFETY: every buffer is `shape` of its type (checked above, or taken so), lives on
     // `stream`'s device and outlives the queued kernels: the temporaries are released to this
     // stream's stack, so later work of this stream alone can reuse them, after these kernels.
     unsafe {
-        bgr_to_gray(k, cuda, src_at, at(&gray), shape)?;
-        invert(k, cuda, at(&gray), at(&inv), shape)?;
-        box_passes(k, cuda, at(&inv), sums_at, at(&gray), shape, 2, (0, 0))?;
-        threshold(k, cuda, at(&gray), at(&inv), shape, 100)?;
-        invert(k, cuda, at(&inv), at(out), shape)?;
+        bgr_to_gray(k, cuda, src.pitched(), gray.pitched_mut())?;
+        invert(k, cuda, gray.pitched(), inv.pitched_mut())?;
+        let sums = sums.pitched_mut();
+        box_passes(
+            k,
+            cuda,
+            (inv.pitched(), sums),
+            gray.pitched_mut(),
+            2,
+            (0, 0),
+        )?;
+        threshold(k, cuda, gray.pitched(), inv.pitched_mut(), 100)?;
+        invert(k, cuda, inv.pitched(), out.reborrow())?;
     }
     Ok(())
 }

@@ -105,10 +105,9 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let shape = (src.rows(), src.cols());
-            // SAFETY: both views hold `shape` pixels of the kernel's types at their steps, and
-            // borrow buffers this stream's later work alone reuses.
-            unsafe { kernels::bgr_to_gray(k, cuda(stream), at(&src), at_mut(&dst), shape) }?;
+            // SAFETY: both views borrow buffers on this stream's device that this stream's later
+            // work alone reuses (the launcher checks their shapes).
+            unsafe { kernels::bgr_to_gray(k, cuda(stream), src.pitched(), dst.pitched_mut()) }?;
             return Ok(());
         }
         let _ = stream; // the host backend runs the twin in place, at once
@@ -130,9 +129,8 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let shape = (src.rows(), src.cols());
             // SAFETY: as in `bgr_to_gray`.
-            unsafe { kernels::threshold(k, cuda(stream), at(&src), at_mut(&dst), shape, t) }?;
+            unsafe { kernels::threshold(k, cuda(stream), src.pitched(), dst.pitched_mut(), t) }?;
             return Ok(());
         }
         let _ = stream;
@@ -155,9 +153,8 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let shape = (dst.rows(), dst.cols());
             // SAFETY: as in `bgr_to_gray`.
-            unsafe { kernels::fill_pattern(k, cuda(stream), at_mut(&dst), shape, seed) }?;
+            unsafe { kernels::fill_pattern(k, cuda(stream), dst.pitched_mut(), seed) }?;
             return Ok(());
         }
         let _ = stream; // the host backend runs the twin in place, at once
@@ -177,9 +174,8 @@ impl Stages {
     ) -> Result<(), PoolError> {
         #[cfg(feature = "cuda")]
         if let Some(k) = &self.gpu {
-            let shape = (src.rows(), src.cols());
             // SAFETY: as in `bgr_to_gray`.
-            unsafe { kernels::invert(k, cuda(stream), at(&src), at_mut(&dst), shape) }?;
+            unsafe { kernels::invert(k, cuda(stream), src.pitched(), dst.pitched_mut()) }?;
             return Ok(());
         }
         let _ = stream;
@@ -215,17 +211,6 @@ impl Stages {
             }
         })
     }
-}
-
-/// A view's address and step, as the launchers take them.
-#[cfg(feature = "cuda")]
-fn at<T>(view: &GpuView<'_, T>) -> kernels::Pitched {
-    (view.device_ptr(), view.step())
-}
-
-#[cfg(feature = "cuda")]
-fn at_mut<T>(view: &GpuViewMut<'_, T>) -> kernels::Pitched {
-    (view.device_ptr(), view.step())
 }
 
 /// The cudarc stream of a stream on a CUDA device.

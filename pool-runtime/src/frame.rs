@@ -200,10 +200,16 @@ impl<'s, T: Pod> Pooled<'_, 's, T> {
     }
 }
 
-impl<T> Pooled<'_, '_, T> {
+impl<'s, T> Pooled<'_, 's, T> {
     /// The address field kernel arguments point at.
     #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
         self.mat.ptr_field()
+    }
+
+    /// The buffer, for the kernel arguments made from `&mut` (`pitched_mut`).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn mat_mut(&mut self) -> &mut GpuMat<'s, T> {
+        self.mat
     }
 }

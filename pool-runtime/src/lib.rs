@@ -120,6 +120,8 @@ pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::Graph;
 pub use id::DeviceId;
+#[cfg(feature = "cuda")]
+pub use kernel_args::{BLOCK_2D, PITCHED_H, Pitched, PitchedMut, grid_2d};
 pub use layout::{Footprint, MAX_ELEMENT_ALIGN};
 pub use mix::MixMemory;
 pub use record::{Event, EventKind, StreamRecording};

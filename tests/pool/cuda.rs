@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use crate::common::gpu;
 use crate::common::kernels::{self, Kernels, gray_of, pattern};
-use gpu_pool::cudarc::driver::{CudaContext, result as cu};
+use gpu_pool::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
-    set_buffer_pool_config,
+    BufferPool, Device, Fallback, FallbackReason, GpuMat, PITCHED_H, Pitched, PitchedMut,
+    PoolError, Source, Stream, grid_2d, set_buffer_pool_config,
 };
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -75,16 +75,15 @@ fn kernels_round_trip_through_pitched_pool_buffers() -> TestResult {
     let cu_stream = stream.cuda_stream().expect("a CUDA stream").clone();
     let pool = BufferPool::new(&stream);
     let (rows, cols) = (300usize, 700usize);
-    let a = pool.get_buffer::<u8>(rows, cols)?;
-    let b = pool.get_buffer::<u8>(rows, cols)?;
+    let mut a = pool.get_buffer::<u8>(rows, cols)?;
+    let mut b = pool.get_buffer::<u8>(rows, cols)?;
     assert_eq!(a.source(), Source::Stack);
     assert_eq!(a.step(), cols.next_multiple_of(gpu.texture_alignment()));
     let seed = 5;
-    let (pa, pb) = ((a.device_ptr(), a.step()), (b.device_ptr(), b.step()));
-    // SAFETY: `a` and `b` hold rows x cols bytes at their steps, on this stream, and outlive it.
+    // SAFETY: `a` and `b` are on this stream's device and outlive its work (`to_vec` waits).
     unsafe {
-        kernels::fill_pattern(&k, &cu_stream, pa, (rows, cols), seed)?;
-        kernels::invert(&k, &cu_stream, pa, pb, (rows, cols))?;
+        kernels::fill_pattern(&k, &cu_stream, a.pitched_mut(), seed)?;
+        kernels::invert(&k, &cu_stream, a.pitched(), b.pitched_mut())?;
     }
     let out = b.to_vec()?;
     for y in 0..rows {
@@ -92,6 +91,58 @@ fn kernels_round_trip_through_pitched_pool_buffers() -> TestResult {
             assert_eq!(out[y * cols + x], 255 - pattern(x, y, seed), "({x}, {y})");
         }
     }
+    Ok(())
+}
+
+#[test]
+fn a_pitched_argument_addresses_every_element_of_a_buffer_and_of_a_region() -> TestResult {
+    let Some((gpu, _lock)) = gpu("pitched_argument") else {
+        return Ok(());
+    };
+    let source = format!(
+        "{PITCHED_H}{}",
+        r#"
+extern "C" __global__ void index(Pitched<unsigned> m, unsigned base) {
+    unsigned c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
+    if (m.contains(r, c)) m(r, c) = base + r * 1000 + c;
+}"#
+    );
+    let ptx = gpu_pool::cudarc::nvrtc::compile_ptx(source)?;
+    let ctx = gpu.cuda_context().expect("CUDA");
+    let f = ctx.load_module(ptx)?.load_function("index")?;
+    let stream = Stream::new(&gpu)?;
+    let cuda = stream.cuda_stream().expect("CUDA").clone();
+    // 37 rows of 1001: a ragged last block both ways, and a step wider than a row.
+    let (rows, cols) = (37usize, 1001usize);
+    let mut m = BufferPool::new(&stream).get_buffer::<u32>(rows, cols)?;
+    assert!(m.step() > cols * 4);
+    let launch = |arg: PitchedMut<'_, u32>, base: u32| -> TestResult {
+        let grid = grid_2d(arg.rows(), arg.cols())?;
+        // SAFETY: `index` takes (Pitched<unsigned>, unsigned) and writes only inside the
+        // argument's rows and columns, memory of this stream's device that outlives the kernel.
+        unsafe { cuda.launch_builder(&f).arg(&arg).arg(&base).launch(grid) }?;
+        Ok(())
+    };
+    launch(m.pitched_mut(), 0)?;
+    // A region: rows 5..20, columns 100..350, numbered from its own corner.
+    launch(m.roi_mut(5..20, 100..350)?.pitched_mut(), 1_000_000)?;
+    let out = m.to_vec()?;
+    for r in 0..rows {
+        for c in 0..cols {
+            let expected = if (5..20).contains(&r) && (100..350).contains(&c) {
+                1_000_000 + (r - 5) * 1000 + (c - 100)
+            } else {
+                r * 1000 + c
+            };
+            assert_eq!(out[r * cols + c] as usize, expected, "({r}, {c})");
+        }
+    }
+    // The read-only side carries the same four fields.
+    let p: Pitched<'_, u32> = m.pitched();
+    assert_eq!(
+        (p.device_ptr(), p.step(), p.rows(), p.cols()),
+        (m.device_ptr(), m.step(), rows, cols)
+    );
     Ok(())
 }
 
@@ -121,21 +172,16 @@ fn pipeline_case(gpu: &Device, k: &Kernels, rows: usize, cols: usize) -> TestRes
     let mut calls_after_first = 0;
     let mut out = vec![0u8; rows * cols];
     for i in 0..20 {
-        let gray = pool.get_buffer::<u8>(rows, cols)?;
-        let binary = pool.get_buffer::<u8>(rows, cols)?;
+        let mut gray = pool.get_buffer::<u8>(rows, cols)?;
+        let mut binary = pool.get_buffer::<u8>(rows, cols)?;
         assert_eq!(
             (gray.source(), binary.source()),
             (Source::Stack, Source::Stack)
         );
-        let (ps, pg, pb) = (
-            (src.device_ptr(), src.step()),
-            (gray.device_ptr(), gray.step()),
-            (binary.device_ptr(), binary.step()),
-        );
-        // SAFETY: all three hold rows x cols pixels of their types at their steps, on this stream.
+        // SAFETY: all three are on this stream's device and outlive its work.
         unsafe {
-            kernels::bgr_to_gray(k, &s, ps, pg, (rows, cols))?;
-            kernels::threshold(k, &s, pg, pb, (rows, cols), t)?;
+            kernels::bgr_to_gray(k, &s, src.pitched(), gray.pitched_mut())?;
+            kernels::threshold(k, &s, gray.pitched(), binary.pitched_mut(), t)?;
         }
         if i == 19 {
             binary.download(&mut out)?;
@@ -323,9 +369,9 @@ fn a_stream_of_the_users_own_carries_pool_buffers_and_kernels() -> TestResult {
     let theirs = ctx.new_stream()?;
     let stream = Stream::from_cuda(&gpu, theirs.clone())?;
     let k = Kernels::load(&gpu);
-    let a = BufferPool::new(&stream).get_buffer::<u8>(16, 600)?;
-    // SAFETY: `a` holds 16 x 600 bytes at its step, on `theirs`, and outlives the kernel.
-    unsafe { kernels::fill_pattern(&k, &theirs, (a.device_ptr(), a.step()), (16, 600), 1)? };
+    let mut a = BufferPool::new(&stream).get_buffer::<u8>(16, 600)?;
+    // SAFETY: `a` is on the device of `theirs` and outlives the kernel.
+    unsafe { kernels::fill_pattern(&k, &theirs, a.pitched_mut(), 1)? };
     let out = a.to_vec()?;
     assert_eq!(out[600 + 3], pattern(3, 1, 1));
     Ok(())
@@ -378,8 +424,8 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
     let (rows, cols, r) = (37usize, 1001usize, 2i32);
     let image: Vec<u8> = (0..rows * cols).map(|i| (i * 37 % 251) as u8).collect();
     let src = GpuMat::from_host(&stream, rows, cols, &image)?;
-    let tmp = pool.get_buffer::<f32>(rows, cols)?;
-    let dst = pool.get_buffer::<u8>(rows, cols)?;
+    let mut tmp = pool.get_buffer::<f32>(rows, cols)?;
+    let mut dst = pool.get_buffer::<u8>(rows, cols)?;
     let (c, mode) = (0i32, 0i32);
     // SAFETY: the three pitched buffers hold rows x cols of their element and outlive the kernels
     // (`to_vec` below waits for the stream).
@@ -387,10 +433,8 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
         crate::common::kernels::box_passes(
             &k,
             &s,
-            (src.device_ptr(), src.step()),
-            (tmp.device_ptr(), tmp.step()),
-            (dst.device_ptr(), dst.step()),
-            (rows, cols),
+            (src.pitched(), tmp.pitched_mut()),
+            dst.pitched_mut(),
             r,
             (c, mode),
         )?;
@@ -667,16 +711,13 @@ fn a_captured_pooled_pipeline_replays_1000_times_with_no_allocation() -> TestRes
     // A replay reads its input when it runs: rewrite the input through its address, replay.
     let input = pattern_image(2);
     let staging = GpuMat::from_host(&stream, 512, 512, &input)?;
-    // SAFETY: both addresses hold 512x512 3-byte pixels at their steps, on this stream.
+    // SAFETY: both hold 512x512 3-byte pixels (512 x 1536 bytes) at their steps, on this
+    // stream, and outlive the kernel; `src` is written through its address, as the graph reads it.
     unsafe {
         let cuda = stream.cuda_stream().expect("CUDA");
-        crate::common::kernels::invert(
-            &k,
-            cuda,
-            (staging.device_ptr(), staging.step()),
-            (src.device_ptr(), src.step()),
-            (512, 512 * 3),
-        )?;
+        let from = Pitched::<u8>::from_raw_parts(staging.device_ptr(), staging.step(), 512, 1536);
+        let to = PitchedMut::<u8>::from_raw_parts(src.device_ptr(), src.step(), 512, 1536);
+        crate::common::kernels::invert(&k, cuda, from, to)?;
     }
     graph.launch()?;
     let inverted: Vec<[u8; 3]> = input.iter().map(|p| p.map(|b| 255 - b)).collect();
