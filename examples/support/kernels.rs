@@ -243,6 +243,23 @@ pub unsafe fn fill_pattern(
     Ok(())
 }
 
+/// Launches `f(src, dst)`, a kernel of one input and one output of the same shape, over `dst`.
+///
+/// # Safety
+/// See the note above the launchers; `f` takes `(Pitched<const S>, Pitched<D>)`.
+unsafe fn one_in_one_out<S, D>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    src: Pitched<'_, S>,
+    dst: PitchedMut<'_, D>,
+) -> Result<(), PoolError> {
+    same_shape(&src, &dst)?;
+    let grid = grid_16px(dst.rows(), dst.cols())?;
+    // SAFETY: the caller's contract.
+    unsafe { stream.launch_builder(f).arg(&src).arg(&dst).launch(grid) }?;
+    Ok(())
+}
+
 /// `dst = 255 - src`.
 ///
 /// # Safety
@@ -253,17 +270,8 @@ pub unsafe fn invert(
     src: Pitched<'_, u8>,
     dst: PitchedMut<'_, u8>,
 ) -> Result<(), PoolError> {
-    same_shape(&src, &dst)?;
-    let grid = grid_16px(dst.rows(), dst.cols())?;
-    // SAFETY: the caller's contract.
-    unsafe {
-        stream
-            .launch_builder(&k.invert)
-            .arg(&src)
-            .arg(&dst)
-            .launch(grid)
-    }?;
-    Ok(())
+    // SAFETY: the caller's contract; `invert` takes (Pitched<const u8>, Pitched<u8>).
+    unsafe { one_in_one_out(stream, &k.invert, src, dst) }
 }
 
 /// `dst = gray(src)`: 3-byte BGR pixels in, bytes out.
@@ -276,17 +284,8 @@ pub unsafe fn bgr_to_gray(
     src: Pitched<'_, [u8; 3]>,
     dst: PitchedMut<'_, u8>,
 ) -> Result<(), PoolError> {
-    same_shape(&src, &dst)?;
-    let grid = grid_16px(dst.rows(), dst.cols())?;
-    // SAFETY: the caller's contract.
-    unsafe {
-        stream
-            .launch_builder(&k.bgr_to_gray)
-            .arg(&src)
-            .arg(&dst)
-            .launch(grid)
-    }?;
-    Ok(())
+    // SAFETY: the caller's contract; `bgr_to_gray` takes (Pitched<const uchar3>, Pitched<u8>).
+    unsafe { one_in_one_out(stream, &k.bgr_to_gray, src, dst) }
 }
 
 /// `dst = src > t ? 255 : 0`.
