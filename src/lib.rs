@@ -31,7 +31,8 @@ pub use gpu_pool_runtime::*;
 pub mod prelude {
     pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
     pub use gpu_pool_runtime::{
-        BufferPool, Device, GpuMat, GpuView, GpuViewMut, PoolError, Pooled, Source, Stream,
+        BufferPool, Device, GpuMat, GpuRead, GpuView, GpuViewMut, GpuWrite, PoolError, Pooled,
+        SharedMat, Source, Stream,
     };
 }
 

@@ -6,6 +6,8 @@
     reason = "each example or test uses a different part"
 )]
 
+use gpu_pool::GpuRead;
+use gpu_pool::GpuWrite;
 use std::sync::Arc;
 
 use gpu_pool::cudarc::driver::{

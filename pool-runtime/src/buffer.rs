@@ -2,16 +2,14 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::Range;
 
 use bytemuck::Pod;
 
 use crate::allocator::GpuAllocator;
-use crate::backend::Region;
 use crate::error::PoolError;
 use crate::source::{CallSite, Source};
 use crate::stream::{Lease, Stream};
-use crate::view::{CudaOrder, GpuView, GpuViewMut, Window};
+use crate::view::{GpuView, GpuViewMut, Keeper, Window};
 
 /// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`).
 ///
@@ -126,7 +124,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         data: &[T],
     ) -> Result<GpuMat<'s, T>, PoolError> {
         let mut mat = GpuMat::new(stream, rows, cols)?;
-        mat.upload(data)?;
+        mat.view_mut().upload(data)?;
         Ok(mat)
     }
 }
@@ -204,105 +202,6 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         self.lease.ptr()
     }
 
-    fn region(&self) -> Region {
-        Region {
-            ptr: self.lease.ptr(),
-            pitch: self.lease.pitch(),
-            width: self.lease.cols() * size_of::<T>(),
-            rows: self.lease.rows(),
-        }
-    }
-
-    fn check_len(&self, actual: usize) -> Result<(), PoolError> {
-        if actual == self.len() {
-            Ok(())
-        } else {
-            Err(PoolError::ShapeMismatch {
-                expected: self.len(),
-                actual,
-            })
-        }
-    }
-
-    /// Copies `data` (`rows * cols` elements, row-major) into the buffer, on its stream, and waits
-    /// until `data` has been read: `data` may be changed or freed as soon as this returns, even if
-    /// it is page-locked memory (such as [`MixMemory::cpu`](crate::MixMemory::cpu)'s), which the
-    /// driver copies asynchronously. For uploads that overlap other work, use
-    /// [`MixMemory::copy_to_gpu_async`](crate::MixMemory::copy_to_gpu_async), which tracks the copy.
-    pub fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
-        self.check_len(data.len())?;
-        if self.is_empty() || size_of::<T>() == 0 {
-            return Ok(());
-        }
-        // SAFETY: the region is this buffer's live memory (its shape is what was taken), which
-        // `&mut self` keeps from other writes; `data` holds its `rows` rows back to back.
-        unsafe {
-            self.stream()
-                .upload(self.region(), bytemuck::cast_slice(data))
-        }
-    }
-
-    /// Copies the buffer into `out` (`rows * cols` elements, row-major) and waits for the copy.
-    pub fn download(&self, out: &mut [T]) -> Result<(), PoolError> {
-        self.check_len(out.len())?;
-        if self.is_empty() || size_of::<T>() == 0 {
-            return Ok(());
-        }
-        // SAFETY: as in `upload`; `out` has room for every row.
-        unsafe {
-            self.stream()
-                .download(self.region(), bytemuck::cast_slice_mut(out))
-        }
-    }
-
-    /// The buffer's elements, row-major, in a new `Vec`.
-    pub fn to_vec(&self) -> Result<Vec<T>, PoolError> {
-        let mut out = vec![T::zeroed(); self.len()];
-        self.download(&mut out)?;
-        Ok(out)
-    }
-
-    /// Sets every element to `value`, on the buffer's stream (OpenCV's `setTo`).
-    pub fn set_to(&mut self, value: T) -> Result<(), PoolError> {
-        if self.is_empty() || size_of::<T>() == 0 {
-            return Ok(());
-        }
-        // SAFETY: the region is this buffer's live memory; the pattern is one element, which
-        // divides the row width.
-        unsafe {
-            self.stream()
-                .fill(self.region(), bytemuck::bytes_of(&value))
-        }
-    }
-
-    /// Copies `src` (same shape, same device) into this buffer, on this buffer's stream.
-    ///
-    /// When `src` belongs to another stream, the copy waits for the work queued on `src`'s stream
-    /// so far (so it reads what that work wrote), and `src`'s memory is not reused by its stream
-    /// until the copy is done (as after [`record_stream`](Self::record_stream)). Neither stream
-    /// blocks the host.
-    pub fn copy_from(&mut self, src: &GpuMat<'_, T>) -> Result<(), PoolError> {
-        let (stream, src_stream) = (self.stream(), src.stream());
-        if src_stream.device() != stream.device() {
-            return Err(PoolError::DeviceMismatch {
-                expected: stream.device().id(),
-                actual: src_stream.device().id(),
-            });
-        }
-        if (src.lease.rows(), src.lease.cols()) != (self.lease.rows(), self.lease.cols()) {
-            return Err(PoolError::DimensionMismatch {
-                dst: (self.lease.rows(), self.lease.cols()),
-                src: (src.lease.rows(), src.lease.cols()),
-            });
-        }
-        if self.is_empty() || size_of::<T>() == 0 {
-            return Ok(());
-        }
-        // SAFETY: both regions are live buffers of this device, of one shape; `&mut self` and
-        // `&src` cannot be the same buffer, and live buffers never overlap.
-        unsafe { stream.copy(self.region(), src.region(), src_stream) }
-    }
-
     /// Tells the pool that work queued on `user` (another stream of the same device) so far uses this
     /// buffer: when the buffer is released, its stream waits for that work before the memory can be
     /// handed out again (PyTorch's `record_stream`). Call it after queuing the last such work.
@@ -331,94 +230,23 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         }
     }
 
-    #[cfg(feature = "cuda")]
-    fn cuda_order(&self) -> CudaOrder<'_> {
-        let stream = self.stream();
-        stream.cuda_stream().map(|_| stream)
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn cuda_order(&self) -> CudaOrder<'_> {
-        PhantomData
-    }
-
-    /// A read-only view for kernels.
+    /// A read-only view of the whole buffer, for kernels and copies; what
+    /// [`GpuRead`](crate::GpuRead)'s methods work on.
     pub fn view(&self) -> GpuView<'_, T> {
         GpuView::new(
             self.window(),
             self.stream().device().id(),
-            self.cuda_order(),
+            Keeper::Stream(self.stream()),
         )
     }
 
-    /// A writable view for kernels.
+    /// A writable view of the whole buffer; what [`GpuWrite`](crate::GpuWrite)'s methods work on.
     pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
         GpuViewMut::new(
             self.window(),
             self.stream().device().id(),
-            self.cuda_order(),
+            Keeper::Stream(self.stream()),
         )
-    }
-
-    /// The region `rows x cols` (OpenCV's ROI): a view with this buffer's step, borrowing it.
-    /// `PoolError::OutOfBounds` for a range past the buffer's edge (or one that ends before it
-    /// starts).
-    pub fn roi(&self, rows: Range<usize>, cols: Range<usize>) -> Result<GpuView<'_, T>, PoolError> {
-        self.view().roi(rows, cols)
-    }
-
-    /// The writable region `rows x cols`, with this buffer's step.
-    pub fn roi_mut(
-        &mut self,
-        rows: Range<usize>,
-        cols: Range<usize>,
-    ) -> Result<GpuViewMut<'_, T>, PoolError> {
-        let window = self.window().region::<T>(rows, cols)?;
-        Ok(GpuViewMut::new(
-            window,
-            self.stream().device().id(),
-            self.cuda_order(),
-        ))
-    }
-
-    /// Rows `rows`, every column (OpenCV's `rowRange`).
-    pub fn row_range(&self, rows: Range<usize>) -> Result<GpuView<'_, T>, PoolError> {
-        self.view().row_range(rows)
-    }
-
-    /// Writable rows `rows`, every column.
-    pub fn row_range_mut(&mut self, rows: Range<usize>) -> Result<GpuViewMut<'_, T>, PoolError> {
-        self.roi_mut(rows, 0..self.lease.cols())
-    }
-
-    /// All elements as one contiguous row, for a buffer whose rows have no padding between them
-    /// ([`is_continuous`](Self::is_continuous)); `PoolError::NotContinuous` otherwise.
-    pub fn as_1d(&self) -> Result<GpuView<'_, T>, PoolError> {
-        self.view().as_1d()
-    }
-
-    /// All elements as one writable contiguous row; `PoolError::NotContinuous` for padded rows.
-    pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
-        let window = self.window().flat::<T>()?;
-        Ok(GpuViewMut::new(
-            window,
-            self.stream().device().id(),
-            self.cuda_order(),
-        ))
-    }
-
-    /// The rows as host slices, on the host backend (where device memory is host memory): the way
-    /// CPU twins of kernels read buffers. `PoolError::Unsupported` on a GPU.
-    pub fn host_rows(&self) -> Result<impl Iterator<Item = &[T]> + '_, PoolError> {
-        self.view().host_rows()
-    }
-
-    /// Calls `f` with each row as a mutable host slice, on the host backend.
-    pub fn for_each_host_row_mut(
-        &mut self,
-        f: impl FnMut(usize, &mut [T]),
-    ) -> Result<(), PoolError> {
-        self.view_mut().for_each_host_row_mut(f)
     }
 }
 

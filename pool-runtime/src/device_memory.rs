@@ -47,9 +47,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, result, sys};
 
-use crate::buffer::GpuMat;
 use crate::error::PoolError;
-use crate::frame::Pooled;
 use crate::id::DeviceId;
 use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut, Window};
@@ -256,45 +254,29 @@ impl<T> DevicePtrMut<T> for LentSliceMut<'_, T> {
     }
 }
 
-// The lending methods of buffers and views live here, beside what they lend: `buffer`, `view` and
-// `frame` sit below this module and never name `LentSlice` or `LentSliceMut`.
-
-impl<T: Pod> GpuMat<'_, T> {
-    /// The buffer lent to cudarc (`DeviceSlice` + `DevicePtr`): cuBLAS, cuFFT, cudarc's copies.
-    /// A 2D buffer is lent as the run from its first element to its last; its leading dimension
-    /// is [`LentSlice::ld`]. `PoolError::Unsupported` on the host backend.
-    pub fn as_cudarc(&self) -> Result<LentSlice<'_, T>, PoolError> {
-        self.view().as_cudarc()
-    }
-
-    /// The buffer lent to cudarc for writing (`DevicePtrMut`); see
-    /// [`as_cudarc`](Self::as_cudarc).
-    pub fn as_cudarc_mut(&mut self) -> Result<LentSliceMut<'_, T>, PoolError> {
-        let view = self.view_mut();
-        LentSliceMut::new(view.window, view.device, view.cuda)
-    }
-}
-
-impl<T: Pod> Pooled<'_, '_, T> {
-    /// [`GpuMat::as_cudarc_mut`]: the buffer lent to cudarc for writing (cuBLAS and the like).
-    pub fn as_cudarc_mut(&mut self) -> Result<LentSliceMut<'_, T>, PoolError> {
-        let view = self.view_mut();
-        LentSliceMut::new(view.window, view.device, view.cuda)
-    }
-}
+// The lending methods of views live here, beside what they lend: `view` sits below this module
+// and never names `LentSlice` or `LentSliceMut`. Buffers, handles and shared memory lend through
+// their views (`GpuRead::as_cudarc`, `GpuWrite::as_cudarc_mut`).
 
 impl<'a, T: Pod> GpuView<'a, T> {
     /// This view lent to cudarc (`DevicePtr`), for cuBLAS and the like; see [`LentSlice`].
     /// `PoolError::Unsupported` on the host backend.
     pub fn as_cudarc(&self) -> Result<LentSlice<'a, T>, PoolError> {
-        LentSlice::new(self.window, self.device, self.cuda)
+        LentSlice::new(self.window, self.device, self.keeper.cuda())
     }
 }
 
-impl<T: Pod> GpuViewMut<'_, T> {
+impl<'a, T: Pod> GpuViewMut<'a, T> {
     /// This view lent to cudarc for writing (`DevicePtrMut`); see [`LentSliceMut`].
     /// `PoolError::Unsupported` on the host backend.
     pub fn as_cudarc_mut(&mut self) -> Result<LentSliceMut<'_, T>, PoolError> {
-        LentSliceMut::new(self.window, self.device, self.cuda)
+        LentSliceMut::new(self.window, self.device, self.keeper.cuda())
+    }
+
+    /// This view lent to cudarc for writing, keeping the view's borrow (what
+    /// [`GpuWrite::as_cudarc_mut`](crate::GpuWrite::as_cudarc_mut) returns through a temporary
+    /// view).
+    pub(crate) fn into_cudarc_mut(self) -> Result<LentSliceMut<'a, T>, PoolError> {
+        LentSliceMut::new(self.window, self.device, self.keeper.cuda())
     }
 }

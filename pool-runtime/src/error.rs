@@ -325,6 +325,17 @@ pub enum PoolError {
         context: Option<RequestContext>,
     },
 
+    /// Long-lived memory was asked for while a CUDA graph is captured on this thread: a driver
+    /// allocation would break the capture.
+    #[error(
+        "{what} allocates device memory, which would break the CUDA graph capture under way on \
+         this thread; make it before capturing"
+    )]
+    CaptureAllocates {
+        /// What asked for the memory.
+        what: &'static str,
+    },
+
     /// A buffer taken during a capture was still live when it ended.
     #[error(
         "a buffer taken while capturing a CUDA graph was still live when the capture ended; the \

@@ -29,7 +29,6 @@ use crate::buffer::{BufferPool, GpuMat};
 use crate::error::PoolError;
 use crate::source::CallSite;
 use crate::stream::Stream;
-use crate::view::{GpuView, GpuViewMut};
 
 /// Something that names a [`Stream`]: what `#[pooled(EXPR)]` and `gpu_scope!(EXPR, ..)` accept.
 #[diagnostic::on_unimplemented(
@@ -111,16 +110,18 @@ pub fn handle<'a, 's, T>(owner: &'a mut GpuMat<'s, T>) -> Pooled<'a, 's, T> {
     Pooled { mat: owner }
 }
 
-/// A buffer taken with `buffer!`: reads through `Deref` to [`GpuMat`], writes through its own
-/// methods. It borrows the hidden owner that gives the memory back at the end of the scope, so it
-/// cannot escape the scope; it offers no `&mut GpuMat`, so the memory cannot be swapped out of its
-/// owner.
+/// A buffer taken with `buffer!`: a [`GpuRead`](crate::GpuRead) and
+/// [`GpuWrite`](crate::GpuWrite) like every buffer, so it is passed as `&x` or `&mut x` to
+/// functions taking `&impl GpuRead<T>` or `&mut impl GpuWrite<T>`, and reads the rest of
+/// [`GpuMat`] (its source, its stream) through `Deref`. It borrows the hidden owner that gives the
+/// memory back at the end of the scope, so it cannot escape the scope; it offers no
+/// `&mut GpuMat`, so the memory cannot be swapped out of its owner.
 ///
 /// `let mut x = buffer!(4, 4; f32)?;` in a `#[pooled(stream)]` function expands to the two lines
 /// below (with a hidden owner name no user code can write):
 ///
 /// ```
-/// # use gpu_pool_runtime::{Device, PoolError, Stream, __private::{frame, handle, take}};
+/// # use gpu_pool_runtime::{Device, GpuRead, GpuWrite, PoolError, Stream, __private::{frame, handle, take}};
 /// # let stream = Stream::new(&Device::host())?;
 /// # let frame = frame(&stream);
 /// let mut owner = take::<f32>(&frame, 4, 4, "x")?; // "x": the name, for reports and errors
@@ -143,63 +144,6 @@ impl<'s, T> Deref for Pooled<'_, 's, T> {
     }
 }
 
-impl<'s, T: Pod> Pooled<'_, 's, T> {
-    /// [`GpuMat::upload`].
-    pub fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
-        self.mat.upload(data)
-    }
-
-    /// [`GpuMat::set_to`].
-    pub fn set_to(&mut self, value: T) -> Result<(), PoolError> {
-        self.mat.set_to(value)
-    }
-
-    /// [`GpuMat::copy_from`].
-    pub fn copy_from(&mut self, src: &GpuMat<'_, T>) -> Result<(), PoolError> {
-        self.mat.copy_from(src)
-    }
-
-    /// [`GpuMat::view_mut`]: a writable view for kernels.
-    pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        self.mat.view_mut()
-    }
-
-    /// [`GpuMat::view`].
-    pub fn view(&self) -> GpuView<'_, T> {
-        self.mat.view()
-    }
-
-    /// [`GpuMat::roi_mut`]: a writable region.
-    pub fn roi_mut(
-        &mut self,
-        rows: std::ops::Range<usize>,
-        cols: std::ops::Range<usize>,
-    ) -> Result<GpuViewMut<'_, T>, PoolError> {
-        self.mat.roi_mut(rows, cols)
-    }
-
-    /// [`GpuMat::row_range_mut`].
-    pub fn row_range_mut(
-        &mut self,
-        rows: std::ops::Range<usize>,
-    ) -> Result<GpuViewMut<'_, T>, PoolError> {
-        self.mat.row_range_mut(rows)
-    }
-
-    /// [`GpuMat::as_1d_mut`].
-    pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
-        self.mat.as_1d_mut()
-    }
-
-    /// [`GpuMat::for_each_host_row_mut`].
-    pub fn for_each_host_row_mut(
-        &mut self,
-        f: impl FnMut(usize, &mut [T]),
-    ) -> Result<(), PoolError> {
-        self.mat.for_each_host_row_mut(f)
-    }
-}
-
 impl<'s, T> Pooled<'_, 's, T> {
     /// The address field kernel arguments point at.
     #[cfg(feature = "cuda")]
@@ -207,8 +151,7 @@ impl<'s, T> Pooled<'_, 's, T> {
         self.mat.ptr_field()
     }
 
-    /// The buffer, for the kernel arguments made from `&mut` (`pitched_mut`).
-    #[cfg(feature = "cuda")]
+    /// The buffer, for the writable views the handle lends ([`GpuWrite`](crate::GpuWrite)).
     pub(crate) fn mat_mut(&mut self) -> &mut GpuMat<'s, T> {
         self.mat
     }

@@ -63,7 +63,7 @@ use crate::backend::cuda::{ContextGuard, driver_error};
 use crate::capturing::{self, ThreadCapture};
 use crate::error::PoolError;
 use crate::stack::Block;
-use crate::stream::Stream;
+use crate::stream::{SharedAccesses, Stream};
 
 /// A captured CUDA graph of pooled work, replayed with [`launch`](Graph::launch) on the stream it
 /// was captured on. Dropping it gives back the stack memory its replays use.
@@ -80,6 +80,9 @@ pub struct Graph<'a> {
     /// The stream's capture count when this graph's capture began: memory allocated before it
     /// may be used by the replays, and is kept when released until the graph is dropped.
     epoch: u64,
+    /// The shared memory the replays read or write, ordered after them when the graph is
+    /// dropped (the capture borrowed it, so nothing else writes it while the graph lives).
+    shared: SharedAccesses,
     /// Whatever the captured closure borrowed stays borrowed while the graph lives.
     _captures: PhantomData<&'a ()>,
 }
@@ -129,6 +132,7 @@ impl Drop for Graph<'_> {
             self.stream.release_reserved(reserved);
         }
         self.stream.graph_dropped(self.epoch);
+        std::mem::take(&mut self.shared).end_on(self.stream);
     }
 }
 
@@ -315,6 +319,7 @@ impl<'s> Capturing<'s> {
             exec,
             reserved,
             epoch: self.epoch,
+            shared: stream.take_shared_accesses(),
             _captures: PhantomData,
         })
     }

@@ -54,8 +54,6 @@
 
 use std::marker::PhantomData;
 
-use bytemuck::Pod;
-
 use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use crate::error::PoolError;
@@ -63,6 +61,7 @@ use crate::view::Window;
 
 use crate::buffer::GpuMat;
 use crate::frame::Pooled;
+use crate::shared::{SharedRead, SharedWrite};
 use crate::view::{GpuView, GpuViewMut};
 
 macro_rules! push_address {
@@ -84,6 +83,9 @@ push_address!(
     &'b mut GpuMat<'s, T> => |buffer| buffer.ptr_field(),
     &'b GpuView<'s, T> => |view| &view.window.ptr,
     &'b mut GpuViewMut<'s, T> => |view| &view.window.ptr,
+    &'b SharedRead<'s, T> => |access| access.ptr_field(),
+    &'b SharedWrite<'s, T> => |access| access.ptr_field(),
+    &'b mut SharedWrite<'s, T> => |access| access.ptr_field(),
 );
 
 // SAFETY: as above; the address lives in the buffer the handle borrows for 'b.
@@ -257,16 +259,6 @@ pitched!(
     PitchedMut, &'a mut T
 );
 
-fn mat_window<T: Pod>(mat: &GpuMat<'_, T>) -> Window {
-    Window {
-        ptr: mat.device_ptr(),
-        rows: mat.rows(),
-        cols: mat.cols(),
-        pitch: mat.step(),
-        owns_gaps: true,
-    }
-}
-
 impl<T> PitchedMut<'_, T> {
     /// A shorter-lived copy, to pass the same output to several launches.
     pub fn reborrow(&mut self) -> PitchedMut<'_, T> {
@@ -286,18 +278,6 @@ impl<T> PitchedMut<'_, T> {
     }
 }
 
-impl<'s, T: Pod> GpuMat<'s, T> {
-    /// The buffer as a read-only 2D kernel argument (address, step, rows, columns).
-    pub fn pitched(&self) -> Pitched<'_, T> {
-        Pitched::of(&mat_window(self))
-    }
-
-    /// The buffer as a writable 2D kernel argument.
-    pub fn pitched_mut(&mut self) -> PitchedMut<'_, T> {
-        PitchedMut::of(&mat_window(self))
-    }
-}
-
 impl<'a, T> GpuView<'a, T> {
     /// The view as a read-only 2D kernel argument; a region's address is its first element's,
     /// its step the parent's.
@@ -306,7 +286,13 @@ impl<'a, T> GpuView<'a, T> {
     }
 }
 
-impl<T> GpuViewMut<'_, T> {
+impl<'a, T> GpuViewMut<'a, T> {
+    /// The view as a writable 2D kernel argument, keeping the view's borrow (what
+    /// [`GpuWrite::pitched_mut`](crate::GpuWrite::pitched_mut) returns through a temporary view).
+    pub(crate) fn into_pitched_mut(self) -> PitchedMut<'a, T> {
+        PitchedMut::of(&self.window)
+    }
+
     /// The view as a read-only 2D kernel argument.
     pub fn pitched(&self) -> Pitched<'_, T> {
         Pitched::of(&self.window)
@@ -315,14 +301,6 @@ impl<T> GpuViewMut<'_, T> {
     /// The view as a writable 2D kernel argument.
     pub fn pitched_mut(&mut self) -> PitchedMut<'_, T> {
         PitchedMut::of(&self.window)
-    }
-}
-
-impl<T: Pod> Pooled<'_, '_, T> {
-    /// [`GpuMat::pitched_mut`]: the handle as a writable 2D kernel argument. (`.pitched()` comes
-    /// through `Deref`.)
-    pub fn pitched_mut(&mut self) -> PitchedMut<'_, T> {
-        self.mat_mut().pitched_mut()
     }
 }
 
@@ -361,6 +339,7 @@ pub fn grid_2d(rows: usize, cols: usize) -> Result<LaunchConfig, PoolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{GpuRead, GpuWrite};
 
     /// Every `static_assert(EXPR == N, ..)` of the header, as (EXPR, N).
     fn asserts() -> Vec<(String, usize)> {

@@ -65,6 +65,7 @@
 //! (`stream/capture.rs`). A lease is made only by a take and is neither `Copy` nor `Clone`, so
 //! memory goes back once.
 
+mod access;
 mod allocator;
 mod arena;
 mod backend;
@@ -90,6 +91,7 @@ mod mix;
 pub mod pplcv;
 mod record;
 mod report;
+pub mod shared;
 mod source;
 mod stack;
 mod stats;
@@ -103,6 +105,7 @@ pub mod timeline;
 mod unique;
 mod view;
 
+pub use access::{GpuRead, GpuWrite};
 pub use allocator::{
     AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
     StreamOrderedAllocator,
@@ -126,6 +129,7 @@ pub use layout::{Footprint, MAX_ELEMENT_ALIGN};
 pub use mix::MixMemory;
 pub use record::{Event, EventKind, StreamRecording};
 pub use report::{Report, report};
+pub use shared::{SharedMat, SharedRead, SharedWrite};
 pub use source::{CallSite, FallbackReason, Source};
 pub use stats::{DeviceStats, FallbackCounts, SiteFallbacks, StreamStats};
 pub use stream::Stream;

@@ -12,7 +12,7 @@ use crate::backend::{DevPtr, RawStream, Region};
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::stream::Stream;
-use crate::view::{GpuView, GpuViewMut, Window};
+use crate::view::{GpuView, GpuViewMut, Keeper, Window};
 
 enum Host<'a> {
     None,
@@ -164,7 +164,7 @@ impl<'a> MixMemory<'a> {
         Ok(GpuView::new(
             contiguous::<T>(ptr, n),
             self.device.id(),
-            Default::default(),
+            Keeper::Unordered,
         ))
     }
 
@@ -174,7 +174,7 @@ impl<'a> MixMemory<'a> {
         Ok(GpuViewMut::new(
             contiguous::<T>(ptr, n),
             self.device.id(),
-            Default::default(),
+            Keeper::Unordered,
         ))
     }
 

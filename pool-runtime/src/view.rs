@@ -23,9 +23,12 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
-use crate::backend::DevPtr;
+use std::sync::Arc;
+
+use crate::backend::{DevPtr, Region};
 use crate::error::PoolError;
 use crate::id::DeviceId;
+use crate::stream::{SharedMemory, Stream};
 
 /// Where a view's elements are: the shape and step of a buffer or of a region of one.
 #[derive(Clone, Copy, Debug)]
@@ -113,8 +116,7 @@ fn check_range(what: &'static str, range: &Range<usize>, len: usize) -> Result<(
 pub struct GpuView<'a, T> {
     pub(crate) window: Window,
     pub(crate) device: DeviceId,
-    #[cfg(feature = "cuda")]
-    pub(crate) cuda: CudaOrder<'a>,
+    pub(crate) keeper: Keeper<'a>,
     _borrow: PhantomData<&'a T>,
 }
 
@@ -125,18 +127,41 @@ pub struct GpuView<'a, T> {
 pub struct GpuViewMut<'a, T> {
     pub(crate) window: Window,
     pub(crate) device: DeviceId,
-    #[cfg(feature = "cuda")]
-    pub(crate) cuda: CudaOrder<'a>,
+    pub(crate) keeper: Keeper<'a>,
     _borrow: PhantomData<&'a mut T>,
 }
 
-/// The pool stream whose order a view's memory follows, on a CUDA device (its cudarc stream, and
-/// whether it is capturing, decide how cudarc may use the memory).
-#[cfg(feature = "cuda")]
-pub(crate) type CudaOrder<'a> = Option<&'a crate::stream::Stream>;
-/// Without the `cuda` feature no view has a cudarc stream.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type CudaOrder<'a> = PhantomData<&'a ()>;
+/// Whose order a view's memory follows, which decides how work on it is queued.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Keeper<'a> {
+    /// No stream's (a [`MixMemory`](crate::MixMemory)'s device side): kernel arguments only.
+    Unordered,
+    /// A buffer of this pool stream, whose memory is reused in the stream's order.
+    Stream(&'a Stream),
+    /// Shared memory accessed on this stream ([`SharedMat`](crate::SharedMat)).
+    Shared(&'a Stream, &'a Arc<SharedMemory>),
+}
+
+impl<'a> Keeper<'a> {
+    /// The stream work on the memory is queued on.
+    pub(crate) fn stream(self) -> Option<&'a Stream> {
+        match self {
+            Keeper::Unordered => None,
+            Keeper::Stream(s) | Keeper::Shared(s, _) => Some(s),
+        }
+    }
+
+    /// The stream whose cudarc stream orders the memory, on a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(self) -> Option<&'a Stream> {
+        self.stream().filter(|s| s.cuda_stream().is_some())
+    }
+
+    /// The stream for work named `what`, or `PoolError::Unsupported` for memory of no stream.
+    fn work_stream(self, device: DeviceId, what: &'static str) -> Result<&'a Stream, PoolError> {
+        self.stream().ok_or(PoolError::Unsupported { device, what })
+    }
+}
 
 fn check_host(device: DeviceId) -> Result<(), PoolError> {
     match device {
@@ -153,14 +178,11 @@ macro_rules! view_common {
         impl<'a, T> $view<'a, T> {
             /// A view of `window`: memory of `device` the caller keeps borrowed for `'a`, aligned
             /// for `T` (address and step), whose work is ordered on `cuda` where given.
-            pub(crate) fn new(window: Window, device: DeviceId, cuda: CudaOrder<'a>) -> Self {
-                #[cfg(not(feature = "cuda"))]
-                let _ = cuda;
+            pub(crate) fn new(window: Window, device: DeviceId, keeper: Keeper<'a>) -> Self {
                 $view {
                     window,
                     device,
-                    #[cfg(feature = "cuda")]
-                    cuda,
+                    keeper,
                     _borrow: PhantomData,
                 }
             }
@@ -201,13 +223,37 @@ macro_rules! view_common {
             pub fn is_continuous(&self) -> bool {
                 self.window.is_continuous::<T>()
             }
-            #[cfg(feature = "cuda")]
-            pub(crate) fn cuda_order(&self) -> CudaOrder<'a> {
-                self.cuda
+            /// The stream work on this view is queued on; `None` for memory of no stream (a
+            /// [`MixMemory`](crate::MixMemory)'s device side).
+            #[must_use]
+            pub fn stream(&self) -> Option<&'a Stream> {
+                self.keeper.stream()
             }
-            #[cfg(not(feature = "cuda"))]
-            pub(crate) fn cuda_order(&self) -> CudaOrder<'a> {
-                PhantomData
+
+            /// The region the backend copies and fills.
+            fn region(&self) -> Region {
+                Region {
+                    ptr: self.window.ptr,
+                    pitch: self.window.pitch,
+                    width: self.window.cols * size_of::<T>(),
+                    rows: self.window.rows,
+                }
+            }
+
+            fn check_len(&self, actual: usize) -> Result<(), PoolError> {
+                if actual == self.len() {
+                    Ok(())
+                } else {
+                    Err(PoolError::ShapeMismatch {
+                        expected: self.len(),
+                        actual,
+                    })
+                }
+            }
+
+            /// Whether there is nothing to copy or fill.
+            fn no_bytes(&self) -> bool {
+                self.len() == 0 || size_of::<T>() == 0
             }
         }
     };
@@ -220,7 +266,7 @@ impl<'a, T: Pod> GpuView<'a, T> {
     /// `PoolError::OutOfBounds` for a range past the view's edge.
     pub fn roi(&self, rows: Range<usize>, cols: Range<usize>) -> Result<GpuView<'a, T>, PoolError> {
         let window = self.window.region::<T>(rows, cols)?;
-        Ok(GpuView::new(window, self.device, self.cuda_order()))
+        Ok(GpuView::new(window, self.device, self.keeper))
     }
 
     /// Rows `rows` of this view, every column.
@@ -234,8 +280,30 @@ impl<'a, T: Pod> GpuView<'a, T> {
         Ok(GpuView::new(
             self.window.flat::<T>()?,
             self.device,
-            self.cuda_order(),
+            self.keeper,
         ))
+    }
+
+    /// Copies the elements into `out` (`rows * cols`, row-major) and waits for the copy: a
+    /// region's rows are read without its parent's other columns.
+    pub(crate) fn download(&self, out: &mut [T]) -> Result<(), PoolError> {
+        self.check_len(out.len())?;
+        let stream = self
+            .keeper
+            .work_stream(self.device, "download from memory of no stream")?;
+        if self.no_bytes() {
+            return Ok(());
+        }
+        // SAFETY: the view's window is live memory of its stream's device, borrowed for 'a (its
+        // shape checked when it was cut); `out` holds every row, back to back.
+        unsafe { stream.download(self.region(), bytemuck::cast_slice_mut(out)) }
+    }
+
+    /// The elements, row-major, in a new `Vec`.
+    pub(crate) fn to_vec(&self) -> Result<Vec<T>, PoolError> {
+        let mut out = vec![T::zeroed(); self.len()];
+        self.download(&mut out)?;
+        Ok(out)
     }
 
     /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU. Each of
@@ -291,7 +359,7 @@ impl<'a, T: Pod> GpuView<'a, T> {
 impl<'a, T: Pod> GpuViewMut<'a, T> {
     /// A read-only view of the same elements, for as long as this one is borrowed.
     pub fn as_view(&self) -> GpuView<'_, T> {
-        GpuView::new(self.window, self.device, self.cuda_order())
+        GpuView::new(self.window, self.device, self.keeper)
     }
 
     /// The writable region `rows x cols` of this view, with the same step.
@@ -301,7 +369,7 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
         cols: Range<usize>,
     ) -> Result<GpuViewMut<'_, T>, PoolError> {
         let window = self.window.region::<T>(rows, cols)?;
-        Ok(GpuViewMut::new(window, self.device, self.cuda_order()))
+        Ok(GpuViewMut::new(window, self.device, self.keeper))
     }
 
     /// Writable rows `rows` of this view, every column.
@@ -313,7 +381,92 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
     /// The elements as one writable contiguous row; `PoolError::NotContinuous` for padded rows.
     pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
         let window = self.window.flat::<T>()?;
-        Ok(GpuViewMut::new(window, self.device, self.cuda_order()))
+        Ok(GpuViewMut::new(window, self.device, self.keeper))
+    }
+
+    /// The writable region `rows x cols`, keeping this view's borrow (what [`GpuWrite::roi_mut`]
+    /// returns through a temporary view).
+    ///
+    /// [`GpuWrite::roi_mut`]: crate::GpuWrite::roi_mut
+    pub(crate) fn into_roi_mut(
+        self,
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<GpuViewMut<'a, T>, PoolError> {
+        let window = self.window.region::<T>(rows, cols)?;
+        Ok(GpuViewMut::new(window, self.device, self.keeper))
+    }
+
+    /// The elements as one writable row, keeping this view's borrow.
+    pub(crate) fn into_1d_mut(self) -> Result<GpuViewMut<'a, T>, PoolError> {
+        let window = self.window.flat::<T>()?;
+        Ok(GpuViewMut::new(window, self.device, self.keeper))
+    }
+
+    /// Copies `data` (`rows * cols` elements, row-major) into the view, on its stream, and waits
+    /// until `data` has been read ([`GpuWrite::upload`](crate::GpuWrite::upload)).
+    pub(crate) fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
+        self.check_len(data.len())?;
+        let stream = self
+            .keeper
+            .work_stream(self.device, "upload to memory of no stream")?;
+        if self.no_bytes() {
+            return Ok(());
+        }
+        // SAFETY: the view's window is live memory of its stream's device, which the exclusive
+        // borrow keeps from other writes; `data` holds every row, back to back.
+        unsafe { stream.upload(self.region(), bytemuck::cast_slice(data)) }
+    }
+
+    /// Sets every element to `value`, on the view's stream (OpenCV's `setTo`); a region's
+    /// parent keeps its other columns.
+    pub(crate) fn set_to(&mut self, value: T) -> Result<(), PoolError> {
+        let stream = self
+            .keeper
+            .work_stream(self.device, "set_to on memory of no stream")?;
+        if self.no_bytes() {
+            return Ok(());
+        }
+        // SAFETY: the view's live window, borrowed exclusively; the pattern is one element, which
+        // divides the row width.
+        unsafe { stream.fill(self.region(), bytemuck::bytes_of(&value)) }
+    }
+
+    /// Copies `src` (same shape, same device) into this view, on this view's stream.
+    ///
+    /// When `src` is queued on another stream, the copy waits for the work queued there so far
+    /// (so it reads what that work wrote), and `src`'s memory is not reused (or, for shared memory,
+    /// written) until the copy is done. Neither stream blocks the host.
+    pub(crate) fn copy_view(&mut self, src: GpuView<'_, T>) -> Result<(), PoolError> {
+        let stream = self
+            .keeper
+            .work_stream(self.device, "copy_from into memory of no stream")?;
+        let src_stream = src
+            .keeper
+            .work_stream(src.device, "copy_from memory of no stream")?;
+        if src.device != self.device {
+            return Err(PoolError::DeviceMismatch {
+                expected: self.device,
+                actual: src.device,
+            });
+        }
+        if (src.rows(), src.cols()) != (self.rows(), self.cols()) {
+            return Err(PoolError::DimensionMismatch {
+                dst: (self.rows(), self.cols()),
+                src: (src.rows(), src.cols()),
+            });
+        }
+        if self.no_bytes() {
+            return Ok(());
+        }
+        let shared = match src.keeper {
+            Keeper::Shared(_, memory) => Some(memory.as_ref()),
+            _ => None,
+        };
+        // SAFETY: both windows are live memory of this device, of one shape; the exclusive borrow
+        // of `self` and the shared one of `src` cannot be of one buffer, and live buffers (and
+        // regions of distinct buffers) never overlap.
+        unsafe { stream.copy(self.region(), src.region(), src_stream, shared) }
     }
 
     /// Calls `f` with each row as a mutable host slice, on the host backend; `PoolError::Unsupported`

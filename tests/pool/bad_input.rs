@@ -1,6 +1,8 @@
 //! Rows of RELIABILITY.md's bad-input matrix that no other test covers: each gets its typed error
 //! and leaves everything as it was.
 
+use gpu_pool::GpuRead;
+use gpu_pool::GpuWrite;
 use gpu_pool::{BufferPool, Device, MixMemory, PoolError, Stream};
 
 #[test]

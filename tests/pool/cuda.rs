@@ -3,6 +3,8 @@
 //! when it skipped for want of a driver.
 #![cfg(feature = "cuda")]
 
+use gpu_pool::GpuRead;
+use gpu_pool::GpuWrite;
 use std::error::Error;
 use std::sync::Arc;
 

@@ -4,6 +4,7 @@
 use std::error::Error as _;
 use std::sync::Arc;
 
+use gpu_pool::GpuWrite;
 use gpu_pool::pooled;
 use gpu_pool::{
     AllocContext, AllocRequest, Allocation, BufferPool, Device, Fallback, GpuAllocator, GpuMat,
@@ -224,6 +225,7 @@ fn a_wrong_host_slice_and_a_copy_between_shapes_say_different_things() -> Result
 /// None of these needs a GPU. (A `DriverError` is never formatted here: its text asks the driver.)
 #[cfg(feature = "cuda")]
 mod cudarc_errors {
+    use gpu_pool::GpuWrite;
     use std::error::Error as _;
     use std::ffi::CString;
 

@@ -22,4 +22,5 @@ mod observe;
 mod pplcv;
 mod seams;
 mod seed;
+mod shared;
 mod views;

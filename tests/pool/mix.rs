@@ -2,6 +2,7 @@
 //! device guard. On a private host device and on the GPU where there is one.
 
 use crate::common::each_device;
+use gpu_pool::GpuRead;
 use gpu_pool::{Device, GpuMat, MixMemory, PoolError, Stream};
 
 #[test]

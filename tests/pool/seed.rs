@@ -2,6 +2,8 @@
 //! host device, then again on the GPU where there is one.
 
 use crate::common::each_device;
+use gpu_pool::GpuRead;
+use gpu_pool::GpuWrite;
 use gpu_pool::{
     BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
     set_buffer_pool_config,

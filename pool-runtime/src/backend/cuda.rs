@@ -304,6 +304,24 @@ impl Backend for CudaBackend {
             .map_err(|e| driver_error("cuStreamWaitEvent", e))
     }
 
+    fn wait_for(&self, stream: &RawStream, event: &RawEvent) -> Result<(), PoolError> {
+        let _guard = self.guard()?;
+        let RawEvent::Cuda(event) = event;
+        let RawStream::Cuda(s) = stream else {
+            return Err(self.cu_stream(stream).unwrap_err());
+        };
+        s.wait(event)
+            .map_err(|e| driver_error("cuStreamWaitEvent", e))
+    }
+
+    fn wait_host(&self, event: &RawEvent) -> Result<(), PoolError> {
+        let _guard = self.guard()?;
+        let RawEvent::Cuda(event) = event;
+        event
+            .synchronize()
+            .map_err(|e| driver_error("cuEventSynchronize", e))
+    }
+
     fn event_done(&self, event: &RawEvent) -> Result<bool, PoolError> {
         let _guard = self.guard()?;
         let RawEvent::Cuda(event) = event;

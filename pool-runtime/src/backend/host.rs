@@ -104,6 +104,14 @@ impl Backend for HostBackend {
         Ok(())
     }
 
+    fn wait_for(&self, _stream: &RawStream, _event: &RawEvent) -> Result<(), PoolError> {
+        Ok(())
+    }
+
+    fn wait_host(&self, _event: &RawEvent) -> Result<(), PoolError> {
+        Ok(())
+    }
+
     /// Bytes allocated and not freed (device and pinned memory alike).
     #[cfg(any(test, feature = "testing"))]
     fn live_bytes(&self) -> Option<usize> {

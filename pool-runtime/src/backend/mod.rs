@@ -68,6 +68,10 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError>;
     /// Makes later work on `stream` wait for `event`, without blocking the host; consumes the event.
     fn wait_event(&self, stream: &RawStream, event: RawEvent) -> Result<(), PoolError>;
+    /// Makes later work on `stream` wait for `event`, which stays the caller's to wait on again.
+    fn wait_for(&self, stream: &RawStream, event: &RawEvent) -> Result<(), PoolError>;
+    /// Blocks the host until the work `event` marks is done (`cuEventSynchronize`).
+    fn wait_host(&self, event: &RawEvent) -> Result<(), PoolError>;
     /// Whether work queued on `stream` now is recorded into a CUDA graph instead of run
     /// (`cuStreamIsCapturing`); a host stream never is.
     fn is_capturing(&self, _stream: &RawStream) -> Result<bool, PoolError> {

@@ -3,6 +3,7 @@
 //! the fallback and driver memory kept while a graph may still use it.
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 
 use crate::allocator::Allocation;
 use crate::backend::DevPtr;
@@ -13,6 +14,7 @@ use crate::error::PoolError;
 use crate::stack::{Block, Release, Stack};
 
 use super::Stream;
+use super::sharing::{Access, SharedMemory};
 
 /// A stream's graph state.
 #[derive(Default)]
@@ -26,6 +28,8 @@ pub(super) struct Graphs {
     /// Fallback and driver memory released while a capture was under way on this thread, or
     /// while a graph that may use it lived: kept until neither is true.
     kept: RefCell<Vec<Kept>>,
+    /// Shared memory the capture under way accessed: its graph ends those accesses when dropped.
+    shared: RefCell<Vec<(Arc<SharedMemory>, Access)>>,
 }
 
 /// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
@@ -149,6 +153,17 @@ impl Stream {
         }
     }
 
+    /// The capture under way accessed `memory`: its graph ends the access.
+    pub(super) fn note_shared_access(&self, memory: &Arc<SharedMemory>, access: Access) {
+        let mut shared = self.graphs.shared.borrow_mut();
+        if !shared
+            .iter()
+            .any(|(m, a)| Arc::ptr_eq(m, memory) && *a == access)
+        {
+            shared.push((Arc::clone(memory), access));
+        }
+    }
+
     /// The kept memory, taken out for a dropped stream to free or leak.
     pub(super) fn take_kept(&self) -> Vec<Kept> {
         std::mem::take(&mut *self.graphs.kept.borrow_mut())
@@ -165,6 +180,18 @@ impl Stream {
     /// This stream's own capture begins: nothing it takes may reach the driver's allocator.
     pub(crate) fn set_own_capture(&self, on: bool) {
         self.graphs.capturing.set(on);
+        if on {
+            // What a failed capture noted: its work never runs.
+            self.graphs.shared.borrow_mut().clear();
+        }
+    }
+
+    /// The shared memory the capture that just ended accessed, for its graph to end the accesses
+    /// when dropped (reads first, then writes).
+    pub(crate) fn take_shared_accesses(&self) -> SharedAccesses {
+        let mut accesses = std::mem::take(&mut *self.graphs.shared.borrow_mut());
+        accesses.sort_by_key(|(_, a)| *a == Access::Write);
+        SharedAccesses(accesses)
     }
 
     /// A capture begins: allocations from now on are of a later epoch than its graph's.
@@ -258,6 +285,26 @@ impl Stream {
         let peak = self.counters().stack_high_water.get();
         self.counters().stack_high_water.set(before.max(peak));
         peak as usize
+    }
+}
+
+/// The shared memory a graph's replays access: each access ends, on the graph's stream, when the
+/// graph is dropped (no replay can be queued after that).
+#[cfg(feature = "cuda")]
+#[derive(Default)]
+pub(crate) struct SharedAccesses(Vec<(Arc<SharedMemory>, Access)>);
+
+#[cfg(feature = "cuda")]
+impl SharedAccesses {
+    /// Ends every access on `stream`, after the replays queued there.
+    pub(crate) fn end_on(self, stream: &Stream) {
+        for (memory, access) in self.0 {
+            if let Err(e) = memory.ended_on(stream, access) {
+                // The host then waits for the stream: later accesses cannot race the replays.
+                tracing::error!(stream = stream.id(), error = %e, "ordering shared memory after a graph failed; waiting for the stream");
+                let _ = stream.synchronize();
+            }
+        }
     }
 }
 

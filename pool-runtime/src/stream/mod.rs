@@ -7,6 +7,7 @@
 
 mod capture;
 mod lease;
+mod sharing;
 mod work;
 
 use std::cell::{Cell, OnceCell};
@@ -27,7 +28,10 @@ use crate::stack::Stack;
 use crate::stats::{StreamCounters, StreamStats};
 
 use capture::Graphs;
+#[cfg(feature = "cuda")]
+pub(crate) use capture::SharedAccesses;
 pub(crate) use lease::Lease;
+pub(crate) use sharing::{Access, SharedMemory};
 use work::Waits;
 
 /// A stream of work on a device, with the stack that its temporary buffers come from.

@@ -8,6 +8,7 @@ use crate::backend::{RawEvent, RawStream, Region};
 use crate::error::PoolError;
 
 use super::Stream;
+use super::sharing::{Access, SharedMemory};
 
 /// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
 ///
@@ -96,9 +97,9 @@ impl Stream {
         unsafe { self.device.backend().fill(region, pattern, stream) }
     }
 
-    /// Copies `src`, memory of `src_stream`, into `dst` on this stream. Across streams the copy
-    /// first waits for the work queued on `src_stream` so far, and `src_stream` does not reuse the
-    /// source before the copy is done.
+    /// Copies `src`, memory queued on `src_stream`, into `dst` on this stream. Across streams the
+    /// copy first waits for the work queued on `src_stream` so far, and the source is not reused
+    /// (by `src_stream`) or written (as `shared` memory) before the copy is done.
     ///
     /// # Safety
     /// Both regions are live memory of this device, of one shape, not overlapping.
@@ -107,6 +108,7 @@ impl Stream {
         dst: Region,
         src: Region,
         src_stream: &Stream,
+        shared: Option<&SharedMemory>,
     ) -> Result<(), PoolError> {
         let cross_stream = !std::ptr::eq(src_stream, self);
         if cross_stream {
@@ -119,10 +121,11 @@ impl Stream {
         }
         // SAFETY: the caller's regions.
         unsafe { backend.copy(dst, src, stream) }?;
-        if cross_stream {
-            src_stream.defer_wait_for(self)?;
+        match (cross_stream, shared) {
+            (false, _) => Ok(()),
+            (true, None) => src_stream.defer_wait_for(self),
+            (true, Some(memory)) => memory.ended_on(self, Access::Read),
         }
-        Ok(())
     }
 
     /// Records that work queued on `user` so far uses memory of this stream: before that memory is

@@ -1,6 +1,8 @@
 //! A live buffer of any of the element types, so one list holds them all.
 
 use bytemuck::Pod;
+use gpu_pool::GpuRead;
+use gpu_pool::GpuWrite;
 use gpu_pool::{BufferPool, GpuMat, PoolError, Source};
 
 use super::check::first_difference;

@@ -2,6 +2,8 @@
 //! threads.
 
 use crate::common::each_device;
+use gpu_pool::GpuRead;
+use gpu_pool::GpuWrite;
 use gpu_pool::{BufferPool, Device, Fallback, GpuMat, PoolError, Source, Stream};
 
 use super::private;

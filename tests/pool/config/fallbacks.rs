@@ -1,6 +1,8 @@
 //! What serves the buffers a stack does not: each built-in fallback, a failed fallback, and custom
 //! allocators, well-behaved or broken.
 
+use gpu_pool::GpuRead;
+use gpu_pool::GpuWrite;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

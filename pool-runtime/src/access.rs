@@ -1,0 +1,278 @@
+//! One way to take a buffer as a parameter: [`GpuRead`] for what a function reads, [`GpuWrite`]
+//! for what it fills. A [`GpuMat`], a `buffer!` handle ([`Pooled`]), a view or a region
+//! ([`GpuView`], [`GpuViewMut`]) and an access to shared memory ([`SharedRead`], [`SharedWrite`])
+//! all implement them, so one function serves them all, and every operation (uploads, downloads,
+//! fills, copies, regions, kernel arguments, cudarc lending) is found in one place.
+//!
+//! ```
+//! use gpu_pool_runtime::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
+//!
+//! /// `out = 2 * src` (a kernel would go here; the host backend's CPU twin stands in).
+//! fn double(src: &impl GpuRead<f32>, out: &mut impl GpuWrite<f32>) -> Result<(), PoolError> {
+//!     let doubled: Vec<f32> = src.to_vec()?.iter().map(|v| 2.0 * v).collect();
+//!     out.upload(&doubled)
+//! }
+//!
+//! let stream = Stream::new(&Device::host())?;
+//! let src = GpuMat::from_host(&stream, 2, 3, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+//! let mut whole = GpuMat::<f32>::new(&stream, 2, 3)?;
+//! double(&src, &mut whole)?;                                     // a GpuMat
+//! let mut batch = BufferPool::new(&stream).get_buffer::<f32>(8, 3)?;
+//! double(&src, &mut batch.row_range_mut(0..2)?)?;                // a region of a bigger buffer
+//! assert_eq!(whole.to_vec()?, batch.row_range(0..2)?.to_vec()?);
+//! # Ok::<(), PoolError>(())
+//! ```
+//!
+//! Inside a `#[pooled]` function the handles `buffer!` binds are passed the same way: `&x` where a
+//! `&impl GpuRead<T>` is taken, `&mut x` where a `&mut impl GpuWrite<T>` is (bind it with
+//! `let mut x = buffer!(..)`).
+
+use std::ops::Range;
+
+use bytemuck::Pod;
+
+use crate::buffer::GpuMat;
+use crate::error::PoolError;
+use crate::frame::Pooled;
+use crate::shared::{SharedRead, SharedWrite};
+use crate::stream::Stream;
+use crate::view::{GpuView, GpuViewMut};
+#[cfg(feature = "cuda")]
+use crate::{
+    device_memory::{LentSlice, LentSliceMut},
+    kernel_args::{Pitched, PitchedMut},
+};
+
+/// Device memory a function reads: a [`GpuMat`], a `buffer!` handle, a view or region, or a read
+/// of a [`SharedMat`](crate::SharedMat). Take it as `src: &impl GpuRead<T>`.
+///
+/// Only [`view`](Self::view) is implemented by each type; every other method works on the view,
+/// so all of them behave alike.
+pub trait GpuRead<T: Pod> {
+    /// The memory as a read-only view, queued on its stream.
+    fn view(&self) -> GpuView<'_, T>;
+
+    /// Rows.
+    fn rows(&self) -> usize {
+        self.view().window.rows
+    }
+
+    /// Columns.
+    fn cols(&self) -> usize {
+        self.view().window.cols
+    }
+
+    /// Elements (`rows * cols`).
+    fn len(&self) -> usize {
+        let view = self.view();
+        // Cannot wrap: no memory is larger than the layout that checked `rows * cols`.
+        view.window.rows * view.window.cols
+    }
+
+    /// Whether it has no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes from the start of one row to the next.
+    fn step(&self) -> usize {
+        self.view().window.pitch
+    }
+
+    /// The stream work on the memory is queued on; `None` for memory of no stream (a
+    /// [`MixMemory`](crate::MixMemory)'s device side).
+    fn stream(&self) -> Option<&Stream> {
+        self.view().keeper.stream()
+    }
+
+    /// Copies the elements into `out` (`rows * cols`, row-major) and waits for the copy.
+    fn download(&self, out: &mut [T]) -> Result<(), PoolError> {
+        self.view().download(out)
+    }
+
+    /// The elements, row-major, in a new `Vec`.
+    fn to_vec(&self) -> Result<Vec<T>, PoolError> {
+        self.view().to_vec()
+    }
+
+    /// The region `rows x cols` (OpenCV's ROI), with the same step; `PoolError::OutOfBounds` for
+    /// a range past the edge.
+    fn roi(&self, rows: Range<usize>, cols: Range<usize>) -> Result<GpuView<'_, T>, PoolError> {
+        self.view().roi(rows, cols)
+    }
+
+    /// Rows `rows`, every column (OpenCV's `rowRange`).
+    fn row_range(&self, rows: Range<usize>) -> Result<GpuView<'_, T>, PoolError> {
+        self.view().row_range(rows)
+    }
+
+    /// All elements as one contiguous row; `PoolError::NotContinuous` for padded rows.
+    fn as_1d(&self) -> Result<GpuView<'_, T>, PoolError> {
+        self.view().as_1d()
+    }
+
+    /// The rows as host slices, on the host backend (CPU twins of kernels);
+    /// `PoolError::Unsupported` on a GPU.
+    fn host_rows(&self) -> Result<impl Iterator<Item = &[T]>, PoolError> {
+        self.view().host_rows()
+    }
+
+    /// The memory as a read-only 2D kernel argument (address, step, rows, columns).
+    #[cfg(feature = "cuda")]
+    fn pitched(&self) -> Pitched<'_, T> {
+        self.view().pitched()
+    }
+
+    /// The memory lent to cudarc (`DeviceSlice` + `DevicePtr`): cuBLAS, cuFFT, cudarc's copies.
+    /// A 2D buffer is lent as the run from its first element to its last; its leading dimension
+    /// is [`LentSlice::ld`]. `PoolError::Unsupported` on the host backend.
+    #[cfg(feature = "cuda")]
+    fn as_cudarc(&self) -> Result<LentSlice<'_, T>, PoolError> {
+        self.view().as_cudarc()
+    }
+}
+
+/// Device memory a function fills: a [`GpuMat`], a `buffer!` handle, a writable view or region,
+/// or a write of a [`SharedMat`](crate::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
+pub trait GpuWrite<T: Pod>: GpuRead<T> {
+    /// The memory as a writable view, queued on its stream.
+    fn view_mut(&mut self) -> GpuViewMut<'_, T>;
+
+    /// Copies `data` (`rows * cols` elements, row-major) in, on the memory's stream, and waits
+    /// until `data` has been read: `data` may be changed or freed as soon as this returns, even if
+    /// it is page-locked memory (such as [`MixMemory::cpu`](crate::MixMemory::cpu)'s), which the
+    /// driver copies asynchronously. A region's rows are written without touching its parent's
+    /// other columns, so a varying batch can fill the first rows of a fixed buffer.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+    /// let stream = Stream::new(&Device::host())?;
+    /// let mut batch = BufferPool::new(&stream).get_buffer::<f32>(8, 4)?; // room for 8 rows
+    /// batch.set_to(0.0)?;
+    /// batch.row_range_mut(0..2)?.upload(&[1.0; 8])?;                      // 2 rows this time
+    /// assert_eq!(batch.to_vec()?.iter().sum::<f32>(), 8.0);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
+        self.view_mut().upload(data)
+    }
+
+    /// Sets every element to `value`, on the memory's stream (OpenCV's `setTo`).
+    fn set_to(&mut self, value: T) -> Result<(), PoolError> {
+        self.view_mut().set_to(value)
+    }
+
+    /// Copies `src` (same shape, same device) in, on this memory's stream.
+    ///
+    /// When `src` is queued on another stream, the copy waits for the work queued there so far
+    /// (so it reads what that work wrote), and `src`'s memory is not reused (or, for shared
+    /// memory, written) until the copy is done. Neither stream blocks the host.
+    fn copy_from<S: GpuRead<T> + ?Sized>(&mut self, src: &S) -> Result<(), PoolError>
+    where
+        Self: Sized,
+    {
+        self.view_mut().copy_view(src.view())
+    }
+
+    /// The writable region `rows x cols`, with the same step.
+    fn roi_mut(
+        &mut self,
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<GpuViewMut<'_, T>, PoolError> {
+        self.view_mut().into_roi_mut(rows, cols)
+    }
+
+    /// Writable rows `rows`, every column: a varying batch fills the first rows of a fixed buffer.
+    fn row_range_mut(&mut self, rows: Range<usize>) -> Result<GpuViewMut<'_, T>, PoolError> {
+        let cols = 0..self.cols();
+        self.roi_mut(rows, cols)
+    }
+
+    /// All elements as one writable contiguous row; `PoolError::NotContinuous` for padded rows.
+    fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
+        self.view_mut().into_1d_mut()
+    }
+
+    /// Calls `f` with each row as a mutable host slice, on the host backend (CPU twins of
+    /// kernels); `PoolError::Unsupported` on a GPU.
+    fn for_each_host_row_mut(&mut self, f: impl FnMut(usize, &mut [T])) -> Result<(), PoolError>
+    where
+        Self: Sized,
+    {
+        self.view_mut().for_each_host_row_mut(f)
+    }
+
+    /// The memory as a writable 2D kernel argument.
+    #[cfg(feature = "cuda")]
+    fn pitched_mut(&mut self) -> PitchedMut<'_, T> {
+        self.view_mut().into_pitched_mut()
+    }
+
+    /// The memory lent to cudarc for writing (`DevicePtrMut`); see
+    /// [`as_cudarc`](GpuRead::as_cudarc).
+    #[cfg(feature = "cuda")]
+    fn as_cudarc_mut(&mut self) -> Result<LentSliceMut<'_, T>, PoolError> {
+        self.view_mut().into_cudarc_mut()
+    }
+}
+
+impl<T: Pod> GpuRead<T> for GpuMat<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        GpuMat::view(self)
+    }
+}
+
+impl<T: Pod> GpuWrite<T> for GpuMat<'_, T> {
+    fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        GpuMat::view_mut(self)
+    }
+}
+
+impl<T: Pod> GpuRead<T> for Pooled<'_, '_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        GpuMat::view(self)
+    }
+}
+
+impl<T: Pod> GpuWrite<T> for Pooled<'_, '_, T> {
+    fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        self.mat_mut().view_mut()
+    }
+}
+
+impl<T: Pod> GpuRead<T> for GpuView<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        *self
+    }
+}
+
+impl<T: Pod> GpuRead<T> for GpuViewMut<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        self.as_view()
+    }
+}
+
+impl<T: Pod> GpuWrite<T> for GpuViewMut<'_, T> {
+    fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        GpuViewMut::new(self.window, self.device, self.keeper)
+    }
+}
+
+impl<T: Pod> GpuRead<T> for SharedRead<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        SharedRead::view(self)
+    }
+}
+
+impl<T: Pod> GpuRead<T> for SharedWrite<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        SharedWrite::view(self)
+    }
+}
+
+impl<T: Pod> GpuWrite<T> for SharedWrite<'_, T> {
+    fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        SharedWrite::view_mut(self)
+    }
+}

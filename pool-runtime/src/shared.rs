@@ -1,0 +1,329 @@
+//! Long-lived memory that no stream owns: [`SharedMat`], for model weights, lookup tables and
+//! anything else read by many streams on many threads.
+//!
+//! A [`GpuMat`](crate::GpuMat) borrows its stream, and a stream is used by one thread at a time, so
+//! a `GpuMat` cannot be shared by two workers, nor stored beside its stream in a struct. A
+//! `SharedMat` belongs to its device instead: it is `Send + Sync`, every access names the stream it
+//! runs on ([`read`](SharedMat::read) with `&self`, [`write`](SharedMat::write) with `&mut self`),
+//! and the pool orders the accesses across streams on the GPU: a read waits for the last write, a
+//! write for the last write and every read since, through events (no host wait). The access guards
+//! implement [`GpuRead`](crate::GpuRead) / [`GpuWrite`](crate::GpuWrite), so they go wherever a
+//! buffer does: kernel arguments, `copy_from`, uploads, cudarc's device-memory traits.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::thread;
+//! use gpu_pool_runtime::{Device, GpuRead, GpuWrite, SharedMat, Stream};
+//! let device = Device::host();
+//! let loader = Stream::new(&device)?;
+//! let mut weights = SharedMat::<f32>::new(&device, 4, 8)?;
+//! weights.write(&loader)?.upload(&[0.5; 32])?;     // written on one stream ...
+//! let weights = Arc::new(weights);
+//! let sums = (0..2).map(|_| {
+//!     let (device, weights) = (device.clone(), Arc::clone(&weights));
+//!     thread::spawn(move || {
+//!         let stream = Stream::new(&device)?;       // ... read on others, on other threads
+//!         let w = weights.read(&stream)?;
+//!         Ok::<f32, gpu_pool_runtime::PoolError>(w.to_vec()?.iter().sum())
+//!     })
+//! });
+//! for sum in sums {
+//!     assert_eq!(sum.join().unwrap()?, 16.0);
+//! }
+//! # Ok::<(), gpu_pool_runtime::PoolError>(())
+//! ```
+//!
+//! Inside a [`Stream::capture`](crate::Stream::capture), an access is recorded into the graph: the
+//! host waits for the accesses it conflicts with before the capture records it (a capture cannot
+//! wait on outside work), and the graph borrows the memory, so nothing writes it while the graph
+//! lives; when the graph is dropped, later accesses wait for its replays.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use crate::capturing;
+use crate::device::Device;
+use crate::error::PoolError;
+use crate::layout::Layout;
+use crate::stream::{Access, SharedMemory, Stream};
+use crate::view::{GpuView, GpuViewMut, Keeper, Window};
+
+/// A 2D array of `T` in device memory that no stream owns: `Send + Sync`, read from any stream on
+/// any thread through [`read`](Self::read), written through [`write`](Self::write) (`&mut`), with
+/// the order across streams kept by the pool. See the [module docs](crate::shared).
+///
+/// Its memory comes from the driver (`cuMemAllocPitch`, counted), as [`GpuMat::new`]'s does, and
+/// goes back when the `SharedMat` and every graph that accessed it are dropped, once the work
+/// queued on it is done.
+///
+/// [`GpuMat::new`]: crate::GpuMat::new
+pub struct SharedMat<T> {
+    memory: Arc<SharedMemory>,
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+    _elem: PhantomData<T>,
+}
+
+impl<T: Pod> SharedMat<T> {
+    /// A `rows x cols` array on `device`, not initialised (zeroed on the host backend). Pitched
+    /// like a [`GpuMat::new`](crate::GpuMat::new) with more than one row and column.
+    ///
+    /// `PoolError::CaptureAllocates` while a CUDA graph is captured on this thread.
+    pub fn new(device: &Device, rows: usize, cols: usize) -> Result<SharedMat<T>, PoolError> {
+        let layout = Layout::of::<T>(rows, cols, device.backend().texture_alignment())?;
+        if layout.is_empty() {
+            // SAFETY: no allocation to own.
+            let memory = unsafe { SharedMemory::adopt(device, 0) };
+            return Ok(SharedMat::with(memory, &layout, layout.pitch));
+        }
+        if capturing::on_this_thread() {
+            return Err(PoolError::CaptureAllocates {
+                what: "SharedMat::new",
+            });
+        }
+        let storage = device.storage();
+        let (ptr, pitch) = if layout.is_pitched() {
+            storage.alloc_pitch(layout.width_bytes, layout.rows, None)?
+        } else {
+            (storage.alloc(layout.bytes, None)?, layout.pitch)
+        };
+        // SAFETY: allocated just above from this device's storage, used by no one yet.
+        let memory = unsafe { SharedMemory::adopt(device, ptr) };
+        if !layout.is_aligned(ptr, pitch) {
+            // Dropping `memory` frees it. Not seen on any driver; checked since host slices of
+            // the rows would be misaligned.
+            return Err(PoolError::Unsupported {
+                device: device.id(),
+                what: "a driver allocation that is not aligned for the element type",
+            });
+        }
+        Ok(SharedMat::with(memory, &layout, pitch))
+    }
+
+    /// [`SharedMat::new`] on `stream`'s device, filled from `data` (`rows * cols` elements,
+    /// row-major) on `stream`.
+    pub fn from_host(
+        stream: &Stream,
+        rows: usize,
+        cols: usize,
+        data: &[T],
+    ) -> Result<SharedMat<T>, PoolError> {
+        let mut mat = SharedMat::new(stream.device(), rows, cols)?;
+        mat.write(stream)?.view_mut().upload(data)?;
+        Ok(mat)
+    }
+
+    fn with(memory: SharedMemory, layout: &Layout, pitch: usize) -> SharedMat<T> {
+        SharedMat {
+            memory: Arc::new(memory),
+            rows: layout.rows,
+            cols: layout.cols,
+            pitch,
+            _elem: PhantomData,
+        }
+    }
+
+    /// Reads on `stream`: work queued on `stream` while the guard lives runs after the last write
+    /// (whatever stream queued it); writes after the guard is dropped wait for that work.
+    ///
+    /// `PoolError::DeviceMismatch` for a stream of another device; `PoolError::CapturedElsewhere`
+    /// if the stream is being captured by anything but its own `capture`.
+    pub fn read<'a>(&'a self, stream: &'a Stream) -> Result<SharedRead<'a, T>, PoolError> {
+        self.begin(stream, Access::Read)?;
+        Ok(SharedRead {
+            access: Guard {
+                memory: &self.memory,
+                stream,
+                access: Access::Read,
+            },
+            window: self.window(),
+            _elem: PhantomData,
+        })
+    }
+
+    /// Writes on `stream`: work queued on `stream` while the guard lives runs after the last write
+    /// and every read since; later reads and writes, on any stream, wait for it.
+    pub fn write<'a>(&'a mut self, stream: &'a Stream) -> Result<SharedWrite<'a, T>, PoolError> {
+        self.begin(stream, Access::Write)?;
+        Ok(SharedWrite {
+            access: Guard {
+                memory: &self.memory,
+                stream,
+                access: Access::Write,
+            },
+            window: self.window(),
+            _elem: PhantomData,
+        })
+    }
+
+    fn begin(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
+        let device = self.memory.device();
+        if stream.device() != device {
+            return Err(PoolError::DeviceMismatch {
+                expected: device.id(),
+                actual: stream.device().id(),
+            });
+        }
+        stream.work_stream(match access {
+            Access::Read => "SharedMat::read",
+            Access::Write => "SharedMat::write",
+        })?;
+        self.memory.begin(stream, access)
+    }
+
+    fn window(&self) -> Window {
+        Window {
+            ptr: self.memory.ptr(),
+            rows: self.rows,
+            cols: self.cols,
+            pitch: self.pitch,
+            owns_gaps: true,
+        }
+    }
+
+    /// Rows.
+    #[must_use]
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    #[must_use]
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes from the start of one row to the next.
+    #[must_use]
+    pub fn step(&self) -> usize {
+        self.pitch
+    }
+
+    /// The device the memory is on.
+    #[must_use]
+    pub fn device(&self) -> &Device {
+        self.memory.device()
+    }
+}
+
+impl<T> fmt::Debug for SharedMat<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedMat")
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("step", &self.pitch)
+            .field("memory", &self.memory)
+            .finish()
+    }
+}
+
+/// An access under way: ended, on its stream, when dropped.
+struct Guard<'a> {
+    memory: &'a Arc<SharedMemory>,
+    stream: &'a Stream,
+    access: Access,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.memory.end(self.stream, self.access) {
+            // No event marks the access: the host waits for it instead.
+            tracing::error!(stream = self.stream.id(), error = %e, "ending a shared-memory access failed; waiting for the stream");
+            let _ = self.stream.synchronize();
+        }
+    }
+}
+
+/// A read of a [`SharedMat`] on one stream, from [`SharedMat::read`]: a [`GpuRead`](crate::GpuRead)
+/// for kernels, copies and downloads, ordered after the last write.
+#[must_use = "the access ends when the guard is dropped"]
+pub struct SharedRead<'a, T> {
+    access: Guard<'a>,
+    window: Window,
+    _elem: PhantomData<&'a T>,
+}
+
+/// A write of a [`SharedMat`] on one stream, from [`SharedMat::write`]: a
+/// [`GpuWrite`](crate::GpuWrite), ordered after every earlier access.
+#[must_use = "the access ends when the guard is dropped"]
+pub struct SharedWrite<'a, T> {
+    access: Guard<'a>,
+    window: Window,
+    _elem: PhantomData<&'a mut T>,
+}
+
+impl<'a, T> SharedRead<'a, T> {
+    /// The memory as a view on the guard's stream.
+    pub fn view(&self) -> GpuView<'_, T> {
+        let Guard { memory, stream, .. } = self.access;
+        GpuView::new(
+            self.window,
+            stream.device().id(),
+            Keeper::Shared(stream, memory),
+        )
+    }
+
+    /// The address field kernel arguments point at.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn ptr_field(&self) -> &u64 {
+        &self.window.ptr
+    }
+}
+
+impl<'a, T> SharedWrite<'a, T> {
+    /// The memory as a view on the guard's stream.
+    pub fn view(&self) -> GpuView<'_, T> {
+        let Guard { memory, stream, .. } = self.access;
+        GpuView::new(
+            self.window,
+            stream.device().id(),
+            Keeper::Shared(stream, memory),
+        )
+    }
+
+    /// The memory as a writable view on the guard's stream.
+    pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        let Guard { memory, stream, .. } = self.access;
+        GpuViewMut::new(
+            self.window,
+            stream.device().id(),
+            Keeper::Shared(stream, memory),
+        )
+    }
+
+    /// The address field kernel arguments point at.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn ptr_field(&self) -> &u64 {
+        &self.window.ptr
+    }
+}
+
+macro_rules! guard_debug {
+    ($($guard:ident),*) => {$(
+        impl<T> fmt::Debug for $guard<'_, T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($guard))
+                    .field("rows", &self.window.rows)
+                    .field("cols", &self.window.cols)
+                    .field("stream", &self.access.stream.id())
+                    .finish()
+            }
+        }
+    )*};
+}
+guard_debug!(SharedRead, SharedWrite);
+
+#[cfg(test)]
+mod tests {
+    /// Shared memory crosses threads (its point); the access guards stay with their stream's.
+    #[test]
+    fn shared_memory_is_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::SharedMat<f32>>();
+        send_sync::<super::SharedMat<[u8; 3]>>();
+    }
+}

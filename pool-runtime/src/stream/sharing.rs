@@ -1,0 +1,178 @@
+//! Memory no stream owns ([`SharedMat`](crate::SharedMat)): its allocation, and the order of the
+//! work on it across streams. Each access goes through a stream: a read waits (on the GPU) for the
+//! last write, a write for the last write and every read since, and each access, when it ends,
+//! leaves an event the next ones wait on. No host waits, except where a capture cannot hold an
+//! event wait: there the host waits before the capture records the access.
+//!
+//! The borrow checker orders the host side: a write needs `&mut` of the memory, so no read (or
+//! graph of one) is alive when a write begins. What remains is the GPU side, which the events
+//! order.
+
+use std::sync::Arc;
+
+use crate::backend::{DevPtr, RawEvent};
+use crate::device::Device;
+use crate::error::PoolError;
+use crate::sync::{Mutex, lock};
+
+use super::Stream;
+
+/// How an access uses the memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    Write,
+}
+
+/// A device allocation that no stream owns, and the events that order the work on it.
+///
+/// Freed when the last holder drops it (the `SharedMat` and the graphs that recorded an access),
+/// after the host has waited for every access's event: nothing still queued can use it.
+pub(crate) struct SharedMemory {
+    device: Device,
+    ptr: DevPtr,
+    uses: Mutex<Uses>,
+}
+
+/// The events of the accesses that later ones must wait for.
+#[derive(Default)]
+struct Uses {
+    /// The end of the last write, and its stream.
+    write: Option<(u64, RawEvent)>,
+    /// The end of each stream's reads since that write (one event a stream: a later record on
+    /// the same stream covers the earlier ones).
+    reads: Vec<(u64, RawEvent)>,
+}
+
+impl std::fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMemory")
+            .field("device", &self.device.id())
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedMemory {
+    /// Takes ownership of `ptr`, a counted driver allocation of `device` (0 for none).
+    ///
+    /// # Safety
+    /// `ptr` is 0 or came from `device`'s storage (`alloc`/`alloc_pitch`), is owned by no one
+    /// else, and nothing uses it yet: the `SharedMemory` frees it when dropped.
+    pub(crate) unsafe fn adopt(device: &Device, ptr: DevPtr) -> SharedMemory {
+        SharedMemory {
+            device: device.clone(),
+            ptr,
+            uses: Mutex::new(Uses::default()),
+        }
+    }
+
+    /// The device the memory is on.
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The address (0 for an empty allocation).
+    pub(crate) fn ptr(&self) -> DevPtr {
+        self.ptr
+    }
+
+    /// An access on `stream` begins: work queued on `stream` from now on runs after the accesses
+    /// it conflicts with (the last write; for a write, also every read since).
+    ///
+    /// Inside `stream`'s own capture no event of outside work can be waited on, so the host waits
+    /// for those accesses instead, and the capture notes the access: the graph ends it, for every
+    /// replay, when the graph is dropped.
+    pub(crate) fn begin(
+        self: &Arc<Self>,
+        stream: &Stream,
+        access: Access,
+    ) -> Result<(), PoolError> {
+        let backend = self.device.backend();
+        let capturing = stream.in_own_capture();
+        let me = stream.id();
+        let uses = lock(&self.uses);
+        let reads = match access {
+            Access::Read => &[][..],
+            Access::Write => &uses.reads[..],
+        };
+        for (_, event) in uses.write.iter().chain(reads).filter(|(on, _)| *on != me) {
+            if capturing {
+                backend.wait_host(event)?;
+            } else {
+                backend.wait_for(&stream.raw, event)?;
+            }
+        }
+        drop(uses);
+        if capturing {
+            stream.note_shared_access(self, access);
+        }
+        Ok(())
+    }
+
+    /// An access on `stream` ends: later conflicting accesses wait for the work it queued. Inside
+    /// `stream`'s own capture the graph ends it instead (see [`begin`](Self::begin)).
+    pub(crate) fn end(self: &Arc<Self>, stream: &Stream, access: Access) -> Result<(), PoolError> {
+        if stream.in_own_capture() {
+            stream.note_shared_access(self, access);
+            return Ok(());
+        }
+        self.ended_on(stream, access)
+    }
+
+    /// Records the end of an access on `stream` (a graph's, when it is dropped, or one of
+    /// [`end`](Self::end)).
+    pub(crate) fn ended_on(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
+        let backend = self.device.backend();
+        let event = backend.record_event(&stream.raw)?;
+        let me = stream.id();
+        let mut uses = lock(&self.uses);
+        let mut stale = Vec::new();
+        match access {
+            Access::Write => {
+                // Every read since the last write was waited for when this write began.
+                stale.extend(uses.reads.drain(..).map(|(_, e)| e));
+                stale.extend(uses.write.take().map(|(_, e)| e));
+                uses.write = event.map(|e| (me, e));
+            }
+            Access::Read => {
+                if let Some(i) = uses.reads.iter().position(|(on, _)| *on == me) {
+                    stale.push(uses.reads.swap_remove(i).1);
+                }
+                if let Some(e) = event {
+                    uses.reads.push((me, e));
+                }
+            }
+        }
+        drop(uses);
+        for e in stale {
+            backend.drop_event(e);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        let backend = self.device.backend();
+        let uses = std::mem::take(&mut *lock(&self.uses));
+        let events = uses.write.into_iter().chain(uses.reads).map(|(_, e)| e);
+        let mut waited = Ok(());
+        for event in events {
+            waited = waited.and(backend.wait_host(&event));
+            backend.drop_event(event);
+        }
+        if let Err(e) = waited {
+            // Work queued on it may still run: leaking the memory is the safe outcome.
+            tracing::error!(error = %e, "waiting for the work on shared memory failed; its memory is leaked");
+            return;
+        }
+        if self.ptr != 0 {
+            // SAFETY: `adopt`'s contract: the allocation is this device's and ours alone, and
+            // every access's work is done (waited for above); `self` is dropped, so freed once.
+            if let Err(e) = unsafe { self.device.storage().free(self.ptr, None) } {
+                tracing::error!(error = %e, "freeing shared memory failed");
+            }
+        }
+    }
+}
