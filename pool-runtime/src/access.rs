@@ -92,7 +92,9 @@ pub trait GpuRead<T: Pod> {
 
     /// The elements, row-major, in a new `Vec`.
     fn to_vec(&self) -> Result<Vec<T>, PoolError> {
-        self.view().to_vec()
+        let mut out = vec![T::zeroed(); self.len()];
+        self.download(&mut out)?;
+        Ok(out)
     }
 
     /// The region `rows x cols` (OpenCV's ROI), with the same step; `PoolError::OutOfBounds` for

@@ -299,13 +299,6 @@ impl<'a, T: Pod> GpuView<'a, T> {
         unsafe { stream.download(self.region(), bytemuck::cast_slice_mut(out)) }
     }
 
-    /// The elements, row-major, in a new `Vec`.
-    pub(crate) fn to_vec(&self) -> Result<Vec<T>, PoolError> {
-        let mut out = vec![T::zeroed(); self.len()];
-        self.download(&mut out)?;
-        Ok(out)
-    }
-
     /// The rows as host slices, on the host backend; `PoolError::Unsupported` on a GPU. Each of
     /// the `rows()` slices holds `cols()` elements, zero-sized ones included (they take no memory).
     ///

@@ -465,7 +465,7 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
 
 /// Keeps `stream` busy for about 0.1 s (a spinning kernel on two bytes of `tick`), so work queued
 /// after it is still pending when the host goes on: what makes a missing wait visible.
-fn stall(stream: &Stream, k: &Kernels, tick: &GpuMat<'_, u8>) -> TestResult {
+pub(crate) fn stall(stream: &Stream, k: &Kernels, tick: &GpuMat<'_, u8>) -> TestResult {
     let (src, dst) = (tick.device_ptr(), tick.device_ptr() + 1);
     // SAFETY: copies 1 byte within `tick`'s 2 bytes, which the caller keeps allocated until the
     // stream is done.

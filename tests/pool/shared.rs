@@ -219,3 +219,160 @@ fn a_read_guard_lends_views_and_regions() -> Result<(), PoolError> {
     assert_eq!(read.host_rows()?.flatten().copied().max(), Some(9));
     Ok(())
 }
+
+/// The cross-stream order on a GPU: each test holds one stream back with a spinning kernel, so a
+/// missing wait shows as stale or clobbered bytes.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::error::Error;
+    use std::sync::Arc;
+
+    use gpu_pool::cudarc::driver::CudaStream;
+    use gpu_pool::prelude::*;
+
+    use crate::common::gpu;
+    use crate::common::kernels::Kernels;
+    use crate::cuda::stall;
+
+    type TestResult = Result<(), Box<dyn Error>>;
+    const N: usize = 4 << 20;
+
+    fn count_not(values: &[u8], expected: u8) -> usize {
+        values.iter().filter(|&&v| v != expected).count()
+    }
+
+    #[test]
+    fn a_read_on_another_stream_waits_for_the_last_write() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_read_after_write") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&a, 1, 2)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        shared.write(&a)?.set_to(1)?;
+        a.synchronize()?;
+        stall(&a, &k, &tick)?;
+        shared.write(&a)?.set_to(2)?; // queued behind the stall
+        let mut seen = BufferPool::new(&b).get_buffer_1d::<u8>(N)?;
+        seen.copy_from(&shared.read(&b)?)?; // on b: must wait for a's write
+        let stale = count_not(&seen.to_vec()?, 2);
+        println!("shared read on another stream after a pending write: {stale} of {N} bytes stale");
+        assert_eq!(stale, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_write_waits_for_reads_queued_on_other_streams() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_write_after_read") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&b, 1, 2)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        shared.write(&a)?.set_to(1)?;
+        let mut copy = GpuMat::<u8>::new(&b, 1, N)?;
+        stall(&b, &k, &tick)?;
+        copy.copy_from(&shared.read(&b)?)?; // still queued on b ...
+        shared.write(&a)?.set_to(3)?; // ... when a overwrites: a must wait for it
+        let clobbered = count_not(&copy.to_vec()?, 1);
+        println!(
+            "shared write after a pending read on another stream: {clobbered} of {N} bytes clobbered"
+        );
+        assert_eq!(clobbered, 0);
+        assert_eq!(count_not(&shared.read(&b)?.to_vec()?, 3), 0);
+
+        // A copy on a third stream reading through b's guard is a read of that third stream too.
+        let c = Stream::new(&device)?;
+        let mut third = GpuMat::<u8>::new(&c, 1, N)?;
+        let tick_c = GpuMat::<u8>::new(&c, 1, 2)?;
+        stall(&c, &k, &tick_c)?;
+        third.copy_from(&shared.read(&b)?)?; // queued on c, behind its stall
+        shared.write(&a)?.set_to(4)?;
+        let clobbered = count_not(&third.to_vec()?, 3);
+        println!(
+            "shared write after a pending cross-stream copy: {clobbered} of {N} bytes clobbered"
+        );
+        assert_eq!(clobbered, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_captured_read_replays_after_the_write_and_later_writes_wait_for_the_replays() -> TestResult
+    {
+        let Some((device, _lock)) = gpu("shared_graph") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (s, a) = (Stream::new(&device)?, Stream::new(&device)?);
+        let (tick_s, tick_a) = (GpuMat::<u8>::new(&s, 1, 2)?, GpuMat::<u8>::new(&a, 1, 2)?);
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        shared.write(&a)?.set_to(0)?;
+        a.synchronize()?;
+        stall(&a, &k, &tick_a)?;
+        shared.write(&a)?.set_to(1)?; // pending when the capture reads it
+        let mut out = GpuMat::<u8>::new(&s, 1, N)?;
+        out.set_to(9)?;
+        {
+            let graph = s.capture(|s| {
+                let weights = shared.read(s)?;
+                let mut tmp = BufferPool::new(s).get_buffer_1d::<u8>(N)?;
+                tmp.copy_from(&weights)?;
+                out.copy_from(&tmp)
+            })?;
+            stall(&s, &k, &tick_s)?;
+            for _ in 0..3 {
+                graph.launch()?; // queued behind s's stall
+            }
+        } // the graph is dropped with its replays pending ...
+        shared.write(&a)?.set_to(5)?; // ... so this write must wait for them
+        let wrong = count_not(&out.to_vec()?, 1);
+        println!(
+            "graph replays reading shared memory, then a write on another stream: {wrong} of {N} bytes wrong"
+        );
+        assert_eq!(wrong, 0);
+        assert_eq!(s.stats().stack_in_use, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn shared_weights_serve_two_threads_and_cudarc() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_threads") else {
+            return Ok(());
+        };
+        let loader = Stream::new(&device)?;
+        let weights: Vec<f32> = (0..256 * 300).map(|i| (i % 1013) as f32).collect();
+        let shared = Arc::new(SharedMat::from_host(&loader, 256, 300, &weights)?);
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (device, shared) = (device.clone(), Arc::clone(&shared));
+                std::thread::spawn(move || -> Result<Vec<f32>, PoolError> {
+                    let stream = Stream::new(&device)?;
+                    let mut rows = BufferPool::new(&stream).get_buffer::<f32>(128, 300)?;
+                    rows.copy_from(&shared.read(&stream)?.row_range(w * 128..(w + 1) * 128)?)?;
+                    rows.to_vec()
+                })
+            })
+            .collect();
+        let mut joined = Vec::new();
+        for worker in workers {
+            joined.extend(worker.join().expect("no panic")?);
+        }
+        assert_eq!(joined, weights);
+
+        // cudarc's own copy, on a stream of its own, through the read guard.
+        let ctx = device.cuda_context().expect("a CUDA device");
+        let other: Arc<CudaStream> = ctx.new_stream()?;
+        let read = shared.read(&loader)?;
+        let host: Vec<f32> = other.clone_dtoh(&read.as_cudarc()?)?;
+        assert_eq!(
+            host.len(),
+            255 * (read.step() / 4) + 300,
+            "lent from the first element to the last"
+        );
+        let ld = read.step() / 4;
+        assert!((0..256).all(|r| host[r * ld..r * ld + 300] == weights[r * 300..(r + 1) * 300]));
+        Ok(())
+    }
+}
