@@ -132,7 +132,7 @@ pub use report::{Report, report};
 pub use shared::{SharedMat, SharedRead, SharedWrite};
 pub use source::{CallSite, FallbackReason, Source};
 pub use stats::{DeviceStats, FallbackCounts, SiteFallbacks, StreamStats};
-pub use stream::Stream;
+pub use stream::{Sizing, Stream};
 pub use view::{GpuView, GpuViewMut};
 
 /// The crate README's example, compiled and run as a doctest so it stays true.

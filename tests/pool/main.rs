@@ -23,4 +23,5 @@ mod pplcv;
 mod seams;
 mod seed;
 mod shared;
+mod sizing;
 mod views;

@@ -8,6 +8,7 @@
 mod capture;
 mod lease;
 mod sharing;
+mod sizing;
 mod work;
 
 use std::cell::{Cell, OnceCell};
@@ -32,6 +33,7 @@ use capture::Graphs;
 pub(crate) use capture::SharedAccesses;
 pub(crate) use lease::Lease;
 pub(crate) use sharing::{Access, SharedMemory};
+pub use sizing::Sizing;
 use work::Waits;
 
 /// A stream of work on a device, with the stack that its temporary buffers come from.

@@ -1,0 +1,76 @@
+//! Sizing stacks before a GPU run: `Stream::measure` on the host backend gives the exact stack
+//! size a pooled function needs, whatever stack it was measured on.
+
+use gpu_pool::prelude::*;
+use gpu_pool::{Sizing, set_buffer_pool_config};
+
+const MIB: usize = 1 << 20;
+
+/// A 1080p frame's temporaries; the third is gone before the fourth is taken.
+#[pooled(stream)]
+fn frame(stream: &Stream, rows: usize, cols: usize) -> Result<(), PoolError> {
+    let mut gray = buffer!(rows, cols; u8)?;
+    let grad = buffer!(rows, cols; f32)?;
+    {
+        let color = buffer!(rows, cols; [u8; 3])?;
+        let _ = (&color, &grad);
+    }
+    let row_sums = buffer!(rows; f32)?;
+    gray.set_to(0)?; // kernels would go here, skipped on the host
+    let _ = &row_sums;
+    Ok(())
+}
+
+/// The measurement on a fresh host device with `stack` bytes a stack (`None`: the default).
+fn measured(stack: Option<usize>) -> Result<Sizing, PoolError> {
+    let device = Device::private_host();
+    if let Some(bytes) = stack {
+        set_buffer_pool_config(&device, bytes, 1)?;
+    }
+    let stream = Stream::new(&device)?;
+    let (result, sizing) = stream.measure(|s| frame(s, 1080, 1920));
+    result?;
+    assert_eq!(stream.stats().stack_in_use, 0);
+    Ok(sizing)
+}
+
+#[test]
+fn measure_gives_the_exact_stack_size_a_pooled_function_needs() -> Result<(), PoolError> {
+    let device = Device::private_host();
+    let bytes =
+        |cols: usize, size: usize| device.footprint::<u8>(1080, cols * size).map(|f| f.bytes);
+    // gray + grad + max(color, row_sums): all 2D layouts are whole rows of 512-byte multiples.
+    let expected = bytes(1920, 1)? + bytes(1920, 4)? + bytes(1920, 3)?;
+
+    let roomy = measured(Some(64 * MIB))?;
+    assert_eq!(roomy.stack_bytes, expected);
+    assert_eq!((roomy.buffers, roomy.fallbacks), (4, 0));
+
+    for cramped in [measured(None)?, measured(Some(MIB))?] {
+        // The default 10 MiB stack, and a smaller one: the need, not what the stack held.
+        assert_eq!(cramped.stack_bytes, expected);
+        assert!(cramped.fallbacks > 0);
+    }
+
+    let sized = measured(Some(expected))?;
+    assert_eq!((sized.fallbacks, sized.driver_alloc_calls), (0, 0));
+    let short = measured(Some(expected - bytes(1920, 4)?))?;
+    assert_eq!(short.fallbacks, 1, "one buffer less is one fallback");
+    Ok(())
+}
+
+#[test]
+fn measure_counts_only_its_own_work_and_keeps_the_streams_peak() -> Result<(), PoolError> {
+    let stream = Stream::new(&Device::private_host())?;
+    let pool = BufferPool::new(&stream);
+    let outside = pool.get_buffer::<u8>(100, 1000)?; // 100 x 1024 bytes, before the measurement
+    let ((), sizing) = stream.measure(|s| {
+        let pool = BufferPool::new(s);
+        let _a = pool.get_buffer_1d::<u8>(512);
+    });
+    assert_eq!(sizing.stack_bytes, 512);
+    assert_eq!(sizing.buffers, 1);
+    assert_eq!(stream.stats().peak_demand, 100 * 1024 + 512);
+    drop(outside);
+    Ok(())
+}
