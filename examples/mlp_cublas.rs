@@ -31,8 +31,10 @@ fn main() -> Result<(), PoolError> {
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 400.0)
         .collect();
     let bv: Vec<f32> = (0..OUT).map(|c| (c % 7) as f32 / 10.0 - 0.3).collect();
-    let w = GpuMat::from_host(&stream, IN, OUT, &wv)?;
-    let b = GpuMat::from_host(&stream, 1, OUT, &bv)?;
+    // The layer's parameters belong to the device, not to a stream: any stream, on any thread,
+    // reads them (each read ordered after the upload on the GPU).
+    let w = SharedMat::from_host(&stream, IN, OUT, &wv)?;
+    let b = SharedMat::from_host(&stream, 1, OUT, &bv)?;
     let mut x = GpuMat::<f32>::new(&stream, BATCH, IN)?;
     let mut y = GpuMat::<f32>::new(&stream, BATCH, OUT)?;
 
@@ -44,6 +46,7 @@ fn main() -> Result<(), PoolError> {
             .collect();
         x.upload(&xv)?;
         let before = stream.stats().driver_alloc_calls;
+        let (w, b) = (w.read(&stream)?, b.read(&stream)?);
         dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
         if batch > 0 {
             calls_after_first += stream.stats().driver_alloc_calls - before;

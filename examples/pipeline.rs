@@ -25,7 +25,7 @@ fn gray_threshold(
     stream: &Stream,
     stages: &Stages,
     kernel: &Threshold,
-    src: &GpuMat<'_, [u8; 3]>,
+    src: &impl GpuRead<[u8; 3]>,
     out: Option<&mut [u8]>,
 ) -> Result<(), PoolError> {
     let mut gray = buffer!(src.rows(), src.cols(); u8)?;
@@ -75,8 +75,8 @@ impl Threshold {
 fn threshold(
     stream: &Stream,
     kernel: &Threshold,
-    src: &GpuMat<'_, u8>,
-    dst: &mut Pooled<'_, '_, u8>,
+    src: &impl GpuRead<u8>,
+    dst: &mut impl GpuWrite<u8>,
     t: u8,
 ) -> Result<(), PoolError> {
     #[cfg(feature = "cuda")]

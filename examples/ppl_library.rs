@@ -94,8 +94,8 @@ mod library {
     pub(crate) fn box_pass(
         stages: &support::Stages,
         stream: &Stream,
-        src: &GpuMat<'_, u8>,
-        dst: &mut GpuMat<'_, u8>,
+        src: &impl GpuRead<u8>,
+        dst: &mut impl GpuWrite<u8>,
         r: i32,
         out: Output,
     ) -> Result<(), PoolError> {
@@ -143,8 +143,8 @@ mod library {
     pub(crate) fn box_filter(
         stages: &support::Stages,
         stream: &Stream,
-        src: &GpuMat<'_, u8>,
-        dst: &mut GpuMat<'_, u8>,
+        src: &impl GpuRead<u8>,
+        dst: &mut impl GpuWrite<u8>,
         r: i32,
     ) -> Result<(), PoolError> {
         box_pass(stages, stream, src, dst, r, Output::Mean)
@@ -154,8 +154,8 @@ mod library {
     pub(crate) fn adaptive_threshold(
         stages: &support::Stages,
         stream: &Stream,
-        src: &GpuMat<'_, u8>,
-        dst: &mut GpuMat<'_, u8>,
+        src: &impl GpuRead<u8>,
+        dst: &mut impl GpuWrite<u8>,
         r: i32,
         c: i32,
     ) -> Result<(), PoolError> {

@@ -36,6 +36,11 @@ pub mod prelude {
     };
 }
 
+/// The guide: outputs, shared weights, threads and streams, kernel arguments, early release,
+/// sizing, graphs and errors, each with an example compiled as a doctest.
+#[doc = include_str!("../docs/guide.md")]
+pub mod guide {}
+
 /// The README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -28,10 +28,10 @@ pub enum Engine {
 pub fn dense_relu(
     stream: &Stream,
     engine: &Engine,
-    x: &GpuMat<'_, f32>,
-    w: &GpuMat<'_, f32>,
-    b: &GpuMat<'_, f32>,
-    y: &mut GpuMat<'_, f32>,
+    x: &impl GpuRead<f32>,
+    w: &impl GpuRead<f32>,
+    b: &impl GpuRead<f32>,
+    y: &mut impl GpuWrite<f32>,
 ) -> Result<(), PoolError> {
     let mut h = buffer!(x.rows(), w.cols(); f32)?;
     match engine {
@@ -55,9 +55,9 @@ mod gpu {
     /// dimension.
     pub(super) fn gemm(
         blas: &CudaBlas,
-        x: &GpuMat<'_, f32>,
-        w: &GpuMat<'_, f32>,
-        h: &mut Pooled<'_, '_, f32>,
+        x: &impl GpuRead<f32>,
+        w: &impl GpuRead<f32>,
+        h: &mut impl GpuWrite<f32>,
     ) -> Result<(), PoolError> {
         let (xs, ws) = (x.as_cudarc()?, w.as_cudarc()?);
         let mut hs = h.as_cudarc_mut()?;
@@ -83,9 +83,9 @@ mod gpu {
     pub(super) fn bias_relu(
         stream: &Stream,
         k: &super::super::kernels::Kernels,
-        h: &GpuMat<'_, f32>,
-        b: &GpuMat<'_, f32>,
-        y: &mut GpuMat<'_, f32>,
+        h: &impl GpuRead<f32>,
+        b: &impl GpuRead<f32>,
+        y: &mut impl GpuWrite<f32>,
     ) -> Result<(), PoolError> {
         let cuda = stream
             .cuda_stream()
@@ -105,9 +105,9 @@ mod cpu {
 
     /// The CPU twin of the GEMM, on the host backend's buffers.
     pub(super) fn gemm(
-        x: &GpuMat<'_, f32>,
-        w: &GpuMat<'_, f32>,
-        h: &mut Pooled<'_, '_, f32>,
+        x: &impl GpuRead<f32>,
+        w: &impl GpuRead<f32>,
+        h: &mut impl GpuWrite<f32>,
     ) -> Result<(), PoolError> {
         let xs: Vec<&[f32]> = x.host_rows()?.collect();
         let ws: Vec<&[f32]> = w.host_rows()?.collect();
@@ -120,9 +120,9 @@ mod cpu {
 
     /// The CPU twin of `bias_relu`.
     pub(super) fn bias_relu(
-        h: &GpuMat<'_, f32>,
-        b: &GpuMat<'_, f32>,
-        y: &mut GpuMat<'_, f32>,
+        h: &impl GpuRead<f32>,
+        b: &impl GpuRead<f32>,
+        y: &mut impl GpuWrite<f32>,
     ) -> Result<(), PoolError> {
         let hs: Vec<&[f32]> = h.host_rows()?.collect();
         let bias = b.to_vec()?;

@@ -79,6 +79,11 @@ pub trait GpuRead<T: Pod> {
         self.view().window.pitch
     }
 
+    /// The device address of row 0 (0 for empty memory): a kernel's `T*` argument.
+    fn device_ptr(&self) -> u64 {
+        self.view().window.ptr
+    }
+
     /// The stream work on the memory is queued on; `None` for memory of no stream (a
     /// [`MixMemory`](crate::MixMemory)'s device side).
     fn stream(&self) -> Option<&Stream> {
