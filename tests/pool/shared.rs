@@ -375,4 +375,66 @@ mod gpu {
         assert!((0..256).all(|r| host[r * ld..r * ld + 300] == weights[r * 300..(r + 1) * 300]));
         Ok(())
     }
+
+    #[test]
+    fn shared_memory_refuses_what_would_break_a_capture() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_capture_seams") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, 4096)?;
+        shared.write(&stream)?.set_to(1)?;
+        // Made inside a capture: refused before the driver is asked, and the capture goes on.
+        let graph = stream.capture(|_| {
+            let made = SharedMat::<u8>::new(&device, 1, 64).map(|_| ());
+            assert!(
+                matches!(made, Err(PoolError::CaptureAllocates { .. })),
+                "{made:?}"
+            );
+            Ok(())
+        })?;
+        drop(graph);
+        // A capture that cudarc began on the pool stream's CUDA stream: no access joins it.
+        let cuda = stream.cuda_stream().expect("a CUDA stream");
+        cuda.begin_capture(
+            gpu_pool::cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        )?;
+        let read = shared.read(&stream).map(|_| ());
+        let write = shared.write(&stream).map(|_| ());
+        let _ = cuda.end_capture(gpu_pool::cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        println!("shared access on a stream captured by cudarc: read {read:?}, write {write:?}");
+        assert!(matches!(read, Err(PoolError::CapturedElsewhere { .. })));
+        assert!(matches!(write, Err(PoolError::CapturedElsewhere { .. })));
+        assert_eq!(
+            count_not(&shared.read(&stream)?.to_vec()?, 1),
+            0,
+            "usable after"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_captured_write_is_waited_for_by_reads_after_the_graph() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_graph_write") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (s, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&s, 1, 2)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        shared.write(&s)?.set_to(0)?;
+        let source = GpuMat::from_host(&s, 1, N, &vec![6u8; N])?;
+        {
+            let graph = s.capture(|s| shared.write(s)?.copy_from(&source))?;
+            stall(&s, &k, &tick)?;
+            graph.launch()?; // pending behind the stall when the graph is dropped
+        }
+        let seen = shared.read(&b)?.to_vec()?; // on b: must wait for the replay
+        let stale = count_not(&seen, 6);
+        println!(
+            "read on another stream after a dropped graph's pending write: {stale} of {N} bytes stale"
+        );
+        assert_eq!(stale, 0);
+        Ok(())
+    }
 }
