@@ -16,7 +16,7 @@ fn cublas_present() -> bool {
 
 impl Stream {
     /// A cuBLAS handle whose work is queued on this stream, for cuBLAS calls on pool buffers
-    /// (lent with [`GpuMat::as_cudarc`](crate::GpuMat::as_cudarc)). Feature `cublas`.
+    /// (lent with [`GpuRead::as_cudarc`](crate::GpuRead::as_cudarc)). Feature `cublas`.
     ///
     /// Use it rather than cudarc's `CudaBlas::new`, which panics where `libcublas` cannot be
     /// loaded: `PoolError::NoCudaLibrary` if it cannot (checked first, wherever the stream runs);

@@ -3,8 +3,8 @@
 //! takes device memory: cuBLAS, cuFFT, cuDNN, its copies and fills.
 //!
 //! cudarc's traits name the stream the memory is ordered on, which only a CUDA buffer has, so a
-//! buffer lends itself through [`GpuMat::as_cudarc`](crate::GpuMat::as_cudarc) and
-//! [`GpuMat::as_cudarc_mut`](crate::GpuMat::as_cudarc_mut), which return `PoolError::Unsupported`
+//! buffer lends itself through [`GpuRead::as_cudarc`](crate::GpuRead::as_cudarc) and
+//! [`GpuWrite::as_cudarc_mut`](crate::GpuWrite::as_cudarc_mut), which return `PoolError::Unsupported`
 //! on the host backend.
 //!
 //! cudarc's traits describe a flat run of `len` elements, and its safe calls (copies, fills) use
@@ -29,7 +29,7 @@
 //! copies and fills are refused by the driver, and a kernel given it faults.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, Stream};
+//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
 //! use gpu_pool_runtime::cudarc::driver::DevicePtr;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let stream = Stream::new(&Device::cuda(0)?)?;
@@ -53,7 +53,7 @@ use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut, Window};
 
 /// A pool buffer or region lent to cudarc for reading: a `DeviceSlice` + `DevicePtr`, as cudarc's
-/// own `CudaView`, made by [`GpuMat::as_cudarc`](crate::GpuMat::as_cudarc) and
+/// own `CudaView`, made by [`GpuRead::as_cudarc`](crate::GpuRead::as_cudarc) and
 /// [`GpuView::as_cudarc`](crate::GpuView::as_cudarc).
 #[derive(Debug)]
 #[must_use = "lent memory does nothing until passed to a cudarc call"]
@@ -68,7 +68,7 @@ pub struct LentSlice<'a, T> {
 
 /// A pool buffer or region lent to cudarc for reading and writing: a `DeviceSlice` + `DevicePtr` +
 /// `DevicePtrMut`, as cudarc's own `CudaViewMut`, made by
-/// [`GpuMat::as_cudarc_mut`](crate::GpuMat::as_cudarc_mut) and
+/// [`GpuWrite::as_cudarc_mut`](crate::GpuWrite::as_cudarc_mut) and
 /// [`GpuViewMut::as_cudarc_mut`](crate::GpuViewMut::as_cudarc_mut).
 #[derive(Debug)]
 #[must_use = "lent memory does nothing until passed to a cudarc call"]

@@ -37,7 +37,7 @@
 //! [`Stream::capture_with`]`::<E>`: its error comes back unchanged, the pool's converted.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, GpuMat, PoolError, Stream};
+//! use gpu_pool_runtime::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
 //! # fn main() -> Result<(), PoolError> {
 //! let stream = Stream::new(&Device::cuda(0)?)?;
 //! let out = GpuMat::<f32>::new(&stream, 512, 512)?;
@@ -366,7 +366,7 @@ impl Stream {
     /// leaves it open: `stream.capture_with::<AppError>(|s| { ...; Ok(()) })`.
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::{Device, PoolError, Stream};
+    /// use gpu_pool_runtime::{Device, GpuRead, GpuWrite, PoolError, Stream};
     ///
     /// #[derive(Debug)]
     /// enum AppError {

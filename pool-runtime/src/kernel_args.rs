@@ -11,7 +11,7 @@
 //! an element. See the `Pitched` example below the first one.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, Stream};
+//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
 //! use gpu_pool_runtime::cudarc::driver::{LaunchConfig, PushKernelArg};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;
@@ -31,7 +31,7 @@
 //! With the shape in the argument:
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, Stream, grid_2d, PITCHED_H};
+//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, PITCHED_H, Stream, grid_2d};
 //! use gpu_pool_runtime::cudarc::driver::PushKernelArg;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;

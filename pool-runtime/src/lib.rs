@@ -4,7 +4,7 @@
 //! Most users depend on the `gpu-pool` facade instead, which adds the `#[pooled]` DSL.
 //!
 //! ```
-//! use gpu_pool_runtime::{BufferPool, Device, Source, Stream};
+//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Source, Stream};
 //! let stream = Stream::new(&Device::host())?;
 //! let pool = BufferPool::new(&stream);
 //! let mut a = pool.get_buffer::<f32>(64, 64)?;
@@ -46,15 +46,17 @@
 //! | 12 | `caching` | [`CachingPool`], made for a device |
 //! | 13 | `stream` | [`Stream`]: the take and give-back (`stream/lease.rs`), its work, its captures |
 //! | 14 | `view`, `graph`, `pplcv` | views and regions; CUDA graphs; ppl.cv's pool |
-//! | 15 | `buffer`, `mix` | [`GpuMat`], [`BufferPool`]; [`MixMemory`] |
+//! | 15 | `buffer`, `mix`, `shared` | [`GpuMat`], [`BufferPool`]; [`MixMemory`]; [`SharedMat`], memory no stream owns |
 //! | 16 | `frame` | what the DSL expands to |
-//! | 17 | `device_memory`, `kernel_args`, `blas` | CUDA interop: buffers lent to cudarc; kernel arguments; cuBLAS handles |
-//! | 18 | `report`, `timeline`, `testing` | every device's stats; recordings exported; test hooks |
+//! | 17 | `device_memory`, `kernel_args`, `blas` | CUDA interop: views lent to cudarc; kernel arguments; cuBLAS handles |
+//! | 18 | `access` | [`GpuRead`] / [`GpuWrite`]: one parameter type for every kind of buffer |
+//! | 19 | `report`, `timeline`, `testing` | every device's stats; recordings exported; test hooks |
 //!
 //! Storage (ranks 7 and 8) knows memory, not policy; the stack and the allocators (9) build on
 //! it and never name the device; the device holds the arena and its settings; the caching pool and
 //! the streams sit on the device (a stream chooses its fallback when it is made); the user-facing
-//! types (14 to 16) sit on the stream, CUDA interop on them, and the reports on everything.
+//! types (14 to 16) sit on the stream, CUDA interop on them, the one parameter type for all of them
+//! (18) on top, and the reports on everything.
 //!
 //! # A buffer's path
 //! `buffer!` (or [`BufferPool::get_buffer`]) asks its stream for memory: `Stream::take`
@@ -64,6 +66,14 @@
 //! memory back to the stack, or to the allocator, or keeps it while a CUDA graph may use it
 //! (`stream/capture.rs`). A lease is made only by a take and is neither `Copy` nor `Clone`, so
 //! memory goes back once.
+//!
+//! # Memory no stream owns
+//! A [`SharedMat`] holds a `SharedMemory` (`stream/sharing.rs`): a driver allocation and the
+//! events of its last write and of each stream's reads since. An access names its stream; it
+//! begins by making that stream wait for the accesses it conflicts with and ends by recording an
+//! event there. Inside a capture the host waits instead, and the graph ends the access when it is
+//! dropped. Views carry whose order their memory follows (`Keeper`), so a copy out of shared
+//! memory on another stream is recorded as that stream's read.
 
 mod access;
 mod allocator;
@@ -147,5 +157,6 @@ pub mod __private {
 }
 
 /// The cudarc this crate was built with, for launching kernels on pool buffers.
+/// # use gpu_pool_runtime::{GpuRead, GpuWrite};
 #[cfg(feature = "cuda")]
 pub use cudarc;
