@@ -131,7 +131,14 @@ impl<'ast> Visit<'ast> for DropCheck {
                 self.visit_expr(diverge);
             }
         }
-        self.bind(&local.pat, declares_buffer(local));
+        // `let y = x;` moves a handle to a new name, which is then a handle too.
+        let moves_a_handle = local.init.as_ref().is_some_and(|init| {
+            init.diverge.is_none()
+                && plain_name(&init.expr)
+                    .and_then(|name| self.resolve(name))
+                    .is_some_and(|b| b.buffer)
+        });
+        self.bind(&local.pat, declares_buffer(local) || moves_a_handle);
     }
 
     fn visit_expr_call(&mut self, call: &'ast ExprCall) {
@@ -284,6 +291,20 @@ mod tests {
                 "`drop(x)`",
             ]
         );
+    }
+
+    #[test]
+    fn a_handle_moved_to_another_name_is_still_a_handle() {
+        let found = refused(quote::quote!({
+            let x = buffer!(8; u8)?;
+            let y = x;
+            let mut z = (y);
+            drop(z);
+            let v = vec![1];
+            let w = v;
+            drop(w);
+        }));
+        assert_eq!(found, ["`drop(z)`"]);
     }
 
     #[test]
