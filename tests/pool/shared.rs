@@ -231,7 +231,7 @@ mod gpu {
     use gpu_pool::prelude::*;
 
     use crate::common::gpu;
-    use crate::common::kernels::Kernels;
+    use crate::common::kernels::{self, Kernels};
     use crate::cuda::stall;
 
     type TestResult = Result<(), Box<dyn Error>>;
@@ -435,6 +435,44 @@ mod gpu {
             "read on another stream after a dropped graph's pending write: {stale} of {N} bytes stale"
         );
         assert_eq!(stale, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn kernels_read_and_write_shared_memory_through_its_guards() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_kernel_args") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let values: Vec<u8> = (0..300 * 500).map(|i| (i % 251) as u8).collect();
+        let mut table = SharedMat::<u8>::new(&device, 300, 500)?;
+        let source = GpuMat::from_host(&a, 300, 500, &values)?;
+        {
+            let mut w = table.write(&a)?;
+            let cuda = a.cuda_stream().expect("a CUDA stream");
+            // SAFETY: both are 300x500 u8 images on `a`'s device; `invert` writes only inside.
+            unsafe { kernels::invert(&k, cuda, source.pitched(), w.pitched_mut())? };
+        }
+        // Read on another stream by a kernel launched there: after the write, by the events.
+        let mut out = GpuMat::<u8>::new(&b, 300, 500)?;
+        {
+            let r = table.read(&b)?;
+            let cuda = b.cuda_stream().expect("a CUDA stream");
+            // SAFETY: as above, on `b`.
+            unsafe { kernels::invert(&k, cuda, r.pitched(), out.pitched_mut())? };
+        }
+        let wrong = out
+            .to_vec()?
+            .iter()
+            .zip(&values)
+            .filter(|(o, v)| o != v)
+            .count();
+        println!(
+            "invert twice through a shared table on two streams: {wrong} of {} wrong",
+            values.len()
+        );
+        assert_eq!(wrong, 0);
         Ok(())
     }
 }
