@@ -220,6 +220,26 @@ fn a_read_guard_lends_views_and_regions() -> Result<(), PoolError> {
     Ok(())
 }
 
+/// A guard that is forgotten never ends its access: the next conflicting access waits for its
+/// stream instead, and nothing is lost.
+#[test]
+fn a_forgotten_guard_does_not_leave_the_memory_unordered() -> Result<(), PoolError> {
+    let device = Device::private_host();
+    let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+    let mut shared = SharedMat::from_host(&a, 1, 4, &[1u8, 2, 3, 4])?;
+    std::mem::forget(shared.read(&b)?);
+    shared.write(&a)?.set_to(5)?;
+    std::mem::forget(shared.write(&b)?);
+    assert_eq!(shared.read(&a)?.to_vec()?, [5; 4]);
+    drop(shared);
+    assert_eq!(
+        device.stats().driver_free_calls,
+        1,
+        "freed once, at the drop"
+    );
+    Ok(())
+}
+
 /// The cross-stream order on a GPU: each test holds one stream back with a spinning kernel, so a
 /// missing wait shows as stale or clobbered bytes.
 #[cfg(feature = "cuda")]
@@ -473,6 +493,28 @@ mod gpu {
             values.len()
         );
         assert_eq!(wrong, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_write_after_a_forgotten_read_guard_waits_for_its_stream() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_forgotten_read") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&b, 1, 2)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        shared.write(&a)?.set_to(1)?;
+        let mut copy = GpuMat::<u8>::new(&b, 1, N)?;
+        stall(&b, &k, &tick)?;
+        let read = shared.read(&b)?;
+        copy.copy_from(&read)?; // queued on b behind the stall ...
+        std::mem::forget(read); // ... and its end never recorded
+        shared.write(&a)?.set_to(3)?;
+        let clobbered = count_not(&copy.to_vec()?, 1);
+        println!("shared write after a forgotten read guard: {clobbered} of {N} bytes clobbered");
+        assert_eq!(clobbered, 0);
         Ok(())
     }
 }

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{DevPtr, RawEvent};
+use crate::backend::{DevPtr, RawEvent, RawStream};
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::sync::{Mutex, lock};
@@ -42,6 +42,18 @@ struct Uses {
     /// The end of each stream's reads since that write (one event a stream: a later record on
     /// the same stream covers the earlier ones).
     reads: Vec<(u64, RawEvent)>,
+    /// Accesses begun and not ended. The borrows make a live one impossible where it would
+    /// conflict (a write needs `&mut` of the memory), so a conflicting one here is a guard that
+    /// was forgotten (`mem::forget`) and will never record its end: its stream is waited for.
+    open: Vec<Open>,
+}
+
+/// An access under way on a stream (`count` guards of it).
+struct Open {
+    stream: u64,
+    raw: RawStream,
+    access: Access,
+    count: usize,
 }
 
 impl std::fmt::Debug for SharedMemory {
@@ -91,7 +103,21 @@ impl SharedMemory {
         let backend = self.device.backend();
         let capturing = stream.in_own_capture();
         let me = stream.id();
-        let uses = lock(&self.uses);
+        let mut uses = lock(&self.uses);
+        // Forgotten accesses this one conflicts with (every open one, for a write; open writes,
+        // for a read): nothing will mark their end, so the host waits for their streams.
+        let mut i = 0;
+        while i < uses.open.len() {
+            let open = &uses.open[i];
+            if access == Access::Read && open.access == Access::Read {
+                i += 1;
+                continue;
+            }
+            if open.stream != me {
+                backend.synchronize(&open.raw)?;
+            }
+            uses.open.swap_remove(i);
+        }
         let reads = match access {
             Access::Read => &[][..],
             Access::Write => &uses.reads[..],
@@ -103,6 +129,19 @@ impl SharedMemory {
                 backend.wait_for(&stream.raw, event)?;
             }
         }
+        match uses
+            .open
+            .iter_mut()
+            .find(|o| o.stream == me && o.access == access)
+        {
+            Some(open) => open.count += 1,
+            None => uses.open.push(Open {
+                stream: me,
+                raw: stream.raw.clone(),
+                access,
+                count: 1,
+            }),
+        }
         drop(uses);
         if capturing {
             stream.note_shared_access(self, access);
@@ -113,6 +152,19 @@ impl SharedMemory {
     /// An access on `stream` ends: later conflicting accesses wait for the work it queued. Inside
     /// `stream`'s own capture the graph ends it instead (see [`begin`](Self::begin)).
     pub(crate) fn end(self: &Arc<Self>, stream: &Stream, access: Access) -> Result<(), PoolError> {
+        let mut uses = lock(&self.uses);
+        let me = stream.id();
+        if let Some(i) = uses
+            .open
+            .iter()
+            .position(|o| o.stream == me && o.access == access)
+        {
+            uses.open[i].count -= 1;
+            if uses.open[i].count == 0 {
+                uses.open.swap_remove(i);
+            }
+        }
+        drop(uses);
         if stream.in_own_capture() {
             stream.note_shared_access(self, access);
             return Ok(());
@@ -156,8 +208,12 @@ impl Drop for SharedMemory {
     fn drop(&mut self) {
         let backend = self.device.backend();
         let uses = std::mem::take(&mut *lock(&self.uses));
+        // Forgotten guards' work never recorded an event: their streams are waited for whole.
+        let mut waited = uses
+            .open
+            .iter()
+            .try_for_each(|open| backend.synchronize(&open.raw));
         let events = uses.write.into_iter().chain(uses.reads).map(|(_, e)| e);
-        let mut waited = Ok(());
         for event in events {
             waited = waited.and(backend.wait_host(&event));
             backend.drop_event(event);
