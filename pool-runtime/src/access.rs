@@ -35,7 +35,6 @@ use crate::buffer::GpuMat;
 use crate::error::PoolError;
 use crate::frame::Pooled;
 use crate::shared::{SharedRead, SharedWrite};
-use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut};
 #[cfg(feature = "cuda")]
 use crate::{
@@ -84,12 +83,6 @@ pub trait GpuRead<T: Pod> {
         self.view().window.ptr
     }
 
-    /// The stream work on the memory is queued on; `None` for memory of no stream (a
-    /// [`MixMemory`](crate::MixMemory)'s device side).
-    fn stream(&self) -> Option<&Stream> {
-        self.view().keeper.stream()
-    }
-
     /// Copies the elements into `out` (`rows * cols`, row-major) and waits for the copy.
     fn download(&self, out: &mut [T]) -> Result<(), PoolError> {
         self.view().download(out)
@@ -120,7 +113,10 @@ pub trait GpuRead<T: Pod> {
 
     /// The rows as host slices, on the host backend (CPU twins of kernels);
     /// `PoolError::Unsupported` on a GPU.
-    fn host_rows(&self) -> Result<impl Iterator<Item = &[T]>, PoolError> {
+    fn host_rows(&self) -> Result<impl Iterator<Item = &[T]>, PoolError>
+    where
+        Self: Sized,
+    {
         self.view().host_rows()
     }
 

@@ -80,8 +80,7 @@ pub struct Graph<'a> {
     /// The stream's capture count when this graph's capture began: memory allocated before it
     /// may be used by the replays, and is kept when released until the graph is dropped.
     epoch: u64,
-    /// The shared memory the replays read or write, ordered after them when the graph is
-    /// dropped (the capture borrowed it, so nothing else writes it while the graph lives).
+    /// The shared memory the replays read or write: each replay is ordered as an access of it.
     shared: SharedAccesses,
     /// Whatever the captured closure borrowed stays borrowed while the graph lives.
     _captures: PhantomData<&'a ()>,
@@ -103,11 +102,16 @@ impl Graph<'_> {
     /// graph would replay this one's memory after it is given back.
     pub fn launch(&self) -> Result<(), PoolError> {
         self.stream.work_stream("Graph::launch")?;
+        // Each replay is an access of the shared memory the capture accessed: ordered after the
+        // accesses it conflicts with, and before later ones.
+        self.shared.before_replay(self.stream)?;
         let _guard = ContextGuard::bind(&self.exec.ctx)?;
         // SAFETY: `exec` is a live executable graph of this context (owned by `self`), and the
         // stream is the graph's own, alive while it is borrowed.
         unsafe { result::graph::launch(self.exec.exec, self.cu_stream) }
-            .map_err(|e| driver_error("cuGraphLaunch", e))
+            .map_err(|e| driver_error("cuGraphLaunch", e))?;
+        self.shared.after_replay(self.stream);
+        Ok(())
     }
 
     /// The stream the graph replays on.
@@ -132,7 +136,6 @@ impl Drop for Graph<'_> {
             self.stream.release_reserved(reserved);
         }
         self.stream.graph_dropped(self.epoch);
-        std::mem::take(&mut self.shared).end_on(self.stream);
     }
 }
 
@@ -220,6 +223,8 @@ struct Capturing<'s> {
     peak: usize,
     /// Marks the capture on this thread until it ends.
     thread: Option<ThreadCapture>,
+    /// The shared memory the capture accessed, taken from the stream when it ends.
+    shared: SharedAccesses,
 }
 
 impl Capturing<'_> {
@@ -253,6 +258,7 @@ impl Capturing<'_> {
         // SAFETY: the origin stream is live and capturing; `graph` receives the graph or null.
         let ended = unsafe { sys::cuStreamEndCapture(self.origin.stream, &mut graph) }.result();
         self.stream.set_own_capture(false);
+        self.shared = self.stream.take_shared_accesses();
         self.thread = None;
         self.peak = self.stream.end_high_water(self.high_water);
         let refused = capturing::take_refused();
@@ -319,7 +325,7 @@ impl<'s> Capturing<'s> {
             exec,
             reserved,
             epoch: self.epoch,
-            shared: stream.take_shared_accesses(),
+            shared: std::mem::take(&mut self.shared),
             _captures: PhantomData,
         })
     }
@@ -453,6 +459,7 @@ impl Stream {
             high_water: self.start_high_water(fence_end),
             peak: fence_end,
             thread: None,
+            shared: SharedAccesses::default(),
         };
         capturing.begin()?;
         Ok(capturing)

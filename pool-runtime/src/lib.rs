@@ -71,9 +71,10 @@
 //! A [`SharedMat`] holds a `SharedMemory` (`stream/sharing.rs`): a driver allocation and the
 //! events of its last write and of each stream's reads since. An access names its stream; it
 //! begins by making that stream wait for the accesses it conflicts with and ends by recording an
-//! event there. Inside a capture the host waits instead, and the graph ends the access when it is
-//! dropped. Views carry whose order their memory follows (`Keeper`), so a copy out of shared
-//! memory on another stream is recorded as that stream's read.
+//! event there. Inside a capture the host waits instead, and each replay of the graph is an access
+//! of its own, waited for and recorded around its launch. Views carry whose order their memory
+//! follows (`Keeper`), so a copy out of shared memory on another stream is waited for by the
+//! stream the access names.
 
 mod access;
 mod allocator;

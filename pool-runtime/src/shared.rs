@@ -35,8 +35,10 @@
 //!
 //! Inside a [`Stream::capture`](crate::Stream::capture), an access is recorded into the graph: the
 //! host waits for the accesses it conflicts with before the capture records it (a capture cannot
-//! wait on outside work), and the graph borrows the memory, so nothing writes it while the graph
-//! lives; when the graph is dropped, later accesses wait for its replays.
+//! wait on outside work), and every replay of the graph is an access of its own, ordered on the
+//! graph's stream like one made outside a capture: a replay waits for the writes queued before
+//! it, and later accesses wait for the replay, also while the graph lives (a capture that took
+//! the memory through an `RwLock` lets writers in between replays).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -259,12 +261,8 @@ pub struct SharedWrite<'a, T> {
 impl<'a, T> SharedRead<'a, T> {
     /// The memory as a view on the guard's stream.
     pub fn view(&self) -> GpuView<'_, T> {
-        let Guard { memory, stream, .. } = self.access;
-        GpuView::new(
-            self.window,
-            stream.device().id(),
-            Keeper::Shared(stream, memory),
-        )
+        let stream = self.access.stream;
+        GpuView::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }
 
     /// The address field kernel arguments point at.
@@ -277,22 +275,14 @@ impl<'a, T> SharedRead<'a, T> {
 impl<'a, T> SharedWrite<'a, T> {
     /// The memory as a view on the guard's stream.
     pub fn view(&self) -> GpuView<'_, T> {
-        let Guard { memory, stream, .. } = self.access;
-        GpuView::new(
-            self.window,
-            stream.device().id(),
-            Keeper::Shared(stream, memory),
-        )
+        let stream = self.access.stream;
+        GpuView::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }
 
     /// The memory as a writable view on the guard's stream.
     pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        let Guard { memory, stream, .. } = self.access;
-        GpuViewMut::new(
-            self.window,
-            stream.device().id(),
-            Keeper::Shared(stream, memory),
-        )
+        let stream = self.access.stream;
+        GpuViewMut::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }
 
     /// The address field kernel arguments point at.

@@ -50,6 +50,10 @@ pub(crate) struct StreamCounters {
     pub(crate) driver_alloc_calls: Counter,
     pub(crate) driver_free_calls: Counter,
     pub(crate) lifo_violations: Counter,
+    /// `Stream::measure` calls under way on the stream (nested ones included).
+    pub(crate) measuring: Counter,
+    /// While one is: the demand peaks that resets lowered, kept for the measurement.
+    pub(crate) measured_peak: Counter,
 }
 
 impl StreamCounters {
@@ -82,6 +86,9 @@ impl StreamCounters {
     /// (the stream's own thread decides, as a capture may be measuring with it), and the demand
     /// peak to `demand`.
     pub(crate) fn reset_peaks(&self, stack: Option<usize>, demand: u64) {
+        if self.measuring.get() > 0 {
+            self.measured_peak.raise_to(self.demand_peak.get());
+        }
         if let Some(top) = stack {
             self.stack_high_water.set(top as u64);
         }

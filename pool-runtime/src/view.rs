@@ -23,12 +23,10 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
-use std::sync::Arc;
-
 use crate::backend::{DevPtr, Region};
 use crate::error::PoolError;
 use crate::id::DeviceId;
-use crate::stream::{SharedMemory, Stream};
+use crate::stream::Stream;
 
 /// Where a view's elements are: the shape and step of a buffer or of a region of one.
 #[derive(Clone, Copy, Debug)]
@@ -139,7 +137,7 @@ pub(crate) enum Keeper<'a> {
     /// A buffer of this pool stream, whose memory is reused in the stream's order.
     Stream(&'a Stream),
     /// Shared memory accessed on this stream ([`SharedMat`](crate::SharedMat)).
-    Shared(&'a Stream, &'a Arc<SharedMemory>),
+    Shared(&'a Stream),
 }
 
 impl<'a> Keeper<'a> {
@@ -147,7 +145,7 @@ impl<'a> Keeper<'a> {
     pub(crate) fn stream(self) -> Option<&'a Stream> {
         match self {
             Keeper::Unordered => None,
-            Keeper::Stream(s) | Keeper::Shared(s, _) => Some(s),
+            Keeper::Stream(s) | Keeper::Shared(s) => Some(s),
         }
     }
 
@@ -350,6 +348,12 @@ impl<'a, T: Pod> GpuView<'a, T> {
 }
 
 impl<'a, T: Pod> GpuViewMut<'a, T> {
+    /// A read-only view of the same elements, taking this view (and its borrow) with it:
+    /// `buf.view_mut().into_view().roi(..)` outlives the temporary.
+    pub fn into_view(self) -> GpuView<'a, T> {
+        GpuView::new(self.window, self.device, self.keeper)
+    }
+
     /// A read-only view of the same elements, for as long as this one is borrowed.
     pub fn as_view(&self) -> GpuView<'_, T> {
         GpuView::new(self.window, self.device, self.keeper)
@@ -377,11 +381,9 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
         Ok(GpuViewMut::new(window, self.device, self.keeper))
     }
 
-    /// The writable region `rows x cols`, keeping this view's borrow (what [`GpuWrite::roi_mut`]
-    /// returns through a temporary view).
-    ///
-    /// [`GpuWrite::roi_mut`]: crate::GpuWrite::roi_mut
-    pub(crate) fn into_roi_mut(
+    /// The writable region `rows x cols`, taking this view (and its borrow) with it: a region of
+    /// a region kept in a variable, `buf.row_range_mut(2..6)?.into_roi_mut(0..2, 1..3)?`.
+    pub fn into_roi_mut(
         self,
         rows: Range<usize>,
         cols: Range<usize>,
@@ -390,8 +392,9 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
         Ok(GpuViewMut::new(window, self.device, self.keeper))
     }
 
-    /// The elements as one writable row, keeping this view's borrow.
-    pub(crate) fn into_1d_mut(self) -> Result<GpuViewMut<'a, T>, PoolError> {
+    /// The elements as one writable row, taking this view (and its borrow) with it;
+    /// `PoolError::NotContinuous` for padded rows.
+    pub fn into_1d_mut(self) -> Result<GpuViewMut<'a, T>, PoolError> {
         let window = self.window.flat::<T>()?;
         Ok(GpuViewMut::new(window, self.device, self.keeper))
     }
@@ -452,14 +455,11 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
         if self.no_bytes() {
             return Ok(());
         }
-        let shared = match src.keeper {
-            Keeper::Shared(_, memory) => Some(memory.as_ref()),
-            _ => None,
-        };
+        let src_shared = matches!(src.keeper, Keeper::Shared(..));
         // SAFETY: both windows are live memory of this device, of one shape; the exclusive borrow
         // of `self` and the shared one of `src` cannot be of one buffer, and live buffers (and
         // regions of distinct buffers) never overlap.
-        unsafe { stream.copy(self.region(), src.region(), src_stream, shared) }
+        unsafe { stream.copy(self.region(), src.region(), src_stream, src_shared) }
     }
 
     /// Calls `f` with each row as a mutable host slice, on the host backend; `PoolError::Unsupported`

@@ -74,3 +74,49 @@ fn measure_counts_only_its_own_work_and_keeps_the_streams_peak() -> Result<(), P
     drop(outside);
     Ok(())
 }
+
+#[test]
+fn a_reset_or_a_panic_inside_measure_loses_nothing() -> Result<(), PoolError> {
+    let device = Device::private_host();
+    let stream = Stream::new(&device)?;
+    let mib_buffer = |s: &Stream| BufferPool::new(s).get_buffer_1d::<u8>(MIB).map(drop);
+    let (taken, plain) = stream.measure(mib_buffer);
+    taken?;
+    assert_eq!(plain.stack_bytes, MIB);
+
+    // Resets of the peaks while the work runs (the stream's own, or the device's from a monitor).
+    let (taken, reset) = stream.measure(|s| {
+        let r = mib_buffer(s);
+        s.reset_peak();
+        let _small = BufferPool::new(s).get_buffer_1d::<u8>(1024);
+        r
+    });
+    taken?;
+    assert_eq!(reset.stack_bytes, MIB, "the stream's reset");
+    let (taken, device_reset) = stream.measure(|s| {
+        let r = mib_buffer(s);
+        device.reset_peak();
+        r
+    });
+    taken?;
+    assert_eq!(device_reset.stack_bytes, MIB, "the device's reset");
+
+    // Nested: each sees its own work, the outer one the inner's too.
+    let ((), outer) = stream.measure(|s| {
+        let _a = BufferPool::new(s).get_buffer_1d::<u8>(4096);
+        let ((), inner) = s.measure(|s| {
+            let _b = BufferPool::new(s).get_buffer_1d::<u8>(128);
+        });
+        assert_eq!(inner.stack_bytes, 128);
+    });
+    assert_eq!(outer.stack_bytes, 4096 + 128);
+
+    // A panic in the work leaves the stream's peak as it was.
+    let peak = stream.stats().peak_demand;
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        stream.measure(|_| panic!("work failed"))
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(stream.stats().peak_demand, peak);
+    Ok(())
+}

@@ -28,7 +28,7 @@ pub(super) struct Graphs {
     /// Fallback and driver memory released while a capture was under way on this thread, or
     /// while a graph that may use it lived: kept until neither is true.
     kept: RefCell<Vec<Kept>>,
-    /// Shared memory the capture under way accessed: its graph ends those accesses when dropped.
+    /// Shared memory the capture under way accessed: its graph's replays are ordered as accesses.
     shared: RefCell<Vec<(Arc<SharedMemory>, Access)>>,
 }
 
@@ -153,7 +153,7 @@ impl Stream {
         }
     }
 
-    /// The capture under way accessed `memory`: its graph ends the access.
+    /// The capture under way accessed `memory`: each replay of its graph will be such an access.
     pub(super) fn note_shared_access(&self, memory: &Arc<SharedMemory>, access: Access) {
         let mut shared = self.graphs.shared.borrow_mut();
         if !shared
@@ -288,20 +288,36 @@ impl Stream {
     }
 }
 
-/// The shared memory a graph's replays access: each access ends, on the graph's stream, when the
-/// graph is dropped (no replay can be queued after that).
+/// The shared memory a graph's replays access: each replay is an access, ordered on the graph's
+/// stream like one outside a capture.
 #[cfg(feature = "cuda")]
 #[derive(Default)]
 pub(crate) struct SharedAccesses(Vec<(Arc<SharedMemory>, Access)>);
 
 #[cfg(feature = "cuda")]
 impl SharedAccesses {
-    /// Ends every access on `stream`, after the replays queued there.
-    pub(crate) fn end_on(self, stream: &Stream) {
-        for (memory, access) in self.0 {
-            if let Err(e) = memory.ended_on(stream, access) {
-                // The host then waits for the stream: later accesses cannot race the replays.
-                tracing::error!(stream = stream.id(), error = %e, "ordering shared memory after a graph failed; waiting for the stream");
+    /// Makes `stream` wait for the accesses a replay conflicts with; inside a capture of
+    /// `stream`, notes the accesses for that capture's graph instead.
+    pub(crate) fn before_replay(&self, stream: &Stream) -> Result<(), PoolError> {
+        for (memory, access) in &self.0 {
+            if stream.in_own_capture() {
+                stream.note_shared_access(memory, *access);
+            } else {
+                memory.wait_conflicts(stream, *access)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the end of the replay just queued on `stream`, for later accesses to wait on.
+    pub(crate) fn after_replay(&self, stream: &Stream) {
+        if stream.in_own_capture() {
+            return;
+        }
+        for (memory, access) in &self.0 {
+            if let Err(e) = memory.ended_on(stream, *access) {
+                // The host then waits for the stream: later accesses cannot race the replay.
+                tracing::error!(stream = stream.id(), error = %e, "ordering shared memory after a graph replay failed; waiting for the stream");
                 let _ = stream.synchronize();
             }
         }

@@ -341,12 +341,9 @@ impl Stream {
             stack_needed: None,
         };
         if self.in_own_capture() || capturing::on_this_thread() {
-            return Err(PoolError::CaptureNeedsStack {
-                requested: layout.bytes,
-                available: 0,
-                context: None,
-            }
-            .at(context));
+            return Err(PoolError::CaptureAllocates {
+                what: "GpuMat::new",
+            });
         }
         self.free_kept_now();
         let storage = self.device.storage();

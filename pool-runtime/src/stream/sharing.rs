@@ -11,11 +11,15 @@
 use std::sync::Arc;
 
 use crate::backend::{DevPtr, RawEvent, RawStream};
+use crate::capturing;
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::sync::{Mutex, lock};
 
 use super::Stream;
+
+/// Reads of this many streams since the last write: the finished ones are dropped.
+const PRUNE_AT: usize = 8;
 
 /// How an access uses the memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,8 +97,8 @@ impl SharedMemory {
     /// it conflicts with (the last write; for a write, also every read since).
     ///
     /// Inside `stream`'s own capture no event of outside work can be waited on, so the host waits
-    /// for those accesses instead, and the capture notes the access: the graph ends it, for every
-    /// replay, when the graph is dropped.
+    /// for those accesses instead, and the capture notes the access: each replay of its graph is
+    /// then ordered as an access of its own.
     pub(crate) fn begin(
         self: &Arc<Self>,
         stream: &Stream,
@@ -114,21 +118,13 @@ impl SharedMemory {
                 continue;
             }
             if open.stream != me {
+                // Fails (and breaks that capture) if another thread is capturing the stream: a
+                // forgotten guard leaves nothing better to wait on.
                 backend.synchronize(&open.raw)?;
             }
             uses.open.swap_remove(i);
         }
-        let reads = match access {
-            Access::Read => &[][..],
-            Access::Write => &uses.reads[..],
-        };
-        for (_, event) in uses.write.iter().chain(reads).filter(|(on, _)| *on != me) {
-            if capturing {
-                backend.wait_host(event)?;
-            } else {
-                backend.wait_for(&stream.raw, event)?;
-            }
-        }
+        Self::wait_for_conflicts(&uses, stream, access, capturing)?;
         match uses
             .open
             .iter_mut()
@@ -149,9 +145,46 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// Makes `stream` wait, on the GPU, for the accesses on other streams that an `access` there
+    /// conflicts with: what a graph replay needs before it is queued.
+    pub(crate) fn wait_conflicts(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
+        let uses = lock(&self.uses);
+        Self::wait_for_conflicts(&uses, stream, access, false)
+    }
+
+    /// The last write, and for a write every read since, on streams other than `stream`: waited
+    /// for by `stream` (or by the host, for a capture, which cannot wait on outside events).
+    fn wait_for_conflicts(
+        uses: &Uses,
+        stream: &Stream,
+        access: Access,
+        host: bool,
+    ) -> Result<(), PoolError> {
+        let backend = stream.device.backend();
+        let reads = match access {
+            Access::Read => &[][..],
+            Access::Write => &uses.reads[..],
+        };
+        let me = stream.id();
+        for (_, event) in uses.write.iter().chain(reads).filter(|(on, _)| *on != me) {
+            if host {
+                backend.wait_host(event)?;
+            } else {
+                backend.wait_for(&stream.raw, event)?;
+            }
+        }
+        Ok(())
+    }
+
     /// An access on `stream` ends: later conflicting accesses wait for the work it queued. Inside
-    /// `stream`'s own capture the graph ends it instead (see [`begin`](Self::begin)).
+    /// `stream`'s own capture the graph's replays are ordered instead (see [`begin`](Self::begin)).
     pub(crate) fn end(self: &Arc<Self>, stream: &Stream, access: Access) -> Result<(), PoolError> {
+        let own_capture = stream.in_own_capture();
+        if !own_capture && self.device.backend().is_capturing(&stream.raw)? {
+            // Captured by someone else (cudarc): an event recorded now would join that capture.
+            // The access stays open, and the next conflicting one waits for the stream.
+            return Ok(());
+        }
         let mut uses = lock(&self.uses);
         let me = stream.id();
         if let Some(i) = uses
@@ -165,15 +198,14 @@ impl SharedMemory {
             }
         }
         drop(uses);
-        if stream.in_own_capture() {
+        if own_capture {
             stream.note_shared_access(self, access);
             return Ok(());
         }
         self.ended_on(stream, access)
     }
 
-    /// Records the end of an access on `stream` (a graph's, when it is dropped, or one of
-    /// [`end`](Self::end)).
+    /// Records the end of an access on `stream` (a graph replay's, or one of [`end`](Self::end)).
     pub(crate) fn ended_on(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
         let backend = self.device.backend();
         let event = backend.record_event(&stream.raw)?;
@@ -191,6 +223,15 @@ impl SharedMemory {
                 if let Some(i) = uses.reads.iter().position(|(on, _)| *on == me) {
                     stale.push(uses.reads.swap_remove(i).1);
                 }
+                if uses.reads.len() >= PRUNE_AT {
+                    // Streams come and go (one a request, say): reads that are done need no
+                    // wait, and would otherwise pile up until the next write.
+                    let (done, pending) = std::mem::take(&mut uses.reads)
+                        .into_iter()
+                        .partition(|(_, e)| backend.event_done(e).unwrap_or(false));
+                    uses.reads = pending;
+                    stale.extend(done.into_iter().map(|(_, e): (u64, RawEvent)| e));
+                }
                 if let Some(e) = event {
                     uses.reads.push((me, e));
                 }
@@ -206,29 +247,37 @@ impl SharedMemory {
 
 impl Drop for SharedMemory {
     fn drop(&mut self) {
-        let backend = self.device.backend();
         let uses = std::mem::take(&mut *lock(&self.uses));
-        // Forgotten guards' work never recorded an event: their streams are waited for whole.
-        let mut waited = uses
-            .open
-            .iter()
-            .try_for_each(|open| backend.synchronize(&open.raw));
-        let events = uses.write.into_iter().chain(uses.reads).map(|(_, e)| e);
-        for event in events {
-            waited = waited.and(backend.wait_host(&event));
-            backend.drop_event(event);
-        }
-        if let Err(e) = waited {
-            // Work queued on it may still run: leaking the memory is the safe outcome.
-            tracing::error!(error = %e, "waiting for the work on shared memory failed; its memory is leaked");
-            return;
-        }
-        if self.ptr != 0 {
-            // SAFETY: `adopt`'s contract: the allocation is this device's and ours alone, and
-            // every access's work is done (waited for above); `self` is dropped, so freed once.
-            if let Err(e) = unsafe { self.device.storage().free(self.ptr, None) } {
-                tracing::error!(error = %e, "freeing shared memory failed");
-            }
+        let (device, ptr) = (self.device.clone(), self.ptr);
+        // Not inside a capture on this thread, where a driver free would break it.
+        capturing::after_captures(Box::new(move || free(&device, ptr, uses)));
+    }
+}
+
+/// Waits for every access to `ptr`'s memory, then frees it.
+fn free(device: &Device, ptr: DevPtr, uses: Uses) {
+    let backend = device.backend();
+    // Forgotten guards' work never recorded an event: their streams are waited for whole.
+    let mut waited = uses
+        .open
+        .iter()
+        .try_for_each(|open| backend.synchronize(&open.raw));
+    let events = uses.write.into_iter().chain(uses.reads).map(|(_, e)| e);
+    for event in events {
+        waited = waited.and(backend.wait_host(&event));
+        backend.drop_event(event);
+    }
+    if let Err(e) = waited {
+        // Work queued on it may still run: leaking the memory is the safe outcome.
+        tracing::error!(error = %e, "waiting for the work on shared memory failed; its memory is leaked");
+        return;
+    }
+    if ptr != 0 {
+        // SAFETY: `adopt`'s contract: the allocation is this device's and the dropped
+        // `SharedMemory`'s alone, and every access's work is done (waited for above); called once,
+        // from that drop.
+        if let Err(e) = unsafe { device.storage().free(ptr, None) } {
+            tracing::error!(error = %e, "freeing shared memory failed");
         }
     }
 }

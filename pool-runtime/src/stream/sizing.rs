@@ -11,7 +11,8 @@ use super::Stream;
 pub struct Sizing {
     /// The most stack bytes the work had in use at once, above what was in use when it began:
     /// buffers, their alignment padding, and the fallback buffers a large enough stack would have
-    /// held. A stack with this many bytes free serves the work with no fallback.
+    /// held. A stack with this many bytes free serves the work with no fallback. 0 on a stream
+    /// that uses no stack (pooling off, or [`Stream::with_allocator`]).
     pub stack_bytes: usize,
     /// Buffers the work took (stack and fallback).
     pub buffers: u64,
@@ -51,16 +52,14 @@ impl Stream {
     /// [`set_buffer_pool_config`]: crate::set_buffer_pool_config
     pub fn measure<R>(&self, work: impl FnOnce(&Stream) -> R) -> (R, Sizing) {
         let counters = self.counters();
-        let start = self.demand_now();
-        let (peak_before, before) = (counters.demand_peak.get(), Totals::of(counters));
-        counters.demand_peak.set(start);
+        let before = Totals::of(counters);
+        let measurement = Measurement::start(counters, self.demand_now());
         let result = work(self);
-        let peak = counters.demand_peak.get();
-        // Whatever else reads the peak sees what it would have without the measurement.
-        counters.demand_peak.set(peak_before.max(peak));
+        let stack_bytes = measurement.peak_above_start();
+        drop(measurement);
         let after = Totals::of(counters);
         let sizing = Sizing {
-            stack_bytes: peak.saturating_sub(start) as usize,
+            stack_bytes,
             buffers: after.buffers - before.buffers,
             fallbacks: after.fallbacks - before.fallbacks,
             driver_alloc_calls: after.driver_alloc_calls - before.driver_alloc_calls,
@@ -72,6 +71,62 @@ impl Stream {
     fn demand_now(&self) -> u64 {
         let top = self.stack.get().map_or(0, Stack::top);
         top.saturating_add(self.overflow_live.get()) as u64
+    }
+}
+
+/// A measurement under way: the stream's demand peak restarts at its level, and a reset of the
+/// peaks meanwhile (`reset_peak`, from any thread) keeps what it lowered for the measurement.
+/// Dropped, even by a panic in the work, it leaves the peak as it would be without it.
+struct Measurement<'a> {
+    counters: &'a StreamCounters,
+    start: u64,
+    peak_before: u64,
+    measured_before: u64,
+}
+
+impl<'a> Measurement<'a> {
+    fn start(counters: &'a StreamCounters, start: u64) -> Measurement<'a> {
+        let measurement = Measurement {
+            counters,
+            start,
+            peak_before: counters.demand_peak.get(),
+            // An enclosing measurement's peak so far, which this one restarts from its level.
+            measured_before: counters.measured_peak.get().max(counters.demand_peak.get()),
+        };
+        counters.measuring.add(1);
+        counters.measured_peak.set(start);
+        counters.demand_peak.set(start);
+        measurement
+    }
+
+    /// The most bytes in use at once since the start, above its level.
+    fn peak_above_start(&self) -> usize {
+        let peak = self.peak();
+        peak.saturating_sub(self.start) as usize
+    }
+
+    fn peak(&self) -> u64 {
+        self.counters
+            .demand_peak
+            .get()
+            .max(self.counters.measured_peak.get())
+    }
+}
+
+impl Drop for Measurement<'_> {
+    fn drop(&mut self) {
+        let c = self.counters;
+        let peak = self.peak();
+        let reset = c.measured_peak.get() > self.start;
+        // Without a reset the stream's peak is what it was or what the work reached; after one,
+        // what the work reached since.
+        if !reset {
+            c.demand_peak.set(self.peak_before.max(peak));
+        }
+        // An enclosing measurement keeps what this one saw.
+        c.measured_peak
+            .set(self.measured_before.max(c.measured_peak.get()));
+        c.measuring.set(c.measuring.get() - 1);
     }
 }
 

@@ -8,7 +8,6 @@ use crate::backend::{RawEvent, RawStream, Region};
 use crate::error::PoolError;
 
 use super::Stream;
-use super::sharing::{Access, SharedMemory};
 
 /// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
 ///
@@ -99,7 +98,8 @@ impl Stream {
 
     /// Copies `src`, memory queued on `src_stream`, into `dst` on this stream. Across streams the
     /// copy first waits for the work queued on `src_stream` so far, and the source is not reused
-    /// (by `src_stream`) or written (as `shared` memory) before the copy is done.
+    /// by `src_stream` (a pool buffer) or touched by its later work (`src_shared` memory, whose
+    /// access `src_stream` orders) before the copy is done.
     ///
     /// # Safety
     /// Both regions are live memory of this device, of one shape, not overlapping.
@@ -108,7 +108,7 @@ impl Stream {
         dst: Region,
         src: Region,
         src_stream: &Stream,
-        shared: Option<&SharedMemory>,
+        src_shared: bool,
     ) -> Result<(), PoolError> {
         let cross_stream = !std::ptr::eq(src_stream, self);
         if cross_stream {
@@ -121,10 +121,15 @@ impl Stream {
         }
         // SAFETY: the caller's regions.
         unsafe { backend.copy(dst, src, stream) }?;
-        match (cross_stream, shared) {
+        match (cross_stream, src_shared) {
             (false, _) => Ok(()),
-            (true, None) => src_stream.defer_wait_for(self),
-            (true, Some(memory)) => memory.ended_on(self, Access::Read),
+            (true, false) => src_stream.defer_wait_for(self),
+            // Shared memory is ordered on the stream its access names: that stream waits for the
+            // copy, so its later work, and the event that ends the access, come after it.
+            (true, true) => match backend.record_event(stream)? {
+                Some(copied) => backend.wait_event(&src_stream.raw, copied),
+                None => Ok(()),
+            },
         }
     }
 
