@@ -328,12 +328,16 @@ pub enum PoolError {
     /// Long-lived memory was asked for while a CUDA graph is captured on this thread: a driver
     /// allocation would break the capture.
     #[error(
-        "{what} allocates device memory, which would break the CUDA graph capture under way on \
-         this thread; make it before capturing"
+        "{what}{at} allocates device memory, which would break the CUDA graph capture under way \
+         on this thread; make it before capturing",
+        at = request_paren(.context)
     )]
     CaptureAllocates {
         /// What asked for the memory.
         what: &'static str,
+        /// The buffer request (`GpuMat::new`'s; `None` for shared memory, which no stream asked
+        /// for).
+        context: Option<RequestContext>,
     },
 
     /// A buffer taken during a capture was still live when it ended.
@@ -473,6 +477,7 @@ impl PoolError {
             PoolError::OutOfMemory { context, .. }
             | PoolError::StackExhausted { context, .. }
             | PoolError::CaptureNeedsStack { context, .. }
+            | PoolError::CaptureAllocates { context, .. }
             | PoolError::AllocatorContract { context, .. } => context.as_ref(),
             _ => None,
         }
@@ -486,6 +491,7 @@ impl PoolError {
             PoolError::OutOfMemory { context, .. }
             | PoolError::StackExhausted { context, .. }
             | PoolError::CaptureNeedsStack { context, .. }
+            | PoolError::CaptureAllocates { context, .. }
             | PoolError::AllocatorContract { context, .. } => {
                 context.get_or_insert(request);
             }
@@ -752,7 +758,7 @@ mod tests {
 
         // A buffer of its own asks the driver, which a capture refuses too.
         let (line, err) = (line!(), GpuMat::<u8>::new(&stream, 4, 4).unwrap_err());
-        assert!(matches!(err, PoolError::CaptureNeedsStack { .. }), "{err}");
+        assert!(matches!(err, PoolError::CaptureAllocates { .. }), "{err}");
         let context = err.context().expect("a request");
         assert_eq!((context.stream, context.site.line()), (stream.id(), line));
         assert_eq!(context.stack_needed, None);

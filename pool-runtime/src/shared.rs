@@ -85,6 +85,7 @@ impl<T: Pod> SharedMat<T> {
         if capturing::on_this_thread() {
             return Err(PoolError::CaptureAllocates {
                 what: "SharedMat::new",
+                context: None,
             });
         }
         let storage = device.storage();

@@ -220,6 +220,32 @@ fn a_read_guard_lends_views_and_regions() -> Result<(), PoolError> {
     Ok(())
 }
 
+/// What the traits must not take away: a handle's `stream()` is still its `&Stream`, regions of
+/// temporary views can be kept, and the traits work as `dyn`.
+#[test]
+fn handles_regions_and_dyn_keep_working_with_the_traits() -> Result<(), PoolError> {
+    #[pooled(stream)]
+    fn kept_region(stream: &Stream) -> Result<Vec<u8>, PoolError> {
+        let mut batch = buffer!(8, 4; u8)?;
+        let own: &Stream = batch.stream();
+        assert_eq!(own.id(), stream.id());
+        batch.set_to(0)?;
+        let mut window = batch.row_range_mut(2..6)?.into_roi_mut(0..2, 1..3)?;
+        window.set_to(5)?;
+        let corner = batch.view_mut().into_view().roi(2..3, 1..2)?;
+        corner.to_vec()
+    }
+    fn elements(memory: &dyn GpuRead<u8>) -> usize {
+        memory.len()
+    }
+    let stream = Stream::new(&Device::host())?;
+    assert_eq!(kept_region(&stream)?, [5]);
+    let mat = GpuMat::<u8>::new(&stream, 3, 7)?;
+    let region = mat.roi(0..2, 0..2)?;
+    assert_eq!([elements(&mat), elements(&region)], [21, 4]);
+    Ok(())
+}
+
 /// A guard that is forgotten never ends its access: the next conflicting access waits for its
 /// stream instead, and nothing is lost.
 #[test]

@@ -343,7 +343,9 @@ impl Stream {
         if self.in_own_capture() || capturing::on_this_thread() {
             return Err(PoolError::CaptureAllocates {
                 what: "GpuMat::new",
-            });
+                context: None,
+            }
+            .at(context));
         }
         self.free_kept_now();
         let storage = self.device.storage();
