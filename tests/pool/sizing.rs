@@ -120,3 +120,28 @@ fn a_reset_or_a_panic_inside_measure_loses_nothing() -> Result<(), PoolError> {
     assert_eq!(stream.stats().peak_demand, peak);
     Ok(())
 }
+
+/// What the host's measurement says a graph of the same work holds on the GPU: the work's stack
+/// bytes plus the fence's block.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_graph_holds_what_measure_said_plus_its_fence() -> Result<(), Box<dyn std::error::Error>> {
+    let Some((gpu, _lock)) = crate::common::gpu("graph_sizing") else {
+        return Ok(());
+    };
+    let dry = Stream::new(&Device::private_host())?;
+    let (result, sizing) = dry.measure(|s| frame(s, 1080, 1920));
+    result?;
+    set_buffer_pool_config(&gpu, 64 * MIB, 1)?;
+    let stream = Stream::new(&gpu)?;
+    let graph = stream.capture(|s| frame(s, 1080, 1920))?;
+    let (held, measured) = (graph.stack_bytes(), sizing.stack_bytes);
+    println!(
+        "graph of a 1080p frame's temporaries: {held} stack bytes; measured on the host: {measured}"
+    );
+    assert!(
+        held > measured && held - measured <= 512,
+        "{held} vs {measured}"
+    );
+    Ok(())
+}
