@@ -305,6 +305,31 @@ mod gpu {
         let stale = count_not(&seen.to_vec()?, 2);
         println!("shared read on another stream after a pending write: {stale} of {N} bytes stale");
         assert_eq!(stale, 0);
+
+        // The control: the same read queued on b with no access on b (the address of a's), so
+        // nothing orders it after the write. It must see stale bytes, or the test shows nothing.
+        stall(&a, &k, &tick)?;
+        shared.write(&a)?.set_to(3)?;
+        let address = shared.read(&a)?.device_ptr();
+        let cs = b.cuda_stream().expect("a CUDA stream");
+        // SAFETY: both ranges are N live bytes of this context (`seen` and `shared`, which outlive
+        // the synchronize below); the race on `shared`'s bytes is the point, and only reads them.
+        unsafe {
+            gpu_pool::cudarc::driver::result::memcpy_dtod_async(
+                seen.device_ptr(),
+                address,
+                N,
+                cs.cu_stream(),
+            )?
+        };
+        b.synchronize()?;
+        let unordered = count_not(&seen.to_vec()?, 3);
+        println!("the same read with no access on its stream: {unordered} of {N} bytes stale");
+        assert!(
+            unordered > 0,
+            "the stall did not hold the write back: the test proves nothing"
+        );
+        a.synchronize()?;
         Ok(())
     }
 
