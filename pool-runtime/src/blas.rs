@@ -1,11 +1,14 @@
 //! cuBLAS on a pool stream: a handle made only where the library loads, so a missing `libcublas`
 //! is a [`PoolError::NoCudaLibrary`], never cudarc's panic.
 
+use std::marker::PhantomData;
+
 use cudarc::cublas::CudaBlas;
 
 use crate::backend::cuda::ContextGuard;
 use crate::error::PoolError;
 use crate::stream::Stream;
+use crate::view::GpuViewMut;
 
 /// Whether `libcublas` can be loaded. cudarc panics on the first cuBLAS call when it cannot, so
 /// [`Stream::cublas`] asks this first.
@@ -43,5 +46,106 @@ impl Stream {
         // cudarc binds the stream's context to this thread; the caller's stays current.
         let _restore = ContextGuard::keep_current()?;
         Ok(CudaBlas::new(cuda.clone())?)
+    }
+}
+
+/// What NVIDIA recommends for a cuBLAS workspace on Hopper GPUs (32 MiB; 4 MiB on earlier ones):
+/// enough that no GEMM picks a slower algorithm for want of room.
+pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A cuBLAS handle working in a pool buffer: the handle's workspace is the buffer for as long as
+/// this lives (`cublasSetWorkspace`), and goes back to cuBLAS's own when it is dropped. So GEMMs
+/// captured into a CUDA graph allocate nothing (cuBLAS would otherwise allocate its workspace in
+/// the graph, or pick algorithms that need none), and the workspace is stack memory that the
+/// graph holds like its other buffers. Feature `cublas`.
+///
+/// Declare it after the buffer, as a `buffer!` in the same scope, so it ends first:
+///
+/// ```no_run
+/// use gpu_pool_runtime::{BLAS_WORKSPACE_BYTES, BlasWorkspace, BufferPool, Device, GpuWrite, PoolError, Stream};
+/// let stream = Stream::new(&Device::cuda(0)?)?;
+/// let blas = stream.cublas()?;
+/// let graph = stream.capture(|s| {
+///     let mut room = BufferPool::new(s).get_buffer_1d::<u8>(BLAS_WORKSPACE_BYTES)?;
+///     let _workspace = BlasWorkspace::new(&blas, room.view_mut())?;
+///     // ... blas.gemm(..) on pool buffers: captured with no allocation ...
+///     Ok(())
+/// })?;
+/// # drop(graph);
+/// # Ok::<(), PoolError>(())
+/// ```
+#[must_use = "the workspace is the handle's only while this lives"]
+pub struct BlasWorkspace<'a> {
+    handle: cudarc::cublas::sys::cublasHandle_t,
+    /// The handle, and the buffer it works in, stay borrowed while it does.
+    _borrows: PhantomData<(&'a CudaBlas, GpuViewMut<'a, u8>)>,
+}
+
+impl<'a> BlasWorkspace<'a> {
+    /// Sets `workspace` (a contiguous buffer or region of the stream `blas` queues on) as
+    /// `blas`'s workspace.
+    ///
+    /// `PoolError::Unsupported` for memory of another stream than the handle's (cuBLAS would use
+    /// it out of that stream's order) or of no CUDA stream; `PoolError::NotContinuous` for padded
+    /// rows; `PoolError::Misaligned` for an address that is not a multiple of 256 bytes (cuBLAS's
+    /// rule); `PoolError::Cublas` if cuBLAS refuses it.
+    pub fn new(blas: &'a CudaBlas, workspace: GpuViewMut<'a, u8>) -> Result<Self, PoolError> {
+        let device = workspace.device;
+        let Some(stream) = workspace.keeper.cuda() else {
+            return Err(PoolError::Unsupported {
+                device,
+                what: "a cuBLAS workspace outside a CUDA stream",
+            });
+        };
+        let cu_stream = stream.cuda_stream().map(|s| s.cu_stream());
+        let mut handle_stream: cudarc::cublas::sys::cudaStream_t = std::ptr::null_mut();
+        // SAFETY: a live handle (borrowed); the call writes the stream it queues on.
+        unsafe { cudarc::cublas::sys::cublasGetStream_v2(*blas.handle(), &mut handle_stream) }
+            .result()?;
+        if cu_stream.map(|s| s as usize) != Some(handle_stream as usize) {
+            return Err(PoolError::Unsupported {
+                device,
+                what: "a cuBLAS workspace from another stream than the handle's (take it on the \
+                       handle's stream)",
+            });
+        }
+        let window = workspace.window.flat::<u8>()?;
+        if window.ptr % 256 != 0 {
+            return Err(PoolError::Misaligned {
+                address: window.ptr,
+                align: 256,
+                type_name: "a cuBLAS workspace",
+            });
+        }
+        let (ptr, bytes) = (window.ptr as *mut std::ffi::c_void, window.cols);
+        // SAFETY: a live handle; the workspace is `bytes` bytes of device memory on the handle's
+        // stream, borrowed exclusively for 'a, which outlives this guard, whose drop takes it back
+        // from the handle before the borrow ends. Work cuBLAS queued in it is ordered on that
+        // stream, before any later use of the memory there.
+        unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr, bytes) }
+            .result()?;
+        Ok(BlasWorkspace {
+            handle: *blas.handle(),
+            _borrows: PhantomData,
+        })
+    }
+}
+
+impl Drop for BlasWorkspace<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle is borrowed for 'a, so still live; a null workspace gives it back
+        // its own.
+        let restored = unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(self.handle, std::ptr::null_mut(), 0)
+        };
+        if let Err(e) = restored.result() {
+            tracing::error!(error = ?e, "giving a cuBLAS handle its own workspace back failed");
+        }
+    }
+}
+
+impl std::fmt::Debug for BlasWorkspace<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlasWorkspace").finish_non_exhaustive()
     }
 }

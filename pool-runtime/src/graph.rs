@@ -114,6 +114,43 @@ impl Graph<'_> {
         Ok(())
     }
 
+    /// What the graph is made of: its nodes counted by kind. A graph of pooled work has no
+    /// allocation nodes; a library that allocated during the capture (cuBLAS without a workspace,
+    /// say) shows up as `allocs`.
+    pub fn nodes(&self) -> Result<GraphNodes, PoolError> {
+        use sys::CUgraphNodeType as Kind;
+        let _guard = ContextGuard::bind(&self.exec.ctx)?;
+        let mut count = 0usize;
+        // SAFETY: `graph` is live (owned by `self`); a null array asks for the count only.
+        unsafe { sys::cuGraphGetNodes(self.exec.graph, std::ptr::null_mut(), &mut count) }
+            .result()
+            .map_err(|e| driver_error("cuGraphGetNodes", e))?;
+        let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
+        // SAFETY: as above; `nodes` has room for `count` handles, and `count` says how many were
+        // written.
+        unsafe { sys::cuGraphGetNodes(self.exec.graph, nodes.as_mut_ptr(), &mut count) }
+            .result()
+            .map_err(|e| driver_error("cuGraphGetNodes", e))?;
+        let mut census = GraphNodes::default();
+        for &node in &nodes[..count.min(nodes.len())] {
+            let mut kind = Kind::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node of the live graph, as the driver just listed it.
+            unsafe { sys::cuGraphNodeGetType(node, &mut kind) }
+                .result()
+                .map_err(|e| driver_error("cuGraphNodeGetType", e))?;
+            let slot = match kind {
+                Kind::CU_GRAPH_NODE_TYPE_KERNEL => &mut census.kernels,
+                Kind::CU_GRAPH_NODE_TYPE_MEMCPY => &mut census.memcpys,
+                Kind::CU_GRAPH_NODE_TYPE_MEMSET => &mut census.memsets,
+                Kind::CU_GRAPH_NODE_TYPE_MEM_ALLOC => &mut census.allocs,
+                Kind::CU_GRAPH_NODE_TYPE_MEM_FREE => &mut census.frees,
+                _ => &mut census.others,
+            };
+            *slot += 1;
+        }
+        Ok(census)
+    }
+
     /// The stream the graph replays on.
     #[must_use]
     pub fn stream(&self) -> &Stream {
@@ -137,6 +174,24 @@ impl Drop for Graph<'_> {
         }
         self.stream.graph_dropped(self.epoch);
     }
+}
+
+/// The nodes of a [`Graph`], counted by kind ([`Graph::nodes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GraphNodes {
+    /// Kernel launches.
+    pub kernels: usize,
+    /// Copies.
+    pub memcpys: usize,
+    /// Fills.
+    pub memsets: usize,
+    /// Memory allocations (`cudaMallocAsync` captured): what a pooled graph never has.
+    pub allocs: usize,
+    /// Frees of such allocations.
+    pub frees: usize,
+    /// Everything else (event records and waits, empty nodes, child graphs, host calls).
+    pub others: usize,
 }
 
 /// An instantiated graph and the graph it came from, destroyed together.

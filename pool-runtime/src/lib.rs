@@ -121,6 +121,8 @@ pub use allocator::{
     AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
     StreamOrderedAllocator,
 };
+#[cfg(feature = "cublas")]
+pub use blas::{BLAS_WORKSPACE_BYTES, BlasWorkspace};
 pub use buffer::{BufferPool, GpuMat};
 pub use caching::{CachingPool, CachingStats};
 pub use config::{
@@ -132,7 +134,7 @@ pub use device_memory::{LentSlice, LentSliceMut};
 pub use error::{Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
-pub use graph::Graph;
+pub use graph::{Graph, GraphNodes};
 pub use id::DeviceId;
 #[cfg(feature = "cuda")]
 pub use kernel_args::{BLOCK_2D, PITCHED_H, Pitched, PitchedMut, grid_2d};

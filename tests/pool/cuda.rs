@@ -863,3 +863,91 @@ fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResul
     assert_eq!(stats.fallback_allocations.total(), 0);
     Ok(())
 }
+
+/// A captured GEMM whose cuBLAS workspace is a stack buffer: the graph has no allocation node,
+/// holds the workspace with its other buffers, and replays to the CPU's result.
+#[cfg(feature = "cublas")]
+#[test]
+fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestResult {
+    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, reference};
+    use gpu_pool::BlasWorkspace;
+    let Some((gpu, _lock)) = gpu("cublas_workspace") else {
+        return Ok(());
+    };
+    let stream = Stream::new(&gpu)?;
+    let (engine, _) = engine(&gpu, &stream)?;
+    let Engine::Gpu { blas, .. } = &engine else {
+        panic!("a GPU engine on a CUDA stream")
+    };
+    let wv: Vec<f32> = (0..IN * OUT)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 400.0)
+        .collect();
+    let bv: Vec<f32> = (0..OUT).map(|c| (c % 7) as f32 / 10.0 - 0.3).collect();
+    let xv: Vec<f32> = (0..BATCH * IN)
+        .map(|i| (i % 89) as f32 / 89.0 - 0.5)
+        .collect();
+    let w = GpuMat::from_host(&stream, IN, OUT, &wv)?;
+    let b = GpuMat::from_host(&stream, 1, OUT, &bv)?;
+    let x = GpuMat::from_host(&stream, BATCH, IN, &xv)?;
+    let mut y = GpuMat::<f32>::new(&stream, BATCH, OUT)?;
+    const WORKSPACE: usize = 4 * MIB;
+
+    let without = stream.capture(|s| dense_relu(s, &engine, &x, &w, &b, &mut y))?;
+    let without_nodes = without.nodes()?;
+    drop(without);
+    let graph = stream.capture(|s| {
+        let mut room = BufferPool::new(s).get_buffer_1d::<u8>(WORKSPACE)?;
+        let _workspace = BlasWorkspace::new(blas, room.view_mut())?;
+        dense_relu(s, &engine, &x, &w, &b, &mut y)
+    })?;
+    let nodes = graph.nodes()?;
+    let calls = stream.stats().driver_alloc_calls;
+    for _ in 0..10 {
+        graph.launch()?;
+    }
+    stream.synchronize()?;
+    let (held, after) = (graph.stack_bytes(), stream.stats().driver_alloc_calls);
+    drop(graph);
+    let worst = y
+        .to_vec()?
+        .iter()
+        .zip(reference(&xv, &wv, &bv))
+        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
+        .fold(0.0f32, f32::max);
+    println!(
+        "captured dense layer: without a workspace {without_nodes:?}; with a 4 MiB stack workspace \
+         {nodes:?}, {held} stack bytes held, {} driver allocation calls in 10 replays, largest \
+         relative difference {worst:.2e}",
+        after - calls
+    );
+    assert_eq!((nodes.allocs, nodes.frees), (0, 0));
+    assert!(nodes.kernels >= 2, "the GEMM and the bias/ReLU kernel");
+    assert!(held >= WORKSPACE, "the graph holds the workspace");
+    assert_eq!(after, calls);
+    assert!(worst < 1e-4);
+    // Refused: memory of another stream (cuBLAS would use it out of that stream's order), and an
+    // address cuBLAS cannot use.
+    let other = Stream::new(&gpu)?;
+    let mut elsewhere = BufferPool::new(&other).get_buffer_1d::<u8>(4096)?;
+    let refused = BlasWorkspace::new(blas, elsewhere.view_mut()).map(drop);
+    assert!(
+        matches!(refused, Err(PoolError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    let mut room = BufferPool::new(&stream).get_buffer_1d::<u8>(4096)?;
+    let refused = BlasWorkspace::new(blas, room.roi_mut(0..1, 1..1025)?).map(drop);
+    assert!(
+        matches!(refused, Err(PoolError::Misaligned { .. })),
+        "{refused:?}"
+    );
+    drop(room);
+    // The handle has its own workspace back: an eager GEMM outside the scope still works.
+    dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
+    assert!(
+        y.to_vec()?
+            .iter()
+            .zip(reference(&xv, &wv, &bv))
+            .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0))
+    );
+    Ok(())
+}

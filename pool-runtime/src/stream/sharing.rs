@@ -147,6 +147,7 @@ impl SharedMemory {
 
     /// Makes `stream` wait, on the GPU, for the accesses on other streams that an `access` there
     /// conflicts with: what a graph replay needs before it is queued.
+    #[cfg(feature = "cuda")]
     pub(crate) fn wait_conflicts(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
         let uses = lock(&self.uses);
         Self::wait_for_conflicts(&uses, stream, access, false)
@@ -206,6 +207,8 @@ impl SharedMemory {
     }
 
     /// Records the end of an access on `stream` (a graph replay's, or one of [`end`](Self::end)).
+    // Without the `cuda` feature there are no events: what handles one never runs.
+    #[cfg_attr(not(feature = "cuda"), allow(unreachable_code))]
     pub(crate) fn ended_on(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
         let backend = self.device.backend();
         let event = backend.record_event(&stream.raw)?;
