@@ -86,9 +86,9 @@ impl<'a> BlasWorkspace<'a> {
     /// `blas`'s workspace.
     ///
     /// `PoolError::Unsupported` for memory of another stream than the handle's (cuBLAS would use
-    /// it out of that stream's order) or of no CUDA stream; `PoolError::NotContinuous` for padded
-    /// rows; `PoolError::Misaligned` for an address that is not a multiple of 256 bytes (cuBLAS's
-    /// rule); `PoolError::Cublas` if cuBLAS refuses it.
+    /// it out of that stream's order) or of no CUDA stream, and for one with fewer than 256 bytes
+    /// from its first 256-byte boundary (cuBLAS's alignment, where the workspace starts);
+    /// `PoolError::NotContinuous` for padded rows; `PoolError::Cublas` if cuBLAS refuses it.
     pub fn new(blas: &'a CudaBlas, workspace: GpuViewMut<'a, u8>) -> Result<Self, PoolError> {
         let device = workspace.device;
         let Some(stream) = workspace.keeper.cuda() else {
@@ -110,14 +110,17 @@ impl<'a> BlasWorkspace<'a> {
             });
         }
         let window = workspace.window.flat::<u8>()?;
-        if window.ptr % 256 != 0 {
-            return Err(PoolError::Misaligned {
-                address: window.ptr,
-                align: 256,
-                type_name: "a cuBLAS workspace",
+        // cuBLAS wants a 256-byte aligned workspace; a stack buffer is aligned to its layout's
+        // block (64 bytes for bytes), so the workspace starts at the first 256-byte boundary in it.
+        let skip = window.ptr.next_multiple_of(256) - window.ptr;
+        let bytes = (window.cols as u64).saturating_sub(skip) as usize;
+        if bytes < 256 {
+            return Err(PoolError::Unsupported {
+                device,
+                what: "a cuBLAS workspace of fewer than 256 bytes from a 256-byte boundary",
             });
         }
-        let (ptr, bytes) = (window.ptr as *mut std::ffi::c_void, window.cols);
+        let ptr = (window.ptr + skip) as *mut std::ffi::c_void;
         // SAFETY: a live handle; the workspace is `bytes` bytes of device memory on the handle's
         // stream, borrowed exclusively for 'a, which outlives this guard, whose drop takes it back
         // from the handle before the borrow ends. Work cuBLAS queued in it is ordered on that
