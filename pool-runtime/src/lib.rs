@@ -134,7 +134,7 @@ pub use device_memory::{LentSlice, LentSliceMut};
 pub use error::{Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
-pub use graph::{Graph, GraphNodes};
+pub use graph::{Graph, GraphFamily, GraphNodes};
 pub use id::DeviceId;
 #[cfg(feature = "cuda")]
 pub use kernel_args::{BLOCK_2D, PITCHED_H, Pitched, PitchedMut, grid_2d};

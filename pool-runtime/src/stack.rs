@@ -147,6 +147,18 @@ impl Stack {
         true
     }
 
+    /// Shrinks `block`, the topmost block, so it ends at `end` (at least where its own bytes
+    /// begin). `false`, and no change, if the block is not topmost or `end` is not inside it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn shrink(&self, block: &mut Block, end: usize) -> bool {
+        if block.end != self.top.get() || end > block.end || end <= block.prev_top {
+            return false;
+        }
+        block.end = end;
+        self.top.set(end);
+        true
+    }
+
     #[cold]
     fn defer(&self, block: &Block) {
         let mut pending = self.pending.borrow_mut();

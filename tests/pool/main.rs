@@ -14,6 +14,7 @@ mod config;
 mod cuda;
 mod dsl;
 mod errors;
+mod family;
 mod faults;
 mod mix;
 mod model;

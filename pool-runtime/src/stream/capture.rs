@@ -259,6 +259,19 @@ impl Stream {
         Ok(())
     }
 
+    /// Shrinks `fence`, the topmost block, back to `end`: a graph family's region, lowered to its
+    /// base for the capture of a member. `false` if something taken after it is still live.
+    pub(crate) fn shrink_reserved(&self, fence: &mut Block, end: usize) -> bool {
+        let Some(stack) = self.stack.get() else {
+            return false;
+        };
+        let shrunk = stack.shrink(fence, end);
+        if shrunk {
+            self.counters().stack_in_use.set(stack.top() as u64);
+        }
+        shrunk
+    }
+
     /// Gives back a block of [`reserve_fence`](Self::reserve_fence).
     pub(crate) fn release_reserved(&self, block: Block) {
         if let Some(stack) = self.stack.get() {

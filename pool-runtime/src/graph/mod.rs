@@ -54,6 +54,8 @@
 //! # drop(result); Ok(()) }
 //! ```
 
+mod family;
+
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -64,6 +66,8 @@ use crate::capturing::{self, ThreadCapture};
 use crate::error::PoolError;
 use crate::stack::Block;
 use crate::stream::{SharedAccesses, Stream};
+
+pub use family::GraphFamily;
 
 /// A captured CUDA graph of pooled work, replayed with [`launch`](Graph::launch) on the stream it
 /// was captured on. Dropping it gives back the stack memory its replays use.
@@ -82,6 +86,9 @@ pub struct Graph<'a> {
     epoch: u64,
     /// The shared memory the replays read or write: each replay is ordered as an access of it.
     shared: SharedAccesses,
+    /// The family whose region holds the replays' buffers, for a member of one (`reserved` is
+    /// then `None`).
+    family: Option<&'a family::Region>,
     /// Whatever the captured closure borrowed stays borrowed while the graph lives.
     _captures: PhantomData<&'a ()>,
 }
@@ -102,6 +109,16 @@ impl Graph<'_> {
     /// graph would replay this one's memory after it is given back.
     pub fn launch(&self) -> Result<(), PoolError> {
         self.stream.work_stream("Graph::launch")?;
+        if let Some(region) = self.family {
+            if self.stream.in_own_capture() {
+                // The region is lowered under the capture of another member.
+                return Err(PoolError::Unsupported {
+                    device: self.stream.device().id(),
+                    what: "launching a graph of a family inside a capture on its stream",
+                });
+            }
+            region.cover(self.stream)?;
+        }
         // Each replay is an access of the shared memory the capture accessed: ordered after the
         // accesses it conflicts with, and before later ones.
         self.shared.before_replay(self.stream)?;
@@ -157,7 +174,8 @@ impl Graph<'_> {
         self.stream
     }
 
-    /// Stack bytes held for the replays' buffers (the fence included).
+    /// Stack bytes held for the replays' buffers (the fence included); 0 for a member of a
+    /// [`GraphFamily`], whose region holds them ([`GraphFamily::stack_bytes`]).
     #[must_use]
     pub fn stack_bytes(&self) -> usize {
         self.reserved
@@ -280,6 +298,9 @@ struct Capturing<'s> {
     thread: Option<ThreadCapture>,
     /// The shared memory the capture accessed, taken from the stream when it ends.
     shared: SharedAccesses,
+    /// The family region the capture packs its buffers in (instead of `fence`), lowered to its
+    /// base while the capture is under way.
+    family: Option<&'s family::Region>,
 }
 
 impl Capturing<'_> {
@@ -372,6 +393,10 @@ impl<'s> Capturing<'s> {
         if let Some(fence) = self.fence.as_mut() {
             stream.reserve_up_to(fence, self.peak)?;
         }
+        if let Some(region) = self.family {
+            region.raise(stream, self.peak)?;
+        }
+        let family = self.family.take();
         let reserved = self.fence.take();
         stream.graph_made(self.epoch);
         Ok(Graph {
@@ -381,6 +406,7 @@ impl<'s> Capturing<'s> {
             reserved,
             epoch: self.epoch,
             shared: std::mem::take(&mut self.shared),
+            family,
             _captures: PhantomData,
         })
     }
@@ -394,6 +420,12 @@ impl Drop for Capturing<'_> {
         if let Some(fence) = self.fence.take() {
             self.stream.release_reserved(fence);
             // No graph: what releases kept for it can go.
+            self.stream.free_kept_now();
+        }
+        if let Some(region) = self.family.take() {
+            // No new member: the region goes back up to what the members have (or, under a
+            // buffer kept from the capture, when that is released: their launches check).
+            let _ = region.cover(self.stream);
             self.stream.free_kept_now();
         }
     }
@@ -461,7 +493,19 @@ impl Stream {
     where
         E: From<PoolError>,
     {
-        let mut capturing = self.begin_capture()?;
+        self.capture_in(None, work)
+    }
+
+    /// A capture of `work`, in `family`'s region or behind a fence of its own.
+    fn capture_in<'a, E>(
+        &'a self,
+        family: Option<&'a family::Region>,
+        work: impl FnOnce(&'a Stream) -> Result<(), E> + 'a,
+    ) -> Result<Graph<'a>, E>
+    where
+        E: From<PoolError>,
+    {
+        let mut capturing = self.begin_capture(family)?;
         let worked = work(self);
         let ended = capturing.end();
         if let Err(e @ PoolError::CaptureCrossStream { .. }) = ended {
@@ -475,7 +519,10 @@ impl Stream {
 
     /// Everything before the captured closure runs: checks, the fence, the capture begun (and
     /// ended again by the guard returned, on every way out).
-    fn begin_capture(&self) -> Result<Capturing<'_>, PoolError> {
+    fn begin_capture<'a>(
+        &'a self,
+        family: Option<&'a family::Region>,
+    ) -> Result<Capturing<'a>, PoolError> {
         let Some(cuda) = self.cuda_stream() else {
             return Err(PoolError::Unsupported {
                 device: self.device().id(),
@@ -493,28 +540,47 @@ impl Stream {
         self.issue_deferred_waits()?;
         let origin = Origin::new(cuda.context())?;
         // The fence may claim the stream's stack, and with it a wait for its last stream's work.
-        let fence = self.reserve_fence()?;
+        // A family's region is the fence of its members, lowered to its base for the capture.
+        let (fence, fence_end) = match family {
+            None => {
+                let fence = self.reserve_fence()?;
+                let end = fence.end();
+                (Some(fence), end)
+            }
+            Some(region) if region.lower(self) => (None, region.base),
+            Some(_) => {
+                return Err(PoolError::Unsupported {
+                    device: self.device().id(),
+                    what: "capturing into a graph family while a buffer taken after the family \
+                           is live (make the family first)",
+                });
+            }
+        };
         // Work queued before the capture is done before it starts, so nothing eager beside the
         // capture races it (if it fails here, the fence goes back as a release out of order).
         if let Err(e) = self.synchronize() {
-            self.release_reserved(fence);
+            match (fence, family) {
+                (Some(fence), _) => self.release_reserved(fence),
+                (None, Some(region)) => drop(region.cover(self)),
+                (None, None) => {}
+            }
             return Err(e);
         }
         // Memory released before the capture is freed before it (unless a graph still needs it).
         self.free_kept_now();
         let epoch = self.capture_begun();
-        let fence_end = fence.end();
         let mut capturing = Capturing {
             stream: self,
             cu_stream: cuda.cu_stream(),
             origin,
-            fence: Some(fence),
+            fence,
             fence_end,
             epoch,
             high_water: self.start_high_water(fence_end),
             peak: fence_end,
             thread: None,
             shared: SharedAccesses::default(),
+            family,
         };
         capturing.begin()?;
         Ok(capturing)
