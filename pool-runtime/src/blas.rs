@@ -1,8 +1,6 @@
 //! cuBLAS on a pool stream: a handle made only where the library loads, so a missing `libcublas`
 //! is a [`PoolError::NoCudaLibrary`], never cudarc's panic.
 
-use std::marker::PhantomData;
-
 use cudarc::cublas::CudaBlas;
 
 use crate::backend::cuda::ContextGuard;
@@ -53,102 +51,90 @@ impl Stream {
 /// enough that no GEMM picks a slower algorithm for want of room.
 pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
-/// A cuBLAS handle working in a pool buffer: the handle's workspace is the buffer for as long as
-/// this lives (`cublasSetWorkspace`), and goes back to cuBLAS's own when it is dropped. So GEMMs
-/// captured into a CUDA graph allocate nothing (cuBLAS would otherwise allocate its workspace in
-/// the graph, or pick algorithms that need none), and the workspace is stack memory that the
-/// graph holds like its other buffers. Feature `cublas`.
+/// Runs `work` with `blas` working in a pool buffer: the handle's workspace is `workspace` while
+/// `work` runs (`cublasSetWorkspace`), and goes back to cuBLAS's own when it returns (or
+/// unwinds). So GEMMs captured into a CUDA graph allocate nothing (cuBLAS would otherwise allocate
+/// its workspace in the graph), and the workspace is stack memory that the graph holds like its
+/// other buffers. Feature `cublas`.
 ///
-/// Declare it after the buffer, as a `buffer!` in the same scope, so it ends first:
+/// A closure rather than a guard: a guard could be forgotten (`mem::forget`), leaving the handle
+/// writing into memory the stack has handed out again.
 ///
 /// ```no_run
-/// use gpu_pool_runtime::{BLAS_WORKSPACE_BYTES, BlasWorkspace, BufferPool, Device, GpuWrite, PoolError, Stream};
+/// use gpu_pool_runtime::{BLAS_WORKSPACE_BYTES, BufferPool, Device, GpuWrite, PoolError, Stream, with_blas_workspace};
 /// let stream = Stream::new(&Device::cuda(0)?)?;
 /// let blas = stream.cublas()?;
 /// let graph = stream.capture(|s| {
 ///     let mut room = BufferPool::new(s).get_buffer_1d::<u8>(BLAS_WORKSPACE_BYTES)?;
-///     let _workspace = BlasWorkspace::new(&blas, room.view_mut())?;
-///     // ... blas.gemm(..) on pool buffers: captured with no allocation ...
-///     Ok(())
+///     with_blas_workspace(&blas, room.view_mut(), |blas| {
+///         // ... blas.gemm(..) on pool buffers: captured with no allocation ...
+///         let _ = blas;
+///     })
 /// })?;
 /// # drop(graph);
 /// # Ok::<(), PoolError>(())
 /// ```
-#[must_use = "the workspace is the handle's only while this lives"]
-pub struct BlasWorkspace<'a> {
-    handle: cudarc::cublas::sys::cublasHandle_t,
-    /// The handle, and the buffer it works in, stay borrowed while it does.
-    _borrows: PhantomData<(&'a CudaBlas, GpuViewMut<'a, u8>)>,
-}
-
-impl<'a> BlasWorkspace<'a> {
-    /// Sets `workspace` (a contiguous buffer or region of the stream `blas` queues on) as
-    /// `blas`'s workspace.
-    ///
-    /// `PoolError::Unsupported` for memory of another stream than the handle's (cuBLAS would use
-    /// it out of that stream's order) or of no CUDA stream, and for one with fewer than 256 bytes
-    /// from its first 256-byte boundary (cuBLAS's alignment, where the workspace starts);
-    /// `PoolError::NotContinuous` for padded rows; `PoolError::Cublas` if cuBLAS refuses it.
-    pub fn new(blas: &'a CudaBlas, workspace: GpuViewMut<'a, u8>) -> Result<Self, PoolError> {
-        let device = workspace.device;
-        let Some(stream) = workspace.keeper.cuda() else {
-            return Err(PoolError::Unsupported {
-                device,
-                what: "a cuBLAS workspace outside a CUDA stream",
-            });
-        };
-        let cu_stream = stream.cuda_stream().map(|s| s.cu_stream());
-        let mut handle_stream: cudarc::cublas::sys::cudaStream_t = std::ptr::null_mut();
-        // SAFETY: a live handle (borrowed); the call writes the stream it queues on.
-        unsafe { cudarc::cublas::sys::cublasGetStream_v2(*blas.handle(), &mut handle_stream) }
-            .result()?;
-        if cu_stream.map(|s| s as usize) != Some(handle_stream as usize) {
-            return Err(PoolError::Unsupported {
-                device,
-                what: "a cuBLAS workspace from another stream than the handle's (take it on the \
-                       handle's stream)",
-            });
-        }
-        let window = workspace.window.flat::<u8>()?;
-        // cuBLAS wants a 256-byte aligned workspace; a stack buffer is aligned to its layout's
-        // block (64 bytes for bytes), so the workspace starts at the first 256-byte boundary in it.
-        let skip = window.ptr.next_multiple_of(256) - window.ptr;
-        let bytes = (window.cols as u64).saturating_sub(skip) as usize;
-        if bytes < 256 {
-            return Err(PoolError::Unsupported {
-                device,
-                what: "a cuBLAS workspace of fewer than 256 bytes from a 256-byte boundary",
-            });
-        }
-        let ptr = (window.ptr + skip) as *mut std::ffi::c_void;
-        // SAFETY: a live handle; the workspace is `bytes` bytes of device memory on the handle's
-        // stream, borrowed exclusively for 'a, which outlives this guard, whose drop takes it back
-        // from the handle before the borrow ends. Work cuBLAS queued in it is ordered on that
-        // stream, before any later use of the memory there.
-        unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr, bytes) }
-            .result()?;
-        Ok(BlasWorkspace {
-            handle: *blas.handle(),
-            _borrows: PhantomData,
-        })
+///
+/// `PoolError::Unsupported` for memory of another stream than the handle's (cuBLAS would use it
+/// out of that stream's order) or of no CUDA stream, and for one with fewer than 256 bytes from
+/// its first 256-byte boundary (cuBLAS's alignment, where the workspace starts);
+/// `PoolError::NotContinuous` for padded rows; `PoolError::Cublas` if cuBLAS refuses it.
+pub fn with_blas_workspace<R>(
+    blas: &CudaBlas,
+    workspace: GpuViewMut<'_, u8>,
+    work: impl FnOnce(&CudaBlas) -> R,
+) -> Result<R, PoolError> {
+    let device = workspace.device;
+    let Some(stream) = workspace.keeper.cuda() else {
+        return Err(PoolError::Unsupported {
+            device,
+            what: "a cuBLAS workspace outside a CUDA stream",
+        });
+    };
+    let cu_stream = stream.cuda_stream().map(|s| s.cu_stream());
+    let mut handle_stream: cudarc::cublas::sys::cudaStream_t = std::ptr::null_mut();
+    // SAFETY: a live handle (borrowed); the call writes the stream it queues on.
+    unsafe { cudarc::cublas::sys::cublasGetStream_v2(*blas.handle(), &mut handle_stream) }
+        .result()?;
+    if cu_stream.map(|s| s as usize) != Some(handle_stream as usize) {
+        return Err(PoolError::Unsupported {
+            device,
+            what: "a cuBLAS workspace from another stream than the handle's (take it on the \
+                   handle's stream)",
+        });
     }
+    let window = workspace.window.flat::<u8>()?;
+    // cuBLAS wants a 256-byte aligned workspace; a stack buffer is aligned to its layout's block
+    // (64 bytes for bytes), so the workspace starts at the first 256-byte boundary in it.
+    let skip = window.ptr.next_multiple_of(256) - window.ptr;
+    let bytes = (window.cols as u64).saturating_sub(skip) as usize;
+    if bytes < 256 {
+        return Err(PoolError::Unsupported {
+            device,
+            what: "a cuBLAS workspace of fewer than 256 bytes from a 256-byte boundary",
+        });
+    }
+    let ptr = (window.ptr + skip) as *mut std::ffi::c_void;
+    // SAFETY: a live handle; the workspace is `bytes` bytes of device memory on the handle's
+    // stream, borrowed exclusively until this function returns, and `_restore` takes it back
+    // from the handle before then, on every way out. Work cuBLAS queued in it is ordered on that
+    // stream, before any later use of the memory there.
+    unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr, bytes) }.result()?;
+    let _restore = Restore(*blas.handle());
+    Ok(work(blas))
 }
 
-impl Drop for BlasWorkspace<'_> {
+/// Gives a cuBLAS handle its own workspace back when dropped.
+struct Restore(cudarc::cublas::sys::cublasHandle_t);
+
+impl Drop for Restore {
     fn drop(&mut self) {
-        // SAFETY: the handle is borrowed for 'a, so still live; a null workspace gives it back
-        // its own.
-        let restored = unsafe {
-            cudarc::cublas::sys::cublasSetWorkspace_v2(self.handle, std::ptr::null_mut(), 0)
-        };
+        // SAFETY: the handle is borrowed by `with_blas_workspace` for as long as this lives; a
+        // null workspace gives it back its own.
+        let restored =
+            unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(self.0, std::ptr::null_mut(), 0) };
         if let Err(e) = restored.result() {
             tracing::error!(error = ?e, "giving a cuBLAS handle its own workspace back failed");
         }
-    }
-}
-
-impl std::fmt::Debug for BlasWorkspace<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlasWorkspace").finish_non_exhaustive()
     }
 }

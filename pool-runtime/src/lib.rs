@@ -122,7 +122,7 @@ pub use allocator::{
     StreamOrderedAllocator,
 };
 #[cfg(feature = "cublas")]
-pub use blas::{BLAS_WORKSPACE_BYTES, BlasWorkspace};
+pub use blas::{BLAS_WORKSPACE_BYTES, with_blas_workspace};
 pub use buffer::{BufferPool, GpuMat};
 pub use caching::{CachingPool, CachingStats};
 pub use config::{

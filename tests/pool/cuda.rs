@@ -870,7 +870,7 @@ fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResul
 #[test]
 fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestResult {
     use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, reference};
-    use gpu_pool::BlasWorkspace;
+    use gpu_pool::with_blas_workspace;
     let Some((gpu, _lock)) = gpu("cublas_workspace") else {
         return Ok(());
     };
@@ -897,8 +897,9 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     drop(without);
     let graph = stream.capture(|s| {
         let mut room = BufferPool::new(s).get_buffer_1d::<u8>(WORKSPACE)?;
-        let _workspace = BlasWorkspace::new(blas, room.view_mut())?;
-        dense_relu(s, &engine, &x, &w, &b, &mut y)
+        with_blas_workspace(blas, room.view_mut(), |_| {
+            dense_relu(s, &engine, &x, &w, &b, &mut y)
+        })?
     })?;
     let nodes = graph.nodes()?;
     let calls = stream.stats().driver_alloc_calls;
@@ -929,18 +930,18 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     // little room after the first 256-byte boundary.
     let other = Stream::new(&gpu)?;
     let mut elsewhere = BufferPool::new(&other).get_buffer_1d::<u8>(4096)?;
-    let refused = BlasWorkspace::new(blas, elsewhere.view_mut()).map(drop);
+    let refused = with_blas_workspace(blas, elsewhere.view_mut(), |_| ());
     assert!(
         matches!(refused, Err(PoolError::Unsupported { .. })),
         "{refused:?}"
     );
     let mut room = BufferPool::new(&stream).get_buffer_1d::<u8>(4096)?;
-    let refused = BlasWorkspace::new(blas, room.roi_mut(0..1, 1..200)?).map(drop);
+    let refused = with_blas_workspace(blas, room.roi_mut(0..1, 1..200)?, |_| ());
     assert!(
         matches!(refused, Err(PoolError::Unsupported { .. })),
         "{refused:?}"
     );
-    drop(BlasWorkspace::new(blas, room.roi_mut(0..1, 1..4096)?)?); // aligned inside it
+    with_blas_workspace(blas, room.roi_mut(0..1, 1..4096)?, |_| ())?; // aligned inside it
     drop(room);
     // The handle has its own workspace back: an eager GEMM outside the scope still works.
     dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
