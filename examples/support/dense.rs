@@ -33,17 +33,31 @@ pub fn dense_relu(
     b: &impl GpuRead<f32>,
     y: &mut impl GpuWrite<f32>,
 ) -> Result<(), PoolError> {
-    let mut h = buffer!(x.rows(), w.cols(); f32)?;
     match engine {
-        Engine::Gpu { blas, kernels } => {
-            gpu::gemm(blas, x, w, &mut h)?;
-            gpu::bias_relu(stream, kernels, &h, b, y)
-        }
+        Engine::Gpu { blas, kernels } => dense_relu_gpu(stream, blas, kernels, x, w, b, y),
         Engine::Cpu => {
+            let mut h = buffer!(x.rows(), w.cols(); f32)?;
             cpu::gemm(x, w, &mut h)?;
             cpu::bias_relu(&h, b, y)
         }
     }
+}
+
+/// [`dense_relu`] on a GPU, with the cuBLAS handle and the kernels given apart (a handle lent to
+/// `with_blas_workspace` is borrowed apart from its engine).
+#[pooled(stream)]
+pub fn dense_relu_gpu(
+    stream: &Stream,
+    blas: &gpu_pool::cudarc::cublas::CudaBlas,
+    kernels: &super::kernels::Kernels,
+    x: &impl GpuRead<f32>,
+    w: &impl GpuRead<f32>,
+    b: &impl GpuRead<f32>,
+    y: &mut impl GpuWrite<f32>,
+) -> Result<(), PoolError> {
+    let mut h = buffer!(x.rows(), w.cols(); f32)?;
+    gpu::gemm(blas, x, w, &mut h)?;
+    gpu::bias_relu(stream, kernels, &h, b, y)
 }
 
 mod gpu {

@@ -6,7 +6,7 @@ use cudarc::cublas::CudaBlas;
 use crate::backend::cuda::ContextGuard;
 use crate::error::PoolError;
 use crate::stream::Stream;
-use crate::view::GpuViewMut;
+use crate::view::{GpuViewMut, Keeper};
 
 /// Whether `libcublas` can be loaded. cudarc panics on the first cuBLAS call when it cannot, so
 /// [`Stream::cublas`] asks this first.
@@ -52,21 +52,25 @@ impl Stream {
 pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Runs `work` with `blas` working in a pool buffer: the handle's workspace is `workspace` while
-/// `work` runs (`cublasSetWorkspace`), and goes back to cuBLAS's own when it returns (or
-/// unwinds). So GEMMs captured into a CUDA graph allocate nothing (cuBLAS would otherwise allocate
+/// `work` runs (`cublasSetWorkspace`), and goes back to cuBLAS's default pool when it returns
+/// (or unwinds; `cublasSetStream` on its own stream resets it). So GEMMs captured into a CUDA graph allocate nothing (cuBLAS would otherwise allocate
 /// its workspace in the graph), and the workspace is stack memory that the graph holds like its
 /// other buffers. Feature `cublas`.
 ///
 /// A closure rather than a guard: a guard could be forgotten (`mem::forget`), leaving the handle
-/// writing into memory the stack has handed out again.
+/// writing into memory the stack has handed out again. The handle is borrowed `&mut`, so no other
+/// thread uses it meanwhile (cuBLAS asks callers to serialize calls on a handle with a workspace of
+/// their own). The workspace must be a pool stream's memory (a `buffer!`, a `GpuMat`, a region
+/// of one): a graph captured inside `work` keeps that memory for its replays, as it keeps its own
+/// buffers; shared memory is refused, since its access would end before the replays.
 ///
 /// ```no_run
 /// use gpu_pool_runtime::{BLAS_WORKSPACE_BYTES, BufferPool, Device, GpuWrite, PoolError, Stream, with_blas_workspace};
 /// let stream = Stream::new(&Device::cuda(0)?)?;
-/// let blas = stream.cublas()?;
+/// let mut blas = stream.cublas()?;
 /// let graph = stream.capture(|s| {
 ///     let mut room = BufferPool::new(s).get_buffer_1d::<u8>(BLAS_WORKSPACE_BYTES)?;
-///     with_blas_workspace(&blas, room.view_mut(), |blas| {
+///     with_blas_workspace(&mut blas, room.view_mut(), |blas| {
 ///         // ... blas.gemm(..) on pool buffers: captured with no allocation ...
 ///         let _ = blas;
 ///     })
@@ -76,15 +80,22 @@ pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// ```
 ///
 /// `PoolError::Unsupported` for memory of another stream than the handle's (cuBLAS would use it
-/// out of that stream's order) or of no CUDA stream, and for one with fewer than 256 bytes from
+/// out of that stream's order), of no CUDA stream, or shared memory, and for one with fewer than 256 bytes from
 /// its first 256-byte boundary (cuBLAS's alignment, where the workspace starts);
 /// `PoolError::NotContinuous` for padded rows; `PoolError::Cublas` if cuBLAS refuses it.
 pub fn with_blas_workspace<R>(
-    blas: &CudaBlas,
+    blas: &mut CudaBlas,
     workspace: GpuViewMut<'_, u8>,
     work: impl FnOnce(&CudaBlas) -> R,
 ) -> Result<R, PoolError> {
     let device = workspace.device;
+    if matches!(workspace.keeper, Keeper::Shared(_)) {
+        return Err(PoolError::Unsupported {
+            device,
+            what: "a cuBLAS workspace in shared memory (take it from the stack: a graph captured \
+                   with it would outlive the access)",
+        });
+    }
     let Some(stream) = workspace.keeper.cuda() else {
         return Err(PoolError::Unsupported {
             device,
@@ -120,21 +131,29 @@ pub fn with_blas_workspace<R>(
     // from the handle before then, on every way out. Work cuBLAS queued in it is ordered on that
     // stream, before any later use of the memory there.
     unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr, bytes) }.result()?;
-    let _restore = Restore(*blas.handle());
+    let _restore = Restore {
+        handle: *blas.handle(),
+        stream: handle_stream,
+    };
     Ok(work(blas))
 }
 
-/// Gives a cuBLAS handle its own workspace back when dropped.
-struct Restore(cudarc::cublas::sys::cublasHandle_t);
+/// Gives a cuBLAS handle its default workspace pool back when dropped.
+struct Restore {
+    handle: cudarc::cublas::sys::cublasHandle_t,
+    stream: cudarc::cublas::sys::cudaStream_t,
+}
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        // SAFETY: the handle is borrowed by `with_blas_workspace` for as long as this lives; a
-        // null workspace gives it back its own.
-        let restored =
-            unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(self.0, std::ptr::null_mut(), 0) };
+        // SAFETY: the handle is borrowed by `with_blas_workspace` for as long as this lives, and
+        // `stream` is the one it queues on. Setting the stream resets the workspace to the
+        // default pool (cuBLAS's documented rule; a null workspace would leave it with none).
+        let restored = unsafe { cudarc::cublas::sys::cublasSetStream_v2(self.handle, self.stream) };
         if let Err(e) = restored.result() {
-            tracing::error!(error = ?e, "giving a cuBLAS handle its own workspace back failed");
+            // The handle would go on writing into memory about to be handed out again.
+            tracing::error!(error = ?e, "giving a cuBLAS handle its default workspace back failed");
+            std::process::abort();
         }
     }
 }

@@ -869,16 +869,17 @@ fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResul
 #[cfg(feature = "cublas")]
 #[test]
 fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestResult {
-    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, reference};
-    use gpu_pool::with_blas_workspace;
+    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu_gpu, engine, reference};
+    use gpu_pool::{SharedMat, with_blas_workspace};
     let Some((gpu, _lock)) = gpu("cublas_workspace") else {
         return Ok(());
     };
     let stream = Stream::new(&gpu)?;
-    let (engine, _) = engine(&gpu, &stream)?;
-    let Engine::Gpu { blas, .. } = &engine else {
+    let (mut engine, _) = engine(&gpu, &stream)?;
+    let Engine::Gpu { blas, kernels } = &mut engine else {
         panic!("a GPU engine on a CUDA stream")
     };
+    let kernels = &*kernels;
     let wv: Vec<f32> = (0..IN * OUT)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 400.0)
         .collect();
@@ -890,15 +891,25 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     let b = GpuMat::from_host(&stream, 1, OUT, &bv)?;
     let x = GpuMat::from_host(&stream, BATCH, IN, &xv)?;
     let mut y = GpuMat::<f32>::new(&stream, BATCH, OUT)?;
+    let right = |y: &GpuMat<'_, f32>| -> Result<f32, PoolError> {
+        Ok(y.to_vec()?
+            .iter()
+            .zip(reference(&xv, &wv, &bv))
+            .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
+            .fold(0.0f32, f32::max))
+    };
     const WORKSPACE: usize = 4 * MIB;
 
-    let without = stream.capture(|s| dense_relu(s, &engine, &x, &w, &b, &mut y))?;
-    let without_nodes = without.nodes()?;
-    drop(without);
+    let nodes_without = |blas: &gpu_pool::cudarc::cublas::CudaBlas, y: &mut GpuMat<'_, f32>| {
+        stream
+            .capture(|s| dense_relu_gpu(s, blas, kernels, &x, &w, &b, y))?
+            .nodes()
+    };
+    let before = nodes_without(blas, &mut y)?;
     let graph = stream.capture(|s| {
         let mut room = BufferPool::new(s).get_buffer_1d::<u8>(WORKSPACE)?;
-        with_blas_workspace(blas, room.view_mut(), |_| {
-            dense_relu(s, &engine, &x, &w, &b, &mut y)
+        with_blas_workspace(blas, room.view_mut(), |blas| {
+            dense_relu_gpu(s, blas, kernels, &x, &w, &b, &mut y)
         })?
     })?;
     let nodes = graph.nodes()?;
@@ -909,16 +920,13 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     stream.synchronize()?;
     let (held, after) = (graph.stack_bytes(), stream.stats().driver_alloc_calls);
     drop(graph);
-    let worst = y
-        .to_vec()?
-        .iter()
-        .zip(reference(&xv, &wv, &bv))
-        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
-        .fold(0.0f32, f32::max);
+    let worst = right(&y)?;
+    // Afterwards the handle has cuBLAS's default pool again: the same capture as before it.
+    let restored = nodes_without(blas, &mut y)?;
     println!(
-        "captured dense layer: without a workspace {without_nodes:?}; with a 4 MiB stack workspace \
+        "captured dense layer: without a workspace {before:?}; with a 4 MiB stack workspace \
          {nodes:?}, {held} stack bytes held, {} driver allocation calls in 10 replays, largest \
-         relative difference {worst:.2e}",
+         relative difference {worst:.2e}; without one again afterwards {restored:?}",
         after - calls
     );
     assert_eq!((nodes.allocs, nodes.frees), (0, 0));
@@ -926,11 +934,20 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     assert!(held >= WORKSPACE, "the graph holds the workspace");
     assert_eq!(after, calls);
     assert!(worst < 1e-4);
-    // Refused: memory of another stream (cuBLAS would use it out of that stream's order), and too
-    // little room after the first 256-byte boundary.
+    assert_eq!(restored, before, "the default workspace pool is back");
+
+    // Refused: memory of another stream (cuBLAS would use it out of that stream's order), shared
+    // memory (a graph captured with it would outlive the access), and too little room after the
+    // first 256-byte boundary.
     let other = Stream::new(&gpu)?;
     let mut elsewhere = BufferPool::new(&other).get_buffer_1d::<u8>(4096)?;
     let refused = with_blas_workspace(blas, elsewhere.view_mut(), |_| ());
+    assert!(
+        matches!(refused, Err(PoolError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    let mut shared = SharedMat::<u8>::new(&gpu, 1, 4096)?;
+    let refused = with_blas_workspace(blas, shared.write(&stream)?.view_mut(), |_| ());
     assert!(
         matches!(refused, Err(PoolError::Unsupported { .. })),
         "{refused:?}"
@@ -943,13 +960,8 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     );
     with_blas_workspace(blas, room.roi_mut(0..1, 1..4096)?, |_| ())?; // aligned inside it
     drop(room);
-    // The handle has its own workspace back: an eager GEMM outside the scope still works.
-    dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
-    assert!(
-        y.to_vec()?
-            .iter()
-            .zip(reference(&xv, &wv, &bv))
-            .all(|(g, e)| (g - e).abs() <= 1e-4 * e.abs().max(1.0))
-    );
+    // And an eager layer still matches.
+    dense_relu_gpu(&stream, blas, kernels, &x, &w, &b, &mut y)?;
+    assert!(right(&y)? < 1e-4);
     Ok(())
 }

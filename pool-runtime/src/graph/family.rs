@@ -85,6 +85,12 @@ impl Stream {
                 what: "CUDA graph capture",
             });
         }
+        if self.in_own_capture() {
+            return Err(PoolError::Unsupported {
+                device: self.device().id(),
+                what: "a graph family made inside a capture of its stream",
+            });
+        }
         let fence = self.reserve_fence()?;
         let base = fence.end();
         Ok(GraphFamily {

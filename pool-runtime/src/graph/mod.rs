@@ -551,8 +551,9 @@ impl Stream {
             Some(_) => {
                 return Err(PoolError::Unsupported {
                     device: self.device().id(),
-                    what: "capturing into a graph family while a buffer taken after the family \
-                           is live (make the family first)",
+                    what: "capturing into a graph family while something taken after the \
+                           family (a buffer, a graph, another family) is live (make the family \
+                           first)",
                 });
             }
         };
