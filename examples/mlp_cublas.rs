@@ -9,7 +9,7 @@
 mod support;
 
 use gpu_pool::prelude::*;
-use support::dense::{BATCH, IN, OUT, dense_relu, engine, reference};
+use support::dense::{BATCH, IN, OUT, dense_relu, engine, parameters, reference};
 
 fn main() -> Result<(), PoolError> {
     let batches = support::count_arg(50);
@@ -27,10 +27,7 @@ fn main() -> Result<(), PoolError> {
     };
     println!("device: {described}");
 
-    let wv: Vec<f32> = (0..IN * OUT)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 400.0)
-        .collect();
-    let bv: Vec<f32> = (0..OUT).map(|c| (c % 7) as f32 / 10.0 - 0.3).collect();
+    let (wv, bv) = parameters();
     // The layer's parameters belong to the device, not to a stream: any stream, on any thread,
     // reads them (each read ordered after the upload on the GPU).
     let w = SharedMat::from_host(&stream, IN, OUT, &wv)?;

@@ -13,6 +13,16 @@ pub const IN: usize = 256;
 pub const OUT: usize = 128;
 pub const BATCH: usize = 64;
 
+/// The layer's weights (`IN x OUT`) and bias (`1 x OUT`), row-major: small values of both signs,
+/// so the ReLU has work to do.
+pub fn parameters() -> (Vec<f32>, Vec<f32>) {
+    let w = (0..IN * OUT)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 400.0)
+        .collect();
+    let b = (0..OUT).map(|c| (c % 7) as f32 / 10.0 - 0.3).collect();
+    (w, b)
+}
+
 /// How the layer runs: cuBLAS and a kernel on a GPU, or CPU twins on the host backend.
 pub enum Engine {
     Gpu {

@@ -818,17 +818,14 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
 #[cfg(feature = "cublas")]
 #[test]
 fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResult {
-    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, reference};
+    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, parameters, reference};
     let Some((gpu, _lock)) = gpu("cublas_dense") else {
         return Ok(());
     };
     let stream = Stream::new(&gpu)?;
     let (engine, described) = engine(&gpu, &stream)?;
     assert!(matches!(engine, Engine::Gpu { .. }), "{described}");
-    let wv: Vec<f32> = (0..IN * OUT)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 400.0)
-        .collect();
-    let bv: Vec<f32> = (0..OUT).map(|c| (c % 7) as f32 / 10.0 - 0.3).collect();
+    let (wv, bv) = parameters();
     let xv: Vec<f32> = (0..BATCH * IN)
         .map(|i| (i % 97) as f32 / 97.0 - 0.5)
         .collect();
@@ -869,7 +866,9 @@ fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResul
 #[cfg(feature = "cublas")]
 #[test]
 fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestResult {
-    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu_gpu, engine, reference};
+    use crate::common::dense::{
+        BATCH, Engine, IN, OUT, dense_relu_gpu, engine, parameters, reference,
+    };
     use gpu_pool::{SharedMat, with_blas_workspace};
     let Some((gpu, _lock)) = gpu("cublas_workspace") else {
         return Ok(());
@@ -880,10 +879,7 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
         panic!("a GPU engine on a CUDA stream")
     };
     let kernels = &*kernels;
-    let wv: Vec<f32> = (0..IN * OUT)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 400.0)
-        .collect();
-    let bv: Vec<f32> = (0..OUT).map(|c| (c % 7) as f32 / 10.0 - 0.3).collect();
+    let (wv, bv) = parameters();
     let xv: Vec<f32> = (0..BATCH * IN)
         .map(|i| (i % 89) as f32 / 89.0 - 0.5)
         .collect();
