@@ -65,7 +65,8 @@ pub fn dense_relu_gpu(
     b: &impl GpuRead<f32>,
     y: &mut impl GpuWrite<f32>,
 ) -> Result<(), PoolError> {
-    let mut h = buffer!(x.rows(), w.cols(); f32)?;
+    // Packed: cuBLAS reads it at a leading dimension of its columns, not of a padded row.
+    let mut h = buffer!(x.rows(), w.cols(); f32, packed)?;
     gpu::gemm(blas, x, w, &mut h)?;
     gpu::bias_relu(stream, kernels, &h, b, y)
 }

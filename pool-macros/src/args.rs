@@ -79,13 +79,16 @@ impl Parse for ScopeArgs {
     }
 }
 
-/// `buffer!(rows, cols; T)` or `buffer!(len; T)`.
+/// `buffer!(rows, cols; T)`, `buffer!(rows, cols; T, packed)` or `buffer!(len; T)`.
 pub(crate) struct BufferArgs {
     pub(crate) sizes: Vec<Expr>,
     pub(crate) elem: Type,
+    /// `, packed`: a 2D buffer with no padding between its rows.
+    pub(crate) packed: bool,
 }
 
-const BUFFER_FORMS: &str = "`buffer!(rows, cols; T)` or `buffer!(len; T)`";
+const BUFFER_FORMS: &str =
+    "`buffer!(rows, cols; T)`, `buffer!(rows, cols; T, packed)` or `buffer!(len; T)`";
 
 impl Parse for BufferArgs {
     fn parse(input: ParseStream<'_>) -> syn::Result<BufferArgs> {
@@ -107,6 +110,26 @@ impl Parse for BufferArgs {
             )));
         }
         let elem: Type = input.parse()?;
+        let packed = if input.peek(Token![,]) {
+            input.parse::<Token![,]>()?;
+            let option: Ident = input.parse().map_err(|e| {
+                syn::Error::new(
+                    e.span(),
+                    format!("expected `packed` after `,`: {BUFFER_FORMS}"),
+                )
+            })?;
+            if option != "packed" {
+                return Err(syn::Error::new_spanned(
+                    &option,
+                    format!(
+                        "unknown buffer option `{option}`; the one option is `packed`: {BUFFER_FORMS}"
+                    ),
+                ));
+            }
+            Some(option)
+        } else {
+            None
+        };
         if !input.is_empty() {
             return Err(input.error(format!(
                 "unexpected tokens after the element type: {BUFFER_FORMS}"
@@ -119,6 +142,17 @@ impl Parse for BufferArgs {
                 format!("a buffer has one or two dimensions: {BUFFER_FORMS}"),
             ));
         }
-        Ok(BufferArgs { sizes, elem })
+        if let (Some(option), 1) = (&packed, sizes.len()) {
+            return Err(syn::Error::new_spanned(
+                option,
+                "`packed` is for 2D buffers (`buffer!(rows, cols; T, packed)`): a 1D buffer has no \
+                 padding to leave out",
+            ));
+        }
+        Ok(BufferArgs {
+            sizes,
+            elem,
+            packed: packed.is_some(),
+        })
     }
 }

@@ -82,6 +82,9 @@ impl Rewriter {
             [len] => quote_spanned!(mac.span()=>
                 ::gpu_pool::__private::take_1d::<#elem>(&#frame, #len, #name)
             ),
+            [rows, cols] if args.packed => quote_spanned!(mac.span()=>
+                ::gpu_pool::__private::take_packed::<#elem>(&#frame, #rows, #cols, #name)
+            ),
             [rows, cols] => quote_spanned!(mac.span()=>
                 ::gpu_pool::__private::take::<#elem>(&#frame, #rows, #cols, #name)
             ),

@@ -70,6 +70,44 @@ impl<'s> BufferPool<'s> {
         self.stream.take::<T>(rows, cols, site).map(GpuMat::on)
     }
 
+    /// A `rows x cols` buffer with no padding between its rows (OpenCV's `createContinuous`):
+    /// its step is `cols * size_of::<T>()`, so it is lent to cuBLAS with a leading dimension of
+    /// `cols` and flattens with `as_1d`. For GEMM operands, matrices of few columns and buffers
+    /// handed to libraries that expect packed rows; [`get_buffer`](Self::get_buffer)'s padding
+    /// is for 2D kernels that read image rows.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, Stream};
+    /// let stream = Stream::new(&Device::host())?;
+    /// let pool = BufferPool::new(&stream);
+    /// let logits = pool.get_buffer_packed::<f32>(256, 10)?;
+    /// assert_eq!((logits.rows(), logits.cols(), logits.step()), (256, 10, 40)); // not 512
+    /// assert!(logits.is_continuous());
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    #[inline(always)]
+    #[track_caller]
+    pub fn get_buffer_packed<T: Pod>(
+        &self,
+        rows: usize,
+        cols: usize,
+    ) -> Result<GpuMat<'s, T>, PoolError> {
+        self.take_packed_at(rows, cols, CallSite::here(""))
+    }
+
+    /// [`get_buffer_packed`](Self::get_buffer_packed) asked for at `site`.
+    #[inline(always)]
+    pub(crate) fn take_packed_at<T: Pod>(
+        &self,
+        rows: usize,
+        cols: usize,
+        site: CallSite,
+    ) -> Result<GpuMat<'s, T>, PoolError> {
+        let len = packed_len::<T>(rows, cols)?;
+        let lease = self.stream.take::<T>(1, len, site)?;
+        Ok(GpuMat::on(lease.packed(rows, cols, size_of::<T>())))
+    }
+
     /// A contiguous buffer of `len` elements (a `1 x len` [`GpuMat`]).
     #[inline(always)]
     #[track_caller]
@@ -83,6 +121,17 @@ impl<'s> BufferPool<'s> {
     pub fn allocator(&self) -> std::sync::Arc<dyn GpuAllocator> {
         self.stream.allocator()
     }
+}
+
+/// `rows * cols`, the elements of a packed buffer, checked with its bytes.
+pub(crate) fn packed_len<T>(rows: usize, cols: usize) -> Result<usize, PoolError> {
+    rows.checked_mul(cols)
+        .filter(|n| n.checked_mul(size_of::<T>()).is_some())
+        .ok_or(PoolError::SizeOverflow {
+            rows,
+            cols,
+            elem_size: size_of::<T>(),
+        })
 }
 
 /// A 2D array of `T` in device memory, borrowed from a stream (OpenCV's `GpuMat`).
@@ -114,6 +163,19 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     pub fn new(stream: &'s Stream, rows: usize, cols: usize) -> Result<GpuMat<'s, T>, PoolError> {
         let lease = stream.take_from_driver::<T>(rows, cols, CallSite::here(""))?;
         Ok(GpuMat::on(lease))
+    }
+
+    /// [`GpuMat::new`] with no padding between rows: see
+    /// [`BufferPool::get_buffer_packed`].
+    #[track_caller]
+    pub fn new_packed(
+        stream: &'s Stream,
+        rows: usize,
+        cols: usize,
+    ) -> Result<GpuMat<'s, T>, PoolError> {
+        let len = packed_len::<T>(rows, cols)?;
+        let lease = stream.take_from_driver::<T>(1, len, CallSite::here(""))?;
+        Ok(GpuMat::on(lease.packed(rows, cols, size_of::<T>())))
     }
 
     /// [`GpuMat::new`] filled from `data` (`rows * cols` elements, row-major).

@@ -103,6 +103,19 @@ pub fn take_1d<'s, T: Element>(
     frame.take_at(1, len, CallSite::here(name))
 }
 
+/// `let name = buffer!(rows, cols; T, packed)?`: rows with no padding between them.
+#[doc(hidden)]
+#[inline(always)]
+#[track_caller]
+pub fn take_packed<'s, T: Element>(
+    frame: &BufferPool<'s>,
+    rows: usize,
+    cols: usize,
+    name: &'static str,
+) -> Result<GpuMat<'s, T>, PoolError> {
+    frame.take_packed_at(rows, cols, CallSite::here(name))
+}
+
 /// The handle the user's name binds, borrowing the hidden owner.
 #[doc(hidden)]
 #[inline]

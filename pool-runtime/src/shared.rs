@@ -77,34 +77,22 @@ impl<T: Pod> SharedMat<T> {
     /// `PoolError::CaptureAllocates` while a CUDA graph is captured on this thread.
     pub fn new(device: &Device, rows: usize, cols: usize) -> Result<SharedMat<T>, PoolError> {
         let layout = Layout::of::<T>(rows, cols, device.backend().texture_alignment())?;
-        if layout.is_empty() {
-            // SAFETY: no allocation to own.
-            let memory = unsafe { SharedMemory::adopt(device, 0) };
-            return Ok(SharedMat::with(memory, &layout, layout.pitch));
-        }
-        if capturing::on_this_thread() {
-            return Err(PoolError::CaptureAllocates {
-                what: "SharedMat::new",
-                context: None,
-            });
-        }
-        let storage = device.storage();
-        let (ptr, pitch) = if layout.is_pitched() {
-            storage.alloc_pitch(layout.width_bytes, layout.rows, None)?
-        } else {
-            (storage.alloc(layout.bytes, None)?, layout.pitch)
-        };
-        // SAFETY: allocated just above from this device's storage, used by no one yet.
-        let memory = unsafe { SharedMemory::adopt(device, ptr) };
-        if !layout.is_aligned(ptr, pitch) {
-            // Dropping `memory` frees it. Not seen on any driver; checked since host slices of
-            // the rows would be misaligned.
-            return Err(PoolError::Unsupported {
-                device: device.id(),
-                what: "a driver allocation that is not aligned for the element type",
-            });
-        }
-        Ok(SharedMat::with(memory, &layout, pitch))
+        let (memory, pitch) = allocate(device, &layout)?;
+        Ok(SharedMat::with(memory, rows, cols, pitch))
+    }
+
+    /// [`SharedMat::new`] with no padding between rows (step `cols * size_of::<T>()`), as
+    /// [`BufferPool::get_buffer_packed`](crate::BufferPool::get_buffer_packed): for weights
+    /// handed to cuBLAS and matrices of few columns.
+    pub fn new_packed(
+        device: &Device,
+        rows: usize,
+        cols: usize,
+    ) -> Result<SharedMat<T>, PoolError> {
+        let len = crate::buffer::packed_len::<T>(rows, cols)?;
+        let layout = Layout::of::<T>(1, len, device.backend().texture_alignment())?;
+        let (memory, _) = allocate(device, &layout)?;
+        Ok(SharedMat::with(memory, rows, cols, cols * size_of::<T>()))
     }
 
     /// [`SharedMat::new`] on `stream`'s device, filled from `data` (`rows * cols` elements,
@@ -120,11 +108,11 @@ impl<T: Pod> SharedMat<T> {
         Ok(mat)
     }
 
-    fn with(memory: SharedMemory, layout: &Layout, pitch: usize) -> SharedMat<T> {
+    fn with(memory: SharedMemory, rows: usize, cols: usize, pitch: usize) -> SharedMat<T> {
         SharedMat {
             memory: Arc::new(memory),
-            rows: layout.rows,
-            cols: layout.cols,
+            rows,
+            cols,
             pitch,
             _elem: PhantomData,
         }
@@ -211,6 +199,37 @@ impl<T: Pod> SharedMat<T> {
     pub fn device(&self) -> &Device {
         self.memory.device()
     }
+}
+
+/// A driver allocation of `layout` on `device` (none for an empty one), and its pitch.
+fn allocate(device: &Device, layout: &Layout) -> Result<(SharedMemory, usize), PoolError> {
+    if layout.is_empty() {
+        // SAFETY: no allocation to own.
+        return Ok((unsafe { SharedMemory::adopt(device, 0) }, layout.pitch));
+    }
+    if capturing::on_this_thread() {
+        return Err(PoolError::CaptureAllocates {
+            what: "SharedMat::new",
+            context: None,
+        });
+    }
+    let storage = device.storage();
+    let (ptr, pitch) = if layout.is_pitched() {
+        storage.alloc_pitch(layout.width_bytes, layout.rows, None)?
+    } else {
+        (storage.alloc(layout.bytes, None)?, layout.pitch)
+    };
+    // SAFETY: allocated just above from this device's storage, used by no one yet.
+    let memory = unsafe { SharedMemory::adopt(device, ptr) };
+    if !layout.is_aligned(ptr, pitch) {
+        // Dropping `memory` frees it. Not seen on any driver; checked since host slices of the
+        // rows would be misaligned.
+        return Err(PoolError::Unsupported {
+            device: device.id(),
+            what: "a driver allocation that is not aligned for the element type",
+        });
+    }
+    Ok((memory, pitch))
 }
 
 impl<T> fmt::Debug for SharedMat<T> {

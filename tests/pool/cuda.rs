@@ -961,3 +961,43 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     assert!(right(&y)? < 1e-4);
     Ok(())
 }
+
+/// A GEMM on packed operands (no padding between rows, leading dimension = columns) matches the
+/// CPU, with its intermediate a packed `buffer!` too.
+#[cfg(feature = "cublas")]
+#[test]
+fn a_gemm_on_packed_buffers_matches_the_cpu() -> TestResult {
+    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, parameters, reference};
+    let Some((gpu, _lock)) = gpu("cublas_packed") else {
+        return Ok(());
+    };
+    let stream = Stream::new(&gpu)?;
+    let (engine, described) = engine(&gpu, &stream)?;
+    assert!(matches!(engine, Engine::Gpu { .. }), "{described}");
+    let (wv, bv) = parameters();
+    let xv: Vec<f32> = (0..BATCH * IN)
+        .map(|i| (i % 83) as f32 / 83.0 - 0.5)
+        .collect();
+    let packed = |rows, cols, values: &[f32]| -> Result<GpuMat<'_, f32>, PoolError> {
+        let mut m = GpuMat::new_packed(&stream, rows, cols)?;
+        m.upload(values)?;
+        Ok(m)
+    };
+    let (x, w, b) = (
+        packed(BATCH, IN, &xv)?,
+        packed(IN, OUT, &wv)?,
+        packed(1, OUT, &bv)?,
+    );
+    assert_eq!((x.step(), w.step()), (IN * 4, OUT * 4), "no padding");
+    let mut y = GpuMat::<f32>::new_packed(&stream, BATCH, OUT)?;
+    dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
+    let worst = y
+        .to_vec()?
+        .iter()
+        .zip(reference(&xv, &wv, &bv))
+        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
+        .fold(0.0f32, f32::max);
+    println!("cuBLAS on packed operands: largest relative difference {worst:.2e}");
+    assert!(worst < 1e-4);
+    Ok(())
+}

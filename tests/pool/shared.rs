@@ -246,6 +246,52 @@ fn handles_regions_and_dyn_keep_working_with_the_traits() -> Result<(), PoolErro
     Ok(())
 }
 
+/// Packed 2D buffers: rows back to back, from the stack, the driver and shared memory alike.
+#[test]
+fn packed_buffers_have_no_padding_between_rows() -> Result<(), PoolError> {
+    #[pooled(stream)]
+    fn logits(stream: &Stream, batch: usize) -> Result<(usize, bool, Vec<f32>), PoolError> {
+        let mut scores = buffer!(batch, 10; f32, packed)?;
+        scores.set_to(0.5)?;
+        scores.row_range_mut(1..2)?.set_to(2.0)?;
+        let flat = scores.as_1d()?.to_vec()?; // one run: no padding to skip
+        Ok((scores.step(), scores.is_continuous(), flat))
+    }
+    let device = Device::private_host();
+    let stream = Stream::new(&device)?;
+    let (step, continuous, flat) = logits(&stream, 256)?;
+    assert_eq!((step, continuous), (40, true));
+    assert_eq!(flat.len(), 2560);
+    assert_eq!(flat.iter().filter(|&&v| v == 2.0).count(), 10);
+    let ((), sizing) = stream.measure(|s| {
+        let _ = BufferPool::new(s).get_buffer_packed::<f32>(256, 10);
+    });
+    assert_eq!(
+        sizing.stack_bytes, 10240,
+        "256 x 10 x 4 bytes, not 256 x 512"
+    );
+
+    let long = GpuMat::<u16>::new_packed(&stream, 3, 5)?;
+    assert_eq!((long.rows(), long.cols(), long.step()), (3, 5, 10));
+    let mut weights = SharedMat::<f32>::new_packed(&device, 4, 3)?;
+    weights.write(&stream)?.upload(&[1.0; 12])?;
+    assert_eq!(weights.step(), 12);
+    assert_eq!(weights.read(&stream)?.as_1d()?.to_vec()?, [1.0; 12]);
+
+    // Sizes that overflow are errors; empty shapes are empty.
+    assert!(matches!(
+        BufferPool::new(&stream).get_buffer_packed::<u64>(usize::MAX / 4, 4),
+        Err(PoolError::SizeOverflow { .. })
+    ));
+    assert!(
+        BufferPool::new(&stream)
+            .get_buffer_packed::<u8>(0, 7)?
+            .is_empty()
+    );
+    assert_eq!(stream.stats().stack_in_use, 0);
+    Ok(())
+}
+
 /// A guard that is forgotten never ends its access: the next conflicting access waits for its
 /// stream instead, and nothing is lost.
 #[test]

@@ -146,6 +146,20 @@ impl<'s> Lease<'s> {
     }
 }
 
+impl Lease<'_> {
+    /// The lease of a one-row take of `rows * cols` elements of `elem_size` bytes, seen as
+    /// `rows x cols` with no padding between rows (a packed 2D buffer: OpenCV's
+    /// `createContinuous`). Only the shape changes: the memory and how it goes back stay.
+    pub(crate) fn packed(mut self, rows: usize, cols: usize, elem_size: usize) -> Self {
+        debug_assert_eq!(self.rows * self.cols, rows * cols);
+        self.rows = rows;
+        self.cols = cols;
+        // Cannot overflow: the take checked `rows * cols * elem_size`.
+        self.pitch = cols * elem_size;
+        self
+    }
+}
+
 impl Drop for Lease<'_> {
     #[inline]
     fn drop(&mut self) {
