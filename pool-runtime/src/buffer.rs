@@ -103,7 +103,7 @@ impl<'s> BufferPool<'s> {
         cols: usize,
         site: CallSite,
     ) -> Result<GpuMat<'s, T>, PoolError> {
-        let len = packed_len::<T>(rows, cols)?;
+        let len = crate::layout::packed_len::<T>(rows, cols)?;
         let lease = self.stream.take::<T>(1, len, site)?;
         Ok(GpuMat::on(lease.packed(rows, cols, size_of::<T>())))
     }
@@ -121,17 +121,6 @@ impl<'s> BufferPool<'s> {
     pub fn allocator(&self) -> std::sync::Arc<dyn GpuAllocator> {
         self.stream.allocator()
     }
-}
-
-/// `rows * cols`, the elements of a packed buffer, checked with its bytes.
-pub(crate) fn packed_len<T>(rows: usize, cols: usize) -> Result<usize, PoolError> {
-    rows.checked_mul(cols)
-        .filter(|n| n.checked_mul(size_of::<T>()).is_some())
-        .ok_or(PoolError::SizeOverflow {
-            rows,
-            cols,
-            elem_size: size_of::<T>(),
-        })
 }
 
 /// A 2D array of `T` in device memory, borrowed from a stream (OpenCV's `GpuMat`).
@@ -173,7 +162,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         rows: usize,
         cols: usize,
     ) -> Result<GpuMat<'s, T>, PoolError> {
-        let len = packed_len::<T>(rows, cols)?;
+        let len = crate::layout::packed_len::<T>(rows, cols)?;
         let lease = stream.take_from_driver::<T>(1, len, CallSite::here(""))?;
         Ok(GpuMat::on(lease.packed(rows, cols, size_of::<T>())))
     }

@@ -47,6 +47,18 @@ impl Footprint {
     }
 }
 
+/// `rows * cols`, the elements of a packed 2D buffer (taken as one row of them), checked with its
+/// bytes.
+pub(crate) fn packed_len<T>(rows: usize, cols: usize) -> Result<usize, PoolError> {
+    rows.checked_mul(cols)
+        .filter(|n| n.checked_mul(size_of::<T>()).is_some())
+        .ok_or(PoolError::SizeOverflow {
+            rows,
+            cols,
+            elem_size: size_of::<T>(),
+        })
+}
+
 /// The memory a buffer of `rows x cols` elements needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {

@@ -89,7 +89,7 @@ impl<T: Pod> SharedMat<T> {
         rows: usize,
         cols: usize,
     ) -> Result<SharedMat<T>, PoolError> {
-        let len = crate::buffer::packed_len::<T>(rows, cols)?;
+        let len = crate::layout::packed_len::<T>(rows, cols)?;
         let layout = Layout::of::<T>(1, len, device.backend().texture_alignment())?;
         let (memory, _) = allocate(device, &layout)?;
         Ok(SharedMat::with(memory, rows, cols, cols * size_of::<T>()))
