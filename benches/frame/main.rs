@@ -21,7 +21,9 @@
 //! are printed as a markdown table.
 //!
 //! `cargo bench --bench frame --features cuda [-- ROUNDS [FRAMES]]` (or `FRAME_ROUNDS` /
-//! `FRAME_FRAMES`; 20 rounds of 100 frames a variant by default). Without a CUDA device it says so
+//! `FRAME_FRAMES`; 20 rounds of 100 frames a variant by default). `FRAME_STREAM=default` runs it
+//! with gpu-pool adopting the context's default stream, which leaves cudarc out of its
+//! multi-stream (event-tracking) mode. Without a CUDA device it says so
 //! and measures nothing.
 
 #[path = "../gpu/driver.rs"]
@@ -291,7 +293,24 @@ fn main() -> Res<()> {
     );
     device.set_fallback(Fallback::Error); // every gpu-pool temporary must come from the stack
     set_buffer_pool_config(&device, 64 << 20, 1)?; // the four temporaries take 13 MB
-    let stream = Stream::new(&device)?;
+    // `FRAME_STREAM=default`: gpu-pool adopts the context's default stream instead of making one,
+    // so the process has no second cudarc stream and cudarc's per-use event tracking stays off.
+    // Run both ways: the difference is what a gpu-pool stream costs the rest of a cudarc program.
+    let adopt = std::env::var("FRAME_STREAM").is_ok_and(|v| v == "default");
+    let stream = if adopt {
+        Stream::from_cuda(&device, ctx.default_stream())?
+    } else {
+        Stream::new(&device)?
+    };
+    println!(
+        "gpu-pool stream: {}; cudarc multi-stream mode (events at every CudaSlice use): {}",
+        if adopt {
+            "the context's default stream, adopted (Stream::from_cuda)"
+        } else {
+            "one of its own (Stream::new)"
+        },
+        ctx.is_in_multi_stream_mode()
+    );
     let cs = stream.cuda_stream().expect("a CUDA stream").clone();
     let drv = Driver::new(cs, device.texture_alignment())?;
     let k = Kernels::load(&ctx)?;
