@@ -9,7 +9,7 @@
 mod support;
 
 use gpu_pool::prelude::*;
-use support::dense::{BATCH, IN, OUT, dense_relu, engine, parameters, reference};
+use support::dense::{BATCH, IN, OUT, dense_relu, engine, largest_difference, parameters};
 
 fn main() -> Result<(), PoolError> {
     let batches = support::count_arg(50);
@@ -48,10 +48,7 @@ fn main() -> Result<(), PoolError> {
         if batch > 0 {
             calls_after_first += stream.stats().driver_alloc_calls - before;
         }
-        let got = y.to_vec()?;
-        for (g, e) in got.iter().zip(reference(&xv, &wv, &bv)) {
-            worst = worst.max((g - e).abs() / e.abs().max(1.0));
-        }
+        worst = worst.max(largest_difference(&y.to_vec()?, &xv, &wv, &bv));
     }
     println!(
         "{batches} batches of {BATCH}x{IN} through a {IN}->{OUT} dense layer in {:.1} ms",

@@ -29,12 +29,14 @@
 #[path = "../gpu/driver.rs"]
 #[allow(dead_code, reason = "this bench uses three of the competitors")]
 mod driver;
+#[path = "../support/run.rs"]
+mod run;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use driver::{Block, Competitor, Driver};
-use gpu_pool::cudarc::driver::{CudaContext, CudaFunction, CudaStream, PushKernelArg, result, sys};
+use gpu_pool::cudarc::driver::{CudaContext, CudaFunction, CudaStream, PushKernelArg, result};
 use gpu_pool::cudarc::nvrtc::compile_ptx;
 use gpu_pool::prelude::*;
 use gpu_pool::{Fallback, PITCHED_H, Pitched, PitchedMut, grid_2d, set_buffer_pool_config};
@@ -282,14 +284,17 @@ fn main() -> Res<()> {
             return Ok(());
         }
     };
-    let (rounds, frames) = (count(0, "FRAME_ROUNDS", 20), count(1, "FRAME_FRAMES", 100));
+    let (rounds, frames) = (
+        run::count(0, "FRAME_ROUNDS", 20),
+        run::count(1, "FRAME_FRAMES", 100),
+    );
     let ctx = device.cuda_context().expect("a CUDA device").clone();
     ctx.bind_to_thread()?;
     println!(
         "device: {} ({}, driver {})",
         device.id(),
         ctx.name()?,
-        driver_version()?
+        run::driver_version()?
     );
     device.set_fallback(Fallback::Error); // every gpu-pool temporary must come from the stack
     set_buffer_pool_config(&device, 64 << 20, 1)?; // the four temporaries take 13 MB
@@ -381,26 +386,6 @@ fn main() -> Res<()> {
         drv.release(Competitor::MemAlloc, block)?;
     }
     Ok(())
-}
-
-/// The `n`th number among the arguments (flags such as cargo's `--bench` skipped), else `$var`,
-/// else `default`.
-fn count(n: usize, var: &str, default: usize) -> usize {
-    let arg = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .nth(n);
-    arg.or_else(|| std::env::var(var).ok())
-        .and_then(|s| s.parse().ok())
-        .filter(|&c| c > 0)
-        .unwrap_or(default)
-}
-
-fn driver_version() -> Res<String> {
-    let mut v = 0;
-    // SAFETY: writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut v) }.result()?;
-    Ok(format!("{}.{}", v / 1000, v % 1000 / 10))
 }
 
 /// The pipeline on the CPU, as `SOURCE` computes it.

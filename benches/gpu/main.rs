@@ -15,6 +15,9 @@ mod chart;
 mod driver;
 #[path = "../../examples/support/kernels.rs"]
 mod kernels;
+#[path = "../support/run.rs"]
+#[allow(dead_code, reason = "Criterion sets this bench's run length")]
+mod run;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -58,7 +61,7 @@ fn main() -> Res<()> {
         "device: {} ({}, driver {}), {:.0} GiB",
         device.id(),
         ctx.name()?,
-        driver_version()?,
+        run::driver_version()?,
         ctx.total_mem()? as f64 / (1u64 << 30) as f64
     );
     let mut c = support::criterion();
@@ -105,13 +108,6 @@ fn main() -> Res<()> {
     bandwidth(&stream, &kernels)?;
     charts(&b_ids)?;
     Ok(())
-}
-
-fn driver_version() -> Res<String> {
-    let mut v = 0;
-    // SAFETY: writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut v) }.result()?;
-    Ok(format!("{}.{}", v / 1000, v % 1000 / 10))
 }
 
 fn take_release(c: &mut Criterion, stream: &Stream, cached: &Stream, drv: &Driver) -> Res<()> {

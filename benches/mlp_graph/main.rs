@@ -27,6 +27,9 @@
 //! `MLP_REPLAYS`; 15 rounds of 1000 replays by default). Without a CUDA device (or cuBLAS) it says
 //! so and measures nothing.
 
+#[path = "../support/run.rs"]
+mod run;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -283,7 +286,10 @@ fn main() -> Res<()> {
             return Ok(());
         }
     };
-    let (rounds, replays) = (count(0, "MLP_ROUNDS", 15), count(1, "MLP_REPLAYS", 1000));
+    let (rounds, replays) = (
+        run::count(0, "MLP_ROUNDS", 15),
+        run::count(1, "MLP_REPLAYS", 1000),
+    );
     let ctx = device.cuda_context().expect("a CUDA device").clone();
     // SAFETY: before any cudarc slice exists; all of cudarc's work (slices, cuBLAS, kernels,
     // the capture) is on one stream, `cs`, so no slice is used on another stream.
@@ -305,7 +311,7 @@ fn main() -> Res<()> {
         "device: {} ({}, driver {}); cudarc event tracking: {}",
         device.id(),
         ctx.name()?,
-        driver_version()?,
+        run::driver_version()?,
         if ctx.is_event_tracking() { "on" } else { "off" }
     );
     let ptx = compile_ptx(SOURCE)?;
@@ -496,24 +502,4 @@ fn print_table(times: &[Vec<(f64, f64)>], rounds: usize, replays: usize) {
             m / base
         );
     }
-}
-
-/// The `n`th number among the arguments (flags such as cargo's `--bench` skipped), else `$var`,
-/// else `default`.
-fn count(n: usize, var: &str, default: usize) -> usize {
-    let arg = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .nth(n);
-    arg.or_else(|| std::env::var(var).ok())
-        .and_then(|s| s.parse().ok())
-        .filter(|&c| c > 0)
-        .unwrap_or(default)
-}
-
-fn driver_version() -> Res<String> {
-    let mut v = 0;
-    // SAFETY: writes one int.
-    unsafe { sys::cuDriverGetVersion(&mut v) }.result()?;
-    Ok(format!("{}.{}", v / 1000, v % 1000 / 10))
 }

@@ -23,6 +23,15 @@ pub fn parameters() -> (Vec<f32>, Vec<f32>) {
     (w, b)
 }
 
+/// The largest difference of `got` from the f64 CPU reference of the layer on `x`, `w`, `b`,
+/// relative where the reference is above 1 in size.
+pub fn largest_difference(got: &[f32], x: &[f32], w: &[f32], b: &[f32]) -> f32 {
+    got.iter()
+        .zip(reference(x, w, b))
+        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
+        .fold(0.0f32, f32::max)
+}
+
 /// How the layer runs: cuBLAS and a kernel on a GPU, or CPU twins on the host backend.
 pub enum Engine {
     Gpu {

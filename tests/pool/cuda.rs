@@ -818,7 +818,9 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
 #[cfg(feature = "cublas")]
 #[test]
 fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResult {
-    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, parameters, reference};
+    use crate::common::dense::{
+        BATCH, Engine, IN, OUT, dense_relu, engine, largest_difference, parameters,
+    };
     let Some((gpu, _lock)) = gpu("cublas_dense") else {
         return Ok(());
     };
@@ -839,11 +841,7 @@ fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResul
         dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
     }
     let got = y.to_vec()?;
-    let worst = got
-        .iter()
-        .zip(reference(&xv, &wv, &bv))
-        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
-        .fold(0.0f32, f32::max);
+    let worst = largest_difference(&got, &xv, &wv, &bv);
     let stats = stream.stats();
     println!(
         "cuBLAS dense layer: largest relative difference {worst:.2e}; 101 calls, {} stack \
@@ -867,7 +865,7 @@ fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResul
 #[test]
 fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestResult {
     use crate::common::dense::{
-        BATCH, Engine, IN, OUT, dense_relu_gpu, engine, parameters, reference,
+        BATCH, Engine, IN, OUT, dense_relu_gpu, engine, largest_difference, parameters,
     };
     use gpu_pool::{SharedMat, with_blas_workspace};
     let Some((gpu, _lock)) = gpu("cublas_workspace") else {
@@ -888,11 +886,7 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     let x = GpuMat::from_host(&stream, BATCH, IN, &xv)?;
     let mut y = GpuMat::<f32>::new(&stream, BATCH, OUT)?;
     let right = |y: &GpuMat<'_, f32>| -> Result<f32, PoolError> {
-        Ok(y.to_vec()?
-            .iter()
-            .zip(reference(&xv, &wv, &bv))
-            .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
-            .fold(0.0f32, f32::max))
+        Ok(largest_difference(&y.to_vec()?, &xv, &wv, &bv))
     };
     const WORKSPACE: usize = 4 * MIB;
 
@@ -967,7 +961,9 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
 #[cfg(feature = "cublas")]
 #[test]
 fn a_gemm_on_packed_buffers_matches_the_cpu() -> TestResult {
-    use crate::common::dense::{BATCH, Engine, IN, OUT, dense_relu, engine, parameters, reference};
+    use crate::common::dense::{
+        BATCH, Engine, IN, OUT, dense_relu, engine, largest_difference, parameters,
+    };
     let Some((gpu, _lock)) = gpu("cublas_packed") else {
         return Ok(());
     };
@@ -991,12 +987,7 @@ fn a_gemm_on_packed_buffers_matches_the_cpu() -> TestResult {
     assert_eq!((x.step(), w.step()), (IN * 4, OUT * 4), "no padding");
     let mut y = GpuMat::<f32>::new_packed(&stream, BATCH, OUT)?;
     dense_relu(&stream, &engine, &x, &w, &b, &mut y)?;
-    let worst = y
-        .to_vec()?
-        .iter()
-        .zip(reference(&xv, &wv, &bv))
-        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
-        .fold(0.0f32, f32::max);
+    let worst = largest_difference(&y.to_vec()?, &xv, &wv, &bv);
     println!("cuBLAS on packed operands: largest relative difference {worst:.2e}");
     assert!(worst < 1e-4);
     Ok(())
