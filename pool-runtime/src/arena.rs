@@ -5,15 +5,35 @@
 //! business (`stack.rs`). The device keeps its arena behind its lock, so claiming and returning
 //! stacks take that lock, and nothing on the allocation hot path does.
 
+use std::sync::Arc;
+
 use crate::backend::{DevPtr, RawEvent};
 use crate::config::PoolConfig;
 use crate::error::PoolError;
 use crate::stack::Stack;
 use crate::storage::Storage;
 
+/// Where a device's stack memory comes from when not from `cuMemAlloc`: an allocator whose memory a
+/// library can do more with (NCCL's `ncclMemAlloc`, which NCCL can register for zero-copy
+/// collectives). Its calls are counted as the device's driver calls.
+pub(crate) trait StackMemory: Send + Sync {
+    /// `bytes` of device memory on the arena's device.
+    fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError>;
+
+    /// Frees what [`alloc`](Self::alloc) returned.
+    ///
+    /// # Safety
+    /// `ptr` came from this allocator's `alloc`, is freed once, and no work uses it any more.
+    unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError>;
+}
+
 /// Every stack of a device, in one allocation.
 pub(crate) struct Arena {
     base: DevPtr,
+    /// The allocator the memory came from, if not the driver's; it frees it too.
+    memory: Option<Arc<dyn StackMemory>>,
+    /// Registrations with a library (NCCL) that must be undone before the memory goes.
+    pins: usize,
     config: PoolConfig,
     held: Vec<bool>,
     /// Work of the stack's last stream that nobody could wait for when it let the stack go (it
@@ -22,11 +42,24 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
-    /// Allocates the memory of `config`'s stacks, none of them held.
-    pub(crate) fn allocate(storage: &Storage, config: PoolConfig) -> Result<Arena, PoolError> {
-        let base = storage.alloc(config.total_bytes(), None)?;
+    /// Allocates the memory of `config`'s stacks, none of them held, from `memory` or else the
+    /// driver.
+    pub(crate) fn allocate(
+        storage: &Storage,
+        config: PoolConfig,
+        memory: Option<Arc<dyn StackMemory>>,
+    ) -> Result<Arena, PoolError> {
+        let base = match &memory {
+            Some(m) => {
+                storage.count_alloc(None);
+                m.alloc(config.total_bytes())?
+            }
+            None => storage.alloc(config.total_bytes(), None)?,
+        };
         Ok(Arena {
             base,
+            memory,
+            pins: 0,
             config,
             held: vec![false; config.stack_count()],
             after: (0..config.stack_count()).map(|_| None).collect(),
@@ -36,6 +69,34 @@ impl Arena {
     /// The config the arena was allocated with.
     pub(crate) fn config(&self) -> PoolConfig {
         self.config
+    }
+
+    #[cfg(feature = "nccl")]
+    /// The memory of every stack: its first address and its bytes.
+    pub(crate) fn range(&self) -> (DevPtr, usize) {
+        (self.base, self.config.total_bytes())
+    }
+
+    #[cfg(feature = "nccl")]
+    /// Whether the memory came from `memory` (the same allocator, not merely the same kind).
+    pub(crate) fn is_from(&self, memory: Option<&Arc<dyn StackMemory>>) -> bool {
+        match (&self.memory, memory) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
+    #[cfg(feature = "nccl")]
+    /// Counts a registration that must be undone before the memory is freed.
+    pub(crate) fn pin(&mut self) {
+        self.pins += 1;
+    }
+
+    #[cfg(feature = "nccl")]
+    /// Undoes one [`pin`](Self::pin).
+    pub(crate) fn unpin(&mut self) {
+        self.pins = self.pins.saturating_sub(1);
     }
 
     /// How many stacks streams hold.
@@ -73,6 +134,9 @@ impl Arena {
         let Some(arena) = slot.as_ref() else {
             return Ok(0);
         };
+        if arena.pins > 0 {
+            return Err(PoolError::StackMemoryRegistered { device: storage.id });
+        }
         let held = arena.held_count();
         if held > 0 {
             return Err(PoolError::ConfigInUse {
@@ -91,7 +155,7 @@ impl Arena {
         // synchronize before giving their stack back, or give it back with an event waited for
         // just above, so no queued work uses it either. The arena leaves its slot once freed: the
         // address is freed once.
-        unsafe { storage.free(arena.base, None) }?;
+        unsafe { arena.free_memory(storage) }?;
         let bytes = arena.config.total_bytes();
         *slot = None;
         Ok(bytes)
@@ -100,9 +164,31 @@ impl Arena {
     /// Frees the memory when its device goes: the last handle is gone, and streams hold one, so no
     /// stream uses the stacks.
     pub(crate) fn free_at_exit(self, storage: &Storage) {
-        // SAFETY: as above: no stream is left to use a stack, and `self` is consumed.
-        if let Err(e) = unsafe { storage.backend.free(self.base) } {
+        let freed = match &self.memory {
+            // SAFETY: as above: no stream is left to use a stack, and `self` is consumed. A
+            // registration holds the device, so none is left either.
+            Some(m) => unsafe { m.free(self.base) },
+            // SAFETY: as above.
+            None => unsafe { storage.backend.free(self.base) },
+        };
+        if let Err(e) = freed {
             tracing::error!(device = %storage.id, error = %e, "freeing the stack memory failed");
+        }
+    }
+
+    /// Frees the memory through whoever allocated it, counted.
+    ///
+    /// # Safety
+    /// No stream holds a stack, no work uses the memory, and the arena is dropped right after.
+    unsafe fn free_memory(&self, storage: &Storage) -> Result<(), PoolError> {
+        match &self.memory {
+            Some(m) => {
+                storage.count_free(None);
+                // SAFETY: forwarded to the caller; `base` came from `m.alloc`.
+                unsafe { m.free(self.base) }
+            }
+            // SAFETY: forwarded to the caller; `base` came from `storage.alloc`.
+            None => unsafe { storage.free(self.base, None) },
         }
     }
 }

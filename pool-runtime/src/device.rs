@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::arena::Arena;
+use crate::arena::{Arena, StackMemory};
 use crate::backend::host::HostBackend;
 use crate::backend::{Backend, RawEvent};
 use crate::config::{self, Fallback, PoolConfig};
@@ -54,6 +54,8 @@ struct DeviceState {
     fallback: Option<Fallback>,
     strict_lifo: Option<bool>,
     arena: Option<Arena>,
+    /// Where the next arena's memory comes from, if not the driver (`nccl::use_nccl_memory`).
+    stack_memory: Option<Arc<dyn StackMemory>>,
     streams_wanting: usize,
     streams_wanting_peak: usize,
     live_streams: Vec<Weak<Ledger>>,
@@ -529,7 +531,8 @@ impl DeviceInner {
         let mut state = self.lock_state();
         if state.arena.is_none() {
             let config = state.effective_config()?;
-            state.arena = Some(Arena::allocate(&self.storage, config)?);
+            let memory = state.stack_memory.clone();
+            state.arena = Some(Arena::allocate(&self.storage, config, memory)?);
         }
         let arena = state.arena.as_mut().expect("set above");
         let claimed = arena.claim(self.storage.backend.texture_alignment());
@@ -537,6 +540,51 @@ impl DeviceInner {
             ledger.stack_index.store(stack.index, Relaxed);
         }
         Ok(claimed)
+    }
+
+    #[cfg(feature = "nccl")]
+    /// Takes the stack memory from `memory` (`None`: the driver) from now on. Memory already allocated elsewhere is
+    /// freed if no stream holds a stack (`PoolError::ConfigInUse` if one does, and nothing
+    /// changes), so the next stack comes from `memory`.
+    pub(crate) fn set_stack_memory(
+        &self,
+        memory: Option<Arc<dyn StackMemory>>,
+    ) -> Result<(), PoolError> {
+        let mut state = self.lock_state();
+        if state
+            .arena
+            .as_ref()
+            .is_some_and(|a| !a.is_from(memory.as_ref()))
+        {
+            self.free_arena(&mut state)?;
+        }
+        state.stack_memory = memory;
+        Ok(())
+    }
+
+    #[cfg(feature = "nccl")]
+    /// Keeps the stack memory from being freed or replaced until [`unpin_stack_memory`]
+    /// (a library registered it), allocating it now if it is not yet: its first address and bytes.
+    ///
+    /// [`unpin_stack_memory`]: Self::unpin_stack_memory
+    pub(crate) fn pin_stack_memory(&self) -> Result<(crate::backend::DevPtr, usize), PoolError> {
+        let mut state = self.lock_state();
+        if state.arena.is_none() {
+            let config = state.effective_config()?;
+            let memory = state.stack_memory.clone();
+            state.arena = Some(Arena::allocate(&self.storage, config, memory)?);
+        }
+        let arena = state.arena.as_mut().expect("set above");
+        arena.pin();
+        Ok(arena.range())
+    }
+
+    #[cfg(feature = "nccl")]
+    /// Undoes one [`pin_stack_memory`](Self::pin_stack_memory).
+    pub(crate) fn unpin_stack_memory(&self) {
+        if let Some(arena) = self.lock_state().arena.as_mut() {
+            arena.unpin();
+        }
     }
 
     /// Whether a stream without a stack could get one now.

@@ -268,6 +268,70 @@ pub enum PoolError {
         source: Cause,
     },
 
+    /// An NCCL call failed (feature `nccl`).
+    ///
+    /// The [`source`](std::error::Error::source) is an [`NcclFailure`] holding cudarc's
+    /// `NcclError` (downcast it to read the `ncclResult_t`).
+    #[error(
+        "{} failed: {source}; set NCCL_DEBUG=WARN for NCCL's own reason. \
+         ncclInvalidUsage is a call out of order or ranks that disagree (a rank missing from a \
+         group, different counts), ncclUnhandledCudaError a CUDA error underneath, ncclSystemError \
+         the operating system (shared memory, sockets)",
+        nccl_call_words(call)
+    )]
+    Nccl {
+        /// The NCCL function.
+        call: &'static str,
+        /// NCCL's status.
+        source: Cause,
+    },
+
+    /// The NCCL calls of a group disagree across ranks; nothing was queued (feature `nccl`).
+    #[error(
+        "the NCCL group was not queued: {problem}. Every rank must make the same collectives in \
+         the same order with the same count and type, and each send needs a receive of the same \
+         count and type on its peer"
+    )]
+    NcclGroup {
+        /// What disagrees.
+        problem: String,
+    },
+
+    /// A device's stack memory is registered with NCCL, so it cannot be freed or replaced.
+    #[error(
+        "the stack memory of {device} is registered with an NCCL communicator: drop the \
+         nccl::Registered handle first (it deregisters the memory), then change the config, \
+         release the stack memory or change where it comes from"
+    )]
+    StackMemoryRegistered {
+        /// The device.
+        device: DeviceId,
+    },
+
+    /// Two ranks' stacks laid their blocks out differently ([`check_symmetric`](crate::check_symmetric)).
+    #[error(
+        "the stacks are not symmetric: rank {rank} took {takes} block(s), its top at offset {top}, \
+         layout digest {digest:#018x}; rank 0 took {takes0}, its top at {top0}, digest \
+         {digest0:#018x}. Run the same pooled work in the same order on every rank, with the same \
+         stack config, and compare from streams made alike (a fresh stream per rank)"
+    )]
+    Asymmetric {
+        /// The first rank that differs from rank 0.
+        rank: usize,
+        /// Blocks its stack handed out.
+        takes: u64,
+        /// Its stack's top now.
+        top: u64,
+        /// The digest of its blocks' offsets and ends.
+        digest: u64,
+        /// Blocks rank 0's stack handed out.
+        takes0: u64,
+        /// Rank 0's top.
+        top0: u64,
+        /// Rank 0's digest.
+        digest0: u64,
+    },
+
     /// A CUDA library the program asked for could not be loaded (cudarc loads them at run time,
     /// and would panic on the first call into a missing one).
     #[error(
@@ -594,6 +658,15 @@ impl From<std::io::Error> for Cause<std::io::Error> {
     }
 }
 
+/// "NCCL call ncclCommInitAll", or "an NCCL call made through cudarc".
+fn nccl_call_words(call: &str) -> String {
+    if call == PoolError::CUDARC_CALL {
+        "an NCCL call made through cudarc".into()
+    } else {
+        format!("NCCL call {call}")
+    }
+}
+
 /// "CUDA call cuMemAlloc", or "a CUDA driver call made through cudarc" where the call is not known.
 fn call_words(call: &str) -> String {
     if call == PoolError::CUDARC_CALL {
@@ -641,6 +714,35 @@ impl From<cudarc::cublas::result::CublasError> for PoolError {
     fn from(error: cudarc::cublas::result::CublasError) -> Self {
         PoolError::Cublas {
             source: error.into(),
+        }
+    }
+}
+
+/// NCCL's status of a failed call as an error: cudarc's `NcclError` is not a
+/// `std::error::Error`, so [`PoolError::Nccl`] keeps it in this one (feature `nccl`).
+#[cfg(feature = "nccl")]
+#[derive(Debug)]
+pub struct NcclFailure(pub cudarc::nccl::result::NcclError);
+
+#[cfg(feature = "nccl")]
+impl fmt::Display for NcclFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The status's name (`ncclInvalidUsage`): no call into NCCL, which may be what failed.
+        write!(f, "{:?}", self.0.0)
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl Error for NcclFailure {}
+
+#[cfg(feature = "nccl")]
+impl From<cudarc::nccl::result::NcclError> for PoolError {
+    /// An error of an NCCL call made through cudarc (`Comm::all_reduce` and the like), as
+    /// [`PoolError::Nccl`] with the status as its source.
+    fn from(error: cudarc::nccl::result::NcclError) -> Self {
+        PoolError::Nccl {
+            call: PoolError::CUDARC_CALL,
+            source: NcclFailure(error).into(),
         }
     }
 }

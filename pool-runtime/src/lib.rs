@@ -45,18 +45,19 @@
 //! | 11 | `device` | the composition root: storage, stack arena, settings, stream ledgers |
 //! | 12 | `caching` | [`CachingPool`], made for a device |
 //! | 13 | `stream` | [`Stream`]: the take and give-back (`stream/lease.rs`), its work, its captures |
-//! | 14 | `view`, `graph`, `pplcv` | views and regions; CUDA graphs; ppl.cv's pool |
+//! | 14 | `view`, `graph`, `pplcv`, `symmetric` | views and regions; CUDA graphs; ppl.cv's pool; the symmetric-stack check |
 //! | 15 | `buffer`, `mix`, `shared` | [`GpuMat`], [`BufferPool`]; [`MixMemory`]; [`SharedMat`], memory no stream owns |
 //! | 16 | `frame` | what the DSL expands to |
 //! | 17 | `device_memory`, `kernel_args`, `blas` | CUDA interop: views lent to cudarc; kernel arguments; cuBLAS handles |
 //! | 18 | `access` | [`GpuRead`] / [`GpuWrite`]: one parameter type for every kind of buffer |
-//! | 19 | `report`, `timeline`, `testing` | every device's stats; recordings exported; test hooks |
+//! | 19 | `nccl` | NCCL communicators over pool streams; stacks in memory NCCL registers |
+//! | 20 | `report`, `timeline`, `testing` | every device's stats; recordings exported; test hooks |
 //!
 //! Storage (ranks 7 and 8) knows memory, not policy; the stack and the allocators (9) build on
 //! it and never name the device; the device holds the arena and its settings; the caching pool and
 //! the streams sit on the device (a stream chooses its fallback when it is made); the user-facing
 //! types (14 to 16) sit on the stream, CUDA interop on them, the one parameter type for all of them
-//! (18) on top, and the reports on everything.
+//! (18) on top, NCCL (19) over it, and the reports on everything.
 //!
 //! # A buffer's path
 //! `buffer!` (or [`BufferPool::get_buffer`]) asks its stream for memory: `Stream::take`
@@ -99,6 +100,8 @@ mod kernel_args;
 mod layout;
 mod ledger;
 mod mix;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod pplcv;
 mod record;
 mod report;
@@ -108,6 +111,7 @@ mod stack;
 mod stats;
 mod storage;
 mod stream;
+mod symmetric;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -131,6 +135,8 @@ pub use config::{
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]
 pub use device_memory::{LentSlice, LentSliceMut};
+#[cfg(feature = "nccl")]
+pub use error::NcclFailure;
 pub use error::{Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
@@ -144,8 +150,10 @@ pub use record::{Event, EventKind, StreamRecording};
 pub use report::{Report, report};
 pub use shared::{SharedMat, SharedRead, SharedWrite};
 pub use source::{CallSite, FallbackReason, Source};
+pub use stack::LayoutTrace;
 pub use stats::{DeviceStats, FallbackCounts, SiteFallbacks, StreamStats};
 pub use stream::{Sizing, Stream};
+pub use symmetric::check_symmetric;
 pub use view::{GpuView, GpuViewMut};
 
 /// The crate README's example, compiled and run as a doctest so it stays true.

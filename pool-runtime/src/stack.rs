@@ -40,6 +40,85 @@ impl Block {
     }
 }
 
+/// What a stream's stack has handed out, in a form that compares across ranks and processes: how
+/// many blocks, where its top is, and a digest of every block's offset and end in order. Two
+/// stacks with equal traces laid out the same blocks at the same offsets, which is what symmetric
+/// memory (NCCL windows) asks of every rank. Made by [`Stream::layout_trace`](crate::Stream::layout_trace)
+/// in builds with debug assertions; compared by [`check_symmetric`](crate::check_symmetric).
+///
+/// ```
+/// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+/// let (a, b) = (Stream::new(&Device::private_host())?, Stream::new(&Device::private_host())?);
+/// drop((BufferPool::new(&a).get_buffer::<f32>(8, 8)?, BufferPool::new(&b).get_buffer::<f32>(8, 8)?));
+/// if let (Some(ta), Some(tb)) = (a.layout_trace(), b.layout_trace()) {
+///     assert_eq!(ta, tb);
+///     assert_eq!(ta.takes(), 1);
+///     assert_eq!(gpu_pool_runtime::LayoutTrace::from_bytes(ta.to_bytes()), ta); // to send to another process
+/// }
+/// # Ok::<(), PoolError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LayoutTrace {
+    takes: u64,
+    top: u64,
+    digest: u64,
+}
+
+/// FNV-1a's 64-bit offset basis and prime: a cheap digest that any change of order or offset
+/// changes.
+#[cfg(debug_assertions)]
+const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+#[cfg(debug_assertions)]
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+impl LayoutTrace {
+    /// Blocks the stack handed out since its stream got it.
+    #[must_use]
+    pub fn takes(&self) -> u64 {
+        self.takes
+    }
+
+    /// The stack's top (bytes in use, padding included) when the trace was taken.
+    #[must_use]
+    pub fn top(&self) -> u64 {
+        self.top
+    }
+
+    /// The digest of every block's offset and end, in the order they were taken.
+    #[must_use]
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// The trace as 24 bytes (little-endian), to exchange between processes (an NCCL all-gather).
+    #[must_use]
+    pub fn to_bytes(&self) -> [u8; 24] {
+        let mut out = [0; 24];
+        for (chunk, word) in out
+            .chunks_exact_mut(8)
+            .zip([self.takes, self.top, self.digest])
+        {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        out
+    }
+
+    /// A trace read back from [`to_bytes`](Self::to_bytes).
+    #[must_use]
+    pub fn from_bytes(bytes: [u8; 24]) -> LayoutTrace {
+        let word = |i: usize| {
+            let mut w = [0; 8];
+            w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        LayoutTrace {
+            takes: word(0),
+            top: word(1),
+            digest: word(2),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Stack {
     pub(crate) index: usize,
@@ -53,6 +132,10 @@ pub(crate) struct Stack {
     pending: RefCell<Vec<Block>>,
     /// Whether `pending` is non-empty, so the in-order path reads one flag.
     has_pending: Cell<bool>,
+    /// Blocks taken and the digest of their offsets and ends: only with debug assertions, so
+    /// release builds keep the take as it was.
+    #[cfg(debug_assertions)]
+    trace: Cell<(u64, u64)>,
 }
 
 /// How a release went.
@@ -75,7 +158,24 @@ impl Stack {
             top: Cell::new(0),
             pending: RefCell::new(Vec::new()),
             has_pending: Cell::new(false),
+            #[cfg(debug_assertions)]
+            trace: Cell::new((0, FNV_BASIS)),
         }
+    }
+
+    /// What the stack has handed out so far; `None` in builds without debug assertions.
+    pub(crate) fn layout_trace(&self) -> Option<LayoutTrace> {
+        #[cfg(debug_assertions)]
+        {
+            let (takes, digest) = self.trace.get();
+            Some(LayoutTrace {
+                takes,
+                top: self.top.get() as u64,
+                digest,
+            })
+        }
+        #[cfg(not(debug_assertions))]
+        None
     }
 
     pub(crate) fn size(&self) -> usize {
@@ -112,6 +212,13 @@ impl Stack {
         let offset = (prev_top + align - 1) & !(align - 1);
         let end = offset.checked_add(bytes).filter(|&end| end <= self.size)?;
         self.top.set(end);
+        #[cfg(debug_assertions)]
+        {
+            let (takes, digest) = self.trace.get();
+            let digest = ((digest ^ offset as u64).wrapping_mul(FNV_PRIME) ^ end as u64)
+                .wrapping_mul(FNV_PRIME);
+            self.trace.set((takes + 1, digest));
+        }
         Some((offset, Block { end, prev_top }))
     }
 

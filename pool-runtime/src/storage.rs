@@ -53,14 +53,14 @@ impl Storage {
         self.free_calls.load(Relaxed)
     }
 
-    fn count_alloc(&self, stream: Option<&StreamCounters>) {
+    pub(crate) fn count_alloc(&self, stream: Option<&StreamCounters>) {
         self.alloc_calls.fetch_add(1, Relaxed);
         if let Some(s) = stream {
             s.driver_alloc_calls.add(1);
         }
     }
 
-    fn count_free(&self, stream: Option<&StreamCounters>) {
+    pub(crate) fn count_free(&self, stream: Option<&StreamCounters>) {
         self.free_calls.fetch_add(1, Relaxed);
         if let Some(s) = stream {
             s.driver_free_calls.add(1);

@@ -19,10 +19,13 @@ mod faults;
 mod mix;
 mod model;
 mod model_pools;
+#[cfg(feature = "nccl")]
+mod multi_gpu;
 mod observe;
 mod pplcv;
 mod seams;
 mod seed;
 mod shared;
 mod sizing;
+mod symmetric;
 mod views;

@@ -25,7 +25,7 @@ use crate::error::PoolError;
 use crate::ledger::Ledger;
 use crate::record::{Event, EventKind};
 use crate::source::{CallSite, Source};
-use crate::stack::Stack;
+use crate::stack::{LayoutTrace, Stack};
 use crate::stats::{StreamCounters, StreamStats};
 
 use capture::Graphs;
@@ -225,6 +225,16 @@ impl Stream {
         self.stack
             .get()
             .map(|s| s.base..s.base + s.size() as DevPtr)
+    }
+
+    /// What this stream's stack has handed out since the stream got it (see [`LayoutTrace`]), to
+    /// check that ranks running the same pooled work take the same offsets
+    /// ([`check_symmetric`](crate::check_symmetric)). `None` before the stream's first stack
+    /// buffer, for a stream without a stack, and in builds without debug assertions (the take
+    /// records nothing there).
+    #[must_use]
+    pub fn layout_trace(&self) -> Option<LayoutTrace> {
+        self.stack.get()?.layout_trace()
     }
 
     /// Waits until all work queued on the stream is done.

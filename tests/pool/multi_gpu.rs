@@ -1,0 +1,406 @@
+//! Several GPUs: a stack per device, memory that stays on its device, and NCCL collectives on
+//! `buffer!` temporaries driven from one thread, eager and captured, with symmetric stacks. Each
+//! test says what it skipped where a second GPU or `libnccl` is missing.
+
+use std::error::Error;
+
+use gpu_pool::nccl::{Communicators, Reduce};
+use gpu_pool::prelude::*;
+use gpu_pool::{
+    CachingPool, Fallback, MixMemory, PoolConfig, check_symmetric, cudarc, set_buffer_pool_config,
+};
+
+use crate::common::{GpuLock, gpu, skipped};
+
+type TestResult = Result<(), Box<dyn Error>>;
+
+const MIB: usize = 1 << 20;
+
+/// CUDA devices 0 and 1 with the GPU lock, reset as the tests assume; `None` (and a line saying
+/// what was skipped) with fewer than two.
+fn two_gpus(test: &str) -> Option<(Device, Device, GpuLock)> {
+    let (gpu0, lock) = gpu(test)?;
+    let count = Device::cuda_device_count().unwrap_or(0);
+    if count < 2 {
+        skipped(&format!(
+            "{test}: skipped: {count} CUDA device(s), 2 needed"
+        ));
+        return None;
+    }
+    let gpu1 = Device::cuda(1).ok()?;
+    gpu1.set_fallback(Fallback::Driver);
+    gpu1.set_strict_lifo(false);
+    Some((gpu0, gpu1, lock))
+}
+
+/// Whether NCCL loads; says so and skips where it does not.
+fn nccl_loads(test: &str) -> bool {
+    match gpu_pool::nccl::version() {
+        Ok(v) => {
+            println!("{test}: NCCL {}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+            true
+        }
+        Err(e) => {
+            skipped(&format!("{test}: NCCL part skipped: {e}"));
+            false
+        }
+    }
+}
+
+/// Puts both devices back as the next test assumes (device 0's lock resets the rest of it) when
+/// it drops: declared before the test's streams, it drops after them.
+struct Reset<'a>(&'a Device, &'a Device);
+
+impl Drop for Reset<'_> {
+    fn drop(&mut self) {
+        for d in [self.0, self.1] {
+            d.set_fallback(Fallback::Driver);
+            let _ = d.caching_pool().free_held();
+            let _ = d.set_pool_config(PoolConfig::default());
+            let _ = gpu_pool::nccl::use_driver_memory(d);
+        }
+    }
+}
+
+/// Free and total bytes of `device` as the driver reports them (what NCCL's own allocations would
+/// change, which the pool's counters cannot see).
+fn free_bytes(device: &Device) -> Result<usize, Box<dyn Error>> {
+    let ctx = device.cuda_context().expect("CUDA");
+    ctx.bind_to_thread()?;
+    Ok(cudarc::driver::result::mem_get_info()?.0)
+}
+
+#[test]
+fn mix_memory_and_the_caching_pool_stay_on_their_own_device() -> TestResult {
+    let Some((gpu0, gpu1, _lock)) = two_gpus("multi_gpu_devices") else {
+        return Ok(());
+    };
+    let _reset = Reset(&gpu0, &gpu1);
+    // MixMemory of device 1 from a thread where device 0's context is current.
+    gpu0.cuda_context().expect("CUDA").bind_to_thread()?;
+    let s1 = Stream::new(&gpu1)?;
+    let mut mix = MixMemory::new(&gpu1)?;
+    mix.cpu::<u32>(4096)?.fill(7);
+    mix.gpu::<u32>(4096)?;
+    mix.copy_to_gpu_async(&s1)?;
+    mix.cpu::<u32>(4096)?.fill(0);
+    mix.copy_to_cpu_async(&s1)?;
+    mix.synchronize()?;
+    assert!(mix.cpu::<u32>(4096)?.iter().all(|&v| v == 7));
+    assert_eq!(
+        cudarc::driver::result::ctx::get_current()?,
+        Some(gpu0.cuda_context().expect("CUDA").cu_ctx()),
+        "the caller's context is current again"
+    );
+
+    // The caching pools: a block freed on device 0 is never handed to device 1.
+    gpu0.set_fallback(Fallback::Caching);
+    gpu1.set_fallback(Fallback::Caching);
+    set_buffer_pool_config(&gpu0, MIB, 1)?;
+    set_buffer_pool_config(&gpu1, MIB, 1)?;
+    let s0 = Stream::new(&gpu0)?;
+    let s1 = Stream::new(&gpu1)?;
+    let (pool0, pool1): (std::sync::Arc<CachingPool>, _) =
+        (gpu0.caching_pool(), gpu1.caching_pool());
+    let cached = |p: &CachingPool| p.stats();
+    let big = 4 * MIB; // past the 1 MiB stacks: served by the caching pools
+    {
+        let mut a = BufferPool::new(&s0).get_buffer_1d::<u8>(big)?;
+        a.set_to(1)?;
+        assert!(matches!(a.source(), Source::Fallback(_)));
+        s0.synchronize()?;
+    }
+    let before1 = cached(&pool1);
+    let mut b = BufferPool::new(&s1).get_buffer_1d::<u8>(big)?;
+    b.set_to(2)?;
+    assert!(b.to_vec()?.iter().all(|&v| v == 2));
+    let after1 = cached(&pool1);
+    println!(
+        "multi_gpu_devices: device 0 caching {:?}; device 1 before {before1:?} after {after1:?}",
+        cached(&pool0)
+    );
+    assert!(
+        after1.misses > before1.misses,
+        "device 1 allocated its own block rather than reusing device 0's"
+    );
+    let mut a = BufferPool::new(&s0).get_buffer_1d::<u8>(big)?;
+    a.set_to(3)?;
+    assert!(a.to_vec()?.iter().all(|&v| v == 3));
+    assert!(
+        b.to_vec()?.iter().all(|&v| v == 2),
+        "device 1's block is its own"
+    );
+    println!(
+        "multi_gpu_devices: MixMemory on cuda:1 from a thread bound to cuda:0; caching pools kept apart"
+    );
+    Ok(())
+}
+
+/// One step of data-parallel training on two ranks, every buffer a `buffer!` temporary of its
+/// rank's stream: each rank fills its gradient (rank r with r + 1), the gradients are summed on
+/// both ranks (all-reduce), and rank 1 sends its gradient to rank 0. `sums[r]` gets rank r's sum,
+/// `got` what rank 0 received.
+fn step(
+    ranks: &Communicators<'_>,
+    (s0, s1): (&Stream, &Stream),
+    n: usize,
+    sums: &mut [GpuMat<'_, f32>; 2],
+    got: &mut GpuMat<'_, f32>,
+) -> Result<(), PoolError> {
+    gpu_scope!(s0, {
+        let mut g0 = buffer!(n; f32)?;
+        let mut r0 = buffer!(n; f32)?;
+        let mut t0 = buffer!(n; f32)?;
+        gpu_scope!(s1, {
+            let mut g1 = buffer!(n; f32)?;
+            let mut r1 = buffer!(n; f32)?;
+            let _t1 = buffer!(n; f32)?; // rank 1's twin of t0: the stacks stay symmetric
+            g0.set_to(1.0)?;
+            g1.set_to(2.0)?;
+            ranks.group(|g| {
+                g.all_reduce(0, &g0, &mut r0, Reduce::Sum)?;
+                g.all_reduce(1, &g1, &mut r1, Reduce::Sum)?;
+                g.send(1, &g1, 0)?;
+                g.recv(0, &mut t0, 1)
+            })?;
+            let [sum0, sum1] = sums;
+            sum0.copy_from(&r0)?;
+            sum1.copy_from(&r1)?;
+            got.copy_from(&t0)?;
+        });
+    });
+    Ok(())
+}
+
+/// Elements of `m` that are not `want`.
+fn wrong(m: &GpuMat<'_, f32>, want: f32) -> Result<usize, PoolError> {
+    Ok(m.to_vec()?.iter().filter(|&&v| v != want).count())
+}
+
+#[test]
+fn nccl_all_reduce_and_send_recv_on_buffer_temporaries_eager_and_captured() -> TestResult {
+    let Some((gpu0, gpu1, _lock)) = two_gpus("multi_gpu_nccl") else {
+        return Ok(());
+    };
+    let _reset = Reset(&gpu0, &gpu1);
+    if !nccl_loads("multi_gpu_nccl") {
+        return Ok(());
+    }
+    let (s0, s1) = (Stream::new(&gpu0)?, Stream::new(&gpu1)?);
+    let ranks = Communicators::new(&[&s0, &s1])?;
+    let n = (4 * MIB) / 4 + 3; // 4 MiB and a ragged tail
+    let mut sums = [
+        GpuMat::<f32>::new(&s0, 1, n)?,
+        GpuMat::<f32>::new(&s1, 1, n)?,
+    ];
+    let mut got = GpuMat::<f32>::new(&s0, 1, n)?;
+
+    // Eager: the first step warms NCCL up (its connections); later steps allocate nothing.
+    step(&ranks, (&s0, &s1), n, &mut sums, &mut got)?;
+    let calls = |d: &Device| d.stats().driver_alloc_calls;
+    let (c0, c1) = (calls(&gpu0), calls(&gpu1));
+    let (f0, f1) = (free_bytes(&gpu0)?, free_bytes(&gpu1)?);
+    const STEPS: usize = 20;
+    for _ in 0..STEPS {
+        step(&ranks, (&s0, &s1), n, &mut sums, &mut got)?;
+    }
+    let eager_wrong = (
+        wrong(&sums[0], 3.0)?,
+        wrong(&sums[1], 3.0)?,
+        wrong(&got, 2.0)?,
+    );
+    let eager_calls = (calls(&gpu0) - c0, calls(&gpu1) - c1);
+    let eager_free = (
+        f0 as i64 - free_bytes(&gpu0)? as i64,
+        f1 as i64 - free_bytes(&gpu1)? as i64,
+    );
+    println!(
+        "multi_gpu_nccl: eager, {STEPS} steps of {n} f32: wrong (sum0, sum1, received) = \
+         {eager_wrong:?}; pool driver allocations after the first step (cuda:0, cuda:1) = \
+         {eager_calls:?}; device bytes taken meanwhile (driver's count) = {eager_free:?}"
+    );
+    assert_eq!(eager_wrong, (0, 0, 0));
+    assert_eq!(eager_calls, (0, 0));
+    check_symmetric(&[&s0, &s1])?;
+    let traces = (s0.layout_trace(), s1.layout_trace());
+    println!("multi_gpu_nccl: layout traces {traces:?}");
+
+    // Captured: each rank's part into its own stream's graph, replayed side by side.
+    for m in sums.iter_mut().chain([&mut got]) {
+        m.set_to(0.0)?;
+    }
+    s0.synchronize()?;
+    s1.synchronize()?;
+    {
+        // Rank 1's graph is captured inside rank 0's capture: both streams record the group.
+        let inner = std::cell::RefCell::new(None);
+        let g0 = s0.capture(|_| {
+            let g = s1.capture(|_| step(&ranks, (&s0, &s1), n, &mut sums, &mut got))?;
+            *inner.borrow_mut() = Some(g);
+            Ok(())
+        })?;
+        let inner = inner.borrow();
+        let g1 = inner.as_ref().expect("the inner capture ran");
+        let (c0, c1) = (calls(&gpu0), calls(&gpu1));
+        for _ in 0..STEPS {
+            g0.launch()?;
+            g1.launch()?;
+        }
+        s0.synchronize()?;
+        s1.synchronize()?;
+        let replay_calls = (calls(&gpu0) - c0, calls(&gpu1) - c1);
+        println!(
+            "multi_gpu_nccl: captured, {STEPS} replays: pool driver allocations (cuda:0, cuda:1) \
+             = {replay_calls:?}; graph nodes {:?} / {:?}",
+            g0.nodes()?,
+            g1.nodes()?
+        );
+        assert_eq!(replay_calls, (0, 0));
+    }
+    let captured_wrong = (
+        wrong(&sums[0], 3.0)?,
+        wrong(&sums[1], 3.0)?,
+        wrong(&got, 2.0)?,
+    );
+    println!("multi_gpu_nccl: captured: wrong (sum0, sum1, received) = {captured_wrong:?}");
+    assert_eq!(captured_wrong, (0, 0, 0));
+    Ok(())
+}
+
+#[test]
+fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> TestResult {
+    let Some((gpu0, gpu1, _lock)) = two_gpus("multi_gpu_nccl_refusals") else {
+        return Ok(());
+    };
+    let _reset = Reset(&gpu0, &gpu1);
+    if !nccl_loads("multi_gpu_nccl_refusals") {
+        return Ok(());
+    }
+    let (s0, s1) = (Stream::new(&gpu0)?, Stream::new(&gpu1)?);
+    let ranks = Communicators::new(&[&s0, &s1])?;
+    let (p0, p1) = (BufferPool::new(&s0), BufferPool::new(&s1));
+    let mut a0 = p0.get_buffer_1d::<f32>(1000)?;
+    let mut a1 = p1.get_buffer_1d::<f32>(1000)?;
+    let mut short1 = p1.get_buffer_1d::<f32>(999)?;
+    let mut short0 = p0.get_buffer_1d::<f32>(999)?;
+    a0.set_to(5.0)?;
+    // Rank 1 makes no collective: NCCL would wait for it forever.
+    let lone = ranks.group(|g| g.all_reduce_in_place(0, &mut a0, Reduce::Sum));
+    assert!(matches!(lone, Err(PoolError::NcclGroup { .. })), "{lone:?}");
+    // Counts that differ: rank 1 would reduce 999 elements against rank 0's 1000.
+    let counts = ranks.group(|g| {
+        g.all_reduce_in_place(0, &mut a0, Reduce::Sum)?;
+        g.all_reduce_in_place(1, &mut short1, Reduce::Sum)
+    });
+    assert!(
+        matches!(counts, Err(PoolError::NcclGroup { .. })),
+        "{counts:?}"
+    );
+    // A receive shorter than the send: NCCL would write past it or hang.
+    let p2p = ranks.group(|g| {
+        g.send(0, &a0, 1)?;
+        g.recv(1, &mut short1, 0)
+    });
+    assert!(matches!(p2p, Err(PoolError::NcclGroup { .. })), "{p2p:?}");
+    // A buffer of rank 1's stream handed to rank 0.
+    let stray = ranks.group(|g| g.all_reduce_in_place(0, &mut a1, Reduce::Sum));
+    assert!(
+        matches!(stray, Err(PoolError::Unsupported { .. })),
+        "{stray:?}"
+    );
+    // A rank that does not exist, and a peer that does not.
+    let no_rank = ranks.group(|g| g.send(2, &a0, 1));
+    assert!(
+        matches!(no_rank, Err(PoolError::NcclGroup { .. })),
+        "{no_rank:?}"
+    );
+    let no_peer = ranks.group(|g| g.send(0, &a0, 5));
+    assert!(
+        matches!(no_peer, Err(PoolError::NcclGroup { .. })),
+        "{no_peer:?}"
+    );
+    // All-reduce into a buffer of another length.
+    let shapes = ranks.group(|g| g.all_reduce(0, &a0, &mut short0, Reduce::Sum));
+    assert!(
+        matches!(shapes, Err(PoolError::ShapeMismatch { .. })),
+        "{shapes:?}"
+    );
+    // Nothing above was queued: a correct group still works, and a0 kept its 5.0.
+    let mut b1 = p1.get_buffer_1d::<f32>(1000)?;
+    b1.set_to(1.0)?;
+    ranks.group(|g| {
+        g.all_reduce_in_place(0, &mut a0, Reduce::Max)?;
+        g.all_reduce_in_place(1, &mut b1, Reduce::Max)
+    })?;
+    assert!(a0.to_vec()?.iter().all(|&v| v == 5.0));
+    assert!(b1.to_vec()?.iter().all(|&v| v == 5.0));
+    // Two ranks on one GPU are refused before NCCL.
+    let s0b = Stream::new(&gpu0)?;
+    let twice = Communicators::new(&[&s0, &s0b]);
+    assert!(
+        matches!(twice, Err(PoolError::Unsupported { .. })),
+        "{twice:?}"
+    );
+    println!("multi_gpu_nccl_refusals: 7 bad groups refused, nothing queued, a good one after");
+    Ok(())
+}
+
+#[test]
+fn stacks_in_nccl_memory_register_as_a_window_and_stay_put_while_registered() -> TestResult {
+    let Some((gpu0, gpu1, _lock)) = two_gpus("multi_gpu_nccl_memory") else {
+        return Ok(());
+    };
+    let _reset = Reset(&gpu0, &gpu1);
+    if !nccl_loads("multi_gpu_nccl_memory") {
+        return Ok(());
+    }
+    for d in [&gpu0, &gpu1] {
+        set_buffer_pool_config(d, 64 * MIB, 2)?;
+        gpu_pool::nccl::use_nccl_memory(d)?;
+    }
+    {
+        let (s0, s1) = (Stream::new(&gpu0)?, Stream::new(&gpu1)?);
+        let ranks = Communicators::new(&[&s0, &s1])?;
+        let n = 8 * MIB / 4;
+        let mut sums = [
+            GpuMat::<f32>::new(&s0, 1, n)?,
+            GpuMat::<f32>::new(&s1, 1, n)?,
+        ];
+        let mut got = GpuMat::<f32>::new(&s0, 1, n)?;
+        for as_window in [false, true] {
+            let registered = ranks.register_stacks(as_window)?;
+            // Registered memory cannot be freed or replaced under NCCL.
+            assert!(matches!(
+                gpu0.set_pool_config(PoolConfig::default()),
+                Err(PoolError::StackMemoryRegistered { .. } | PoolError::ConfigInUse { .. })
+            ));
+            for _ in 0..3 {
+                step(&ranks, (&s0, &s1), n, &mut sums, &mut got)?;
+            }
+            let w = (
+                wrong(&sums[0], 3.0)?,
+                wrong(&sums[1], 3.0)?,
+                wrong(&got, 2.0)?,
+            );
+            println!(
+                "multi_gpu_nccl_memory: registered as {}: wrong = {w:?}",
+                if registered.is_window() {
+                    "a window"
+                } else {
+                    "buffers"
+                }
+            );
+            assert_eq!(w, (0, 0, 0));
+            check_symmetric(&[&s0, &s1])?;
+            drop(registered);
+        }
+    }
+    for d in [&gpu0, &gpu1] {
+        assert!(
+            d.release_stack_memory()? > 0,
+            "unregistered: the memory goes back"
+        );
+        gpu_pool::nccl::use_driver_memory(d)?;
+    }
+    Ok(())
+}
