@@ -78,20 +78,22 @@ fn mix_memory_and_the_caching_pool_stay_on_their_own_device() -> TestResult {
     let _reset = Reset(&gpu0, &gpu1);
     // MixMemory of device 1 from a thread where device 0's context is current.
     gpu0.cuda_context().expect("CUDA").bind_to_thread()?;
-    let s1 = Stream::new(&gpu1)?;
-    let mut mix = MixMemory::new(&gpu1)?;
-    mix.cpu::<u32>(4096)?.fill(7);
-    mix.gpu::<u32>(4096)?;
-    mix.copy_to_gpu_async(&s1)?;
-    mix.cpu::<u32>(4096)?.fill(0);
-    mix.copy_to_cpu_async(&s1)?;
-    mix.synchronize()?;
-    assert!(mix.cpu::<u32>(4096)?.iter().all(|&v| v == 7));
-    assert_eq!(
-        cudarc::driver::result::ctx::get_current()?,
-        Some(gpu0.cuda_context().expect("CUDA").cu_ctx()),
-        "the caller's context is current again"
-    );
+    {
+        let s1 = Stream::new(&gpu1)?;
+        let mut mix = MixMemory::new(&gpu1)?;
+        mix.cpu::<u32>(4096)?.fill(7);
+        mix.gpu::<u32>(4096)?;
+        mix.copy_to_gpu_async(&s1)?;
+        mix.cpu::<u32>(4096)?.fill(0);
+        mix.copy_to_cpu_async(&s1)?;
+        mix.synchronize()?;
+        assert!(mix.cpu::<u32>(4096)?.iter().all(|&v| v == 7));
+        assert_eq!(
+            cudarc::driver::result::ctx::get_current()?,
+            Some(gpu0.cuda_context().expect("CUDA").cu_ctx()),
+            "the caller's context is current again"
+        );
+    }
 
     // The caching pools: a block freed on device 0 is never handed to device 1.
     gpu0.set_fallback(Fallback::Caching);
@@ -185,6 +187,10 @@ fn nccl_all_reduce_and_send_recv_on_buffer_temporaries_eager_and_captured() -> T
     let _reset = Reset(&gpu0, &gpu1);
     if !nccl_loads("multi_gpu_nccl") {
         return Ok(());
+    }
+    for d in [&gpu0, &gpu1] {
+        // Three 4 MiB temporaries a rank: stacks that hold them, so no step falls back.
+        set_buffer_pool_config(d, 16 * MIB, 2)?;
     }
     let (s0, s1) = (Stream::new(&gpu0)?, Stream::new(&gpu1)?);
     let ranks = Communicators::new(&[&s0, &s1])?;

@@ -39,7 +39,11 @@ fn ranks_that_run_the_same_work_take_the_same_offsets() -> Result<(), PoolError>
         assert_eq!(a.top(), 0, "every buffer released");
         assert_eq!(LayoutTrace::from_bytes(a.to_bytes()), a);
     } else {
-        assert_eq!(ranks[0].layout_trace(), None, "release builds trace nothing");
+        assert_eq!(
+            ranks[0].layout_trace(),
+            None,
+            "release builds trace nothing"
+        );
     }
     Ok(())
 }
