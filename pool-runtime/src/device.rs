@@ -54,6 +54,11 @@ struct DeviceState {
     fallback: Option<Fallback>,
     strict_lifo: Option<bool>,
     arena: Option<Arena>,
+    /// Streams made from now on get growable stacks ([`Device::set_growable_stacks`]).
+    growable: bool,
+    /// Growable stacks made so far (their indexes), and held now.
+    growable_made: usize,
+    growable_held: usize,
     /// Where the next arena's memory comes from, if not the driver (`nccl::use_nccl_memory`).
     stack_memory: Option<Arc<dyn StackMemory>>,
     streams_wanting: usize,
@@ -291,7 +296,50 @@ impl Device {
         let mut state = self.inner.lock_state();
         self.inner.free_arena(&mut state)?;
         state.explicit_config = Some(config);
+        // A stack size and count mean OpenCV's fixed stacks.
+        state.growable = false;
         Ok(())
+    }
+
+    /// Gives the streams made from now on growable stacks (`true`), or OpenCV's fixed stacks
+    /// (`false`, what [`set_buffer_pool_config`](crate::set_buffer_pool_config) also chooses).
+    ///
+    /// A growable stack is a range of addresses as large as the device's memory, reserved when its
+    /// stream takes its first buffer (`cuMemAddressReserve`); memory is mapped into it in granules
+    /// (`cuMemCreate` + `cuMemMap`, 2 MiB on the H100) only when the top passes the mapped end.
+    /// Below the mapped end a take is the same bump as on a fixed stack, with no driver call;
+    /// buffers never move; a stream never runs out of stack while the device has memory, and there
+    /// is no count of stacks (every stream gets one). Memory stays mapped until
+    /// [`Stream::trim`] or the stream's drop, so a loop that rises to a peak and falls back maps
+    /// once. Every reservation, map and unmap is a counted driver call.
+    ///
+    /// Streams keep the stack they have. `PoolError::Unsupported` on a device without virtual
+    /// memory management (the host backend models it, in 64 KiB granules).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// let device = Device::private_host();
+    /// device.set_growable_stacks(true)?;
+    /// let stream = Stream::new(&device)?;
+    /// let big = BufferPool::new(&stream).get_buffer::<f32>(4096, 4096)?; // 64 MiB: no fallback
+    /// assert_eq!(big.source(), gpu_pool_runtime::Source::Stack);
+    /// assert_eq!(stream.stats().stack_mapped, 64 << 20);
+    /// drop(big);
+    /// assert_eq!(stream.trim()?, 64 << 20); // the memory goes back
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn set_growable_stacks(&self, on: bool) -> Result<(), PoolError> {
+        if on && self.inner.storage.backend.vmm_granularity().is_none() {
+            return Err(self.inner.storage.backend.no_vmm());
+        }
+        self.inner.lock_state().growable = on;
+        Ok(())
+    }
+
+    /// Whether streams made now get growable stacks ([`set_growable_stacks`](Self::set_growable_stacks)).
+    #[must_use]
+    pub fn growable_stacks(&self) -> bool {
+        self.inner.lock_state().growable
     }
 
     /// Gives the stack memory back to the driver, for other libraries or before the process ends
@@ -466,7 +514,7 @@ impl Device {
         DeviceStats {
             device: self.inner.storage.id,
             config: state.effective_config(),
-            stacks_held: state.arena.as_ref().map_or(0, Arena::held_count),
+            stacks_held: state.arena.as_ref().map_or(0, Arena::held_count) + state.growable_held,
             stacks_allocated: state.arena.is_some(),
             peak_streams_wanting_stack: state.streams_wanting_peak,
             stack_in_use,
@@ -475,6 +523,7 @@ impl Device {
             driver_alloc_calls: self.inner.storage.alloc_calls(),
             driver_free_calls: self.inner.storage.free_calls(),
             lifo_violations,
+            stack_mapped: self.inner.storage.mapped_bytes() as usize,
             peak_stream_demand: peak_demand,
             streams,
             retired_fallback_sites: state.retired.fallback_sites.clone(),
@@ -529,6 +578,9 @@ impl DeviceInner {
         ledger: &Ledger,
     ) -> Result<Option<(Stack, Option<RawEvent>)>, PoolError> {
         let mut state = self.lock_state();
+        if state.growable {
+            return self.reserve_growable(&mut state, ledger).map(Some);
+        }
         if state.arena.is_none() {
             let config = state.effective_config()?;
             let memory = state.stack_memory.clone();
@@ -587,10 +639,61 @@ impl DeviceInner {
         }
     }
 
+    /// A growable stack of its own for the stream of `ledger`: a reservation as large as the
+    /// device's memory, nothing mapped yet.
+    fn reserve_growable(
+        &self,
+        state: &mut DeviceState,
+        ledger: &Ledger,
+    ) -> Result<(Stack, Option<RawEvent>), PoolError> {
+        let backend = &self.storage.backend;
+        let granule = backend.vmm_granularity().ok_or_else(|| backend.no_vmm())?;
+        let bytes = backend
+            .total_memory()
+            .div_ceil(granule)
+            .checked_mul(granule)
+            .ok_or_else(|| backend.no_vmm())?;
+        let base = self.storage.reserve(bytes)?;
+        let index = state.growable_made;
+        state.growable_made += 1;
+        state.growable_held += 1;
+        ledger.stack_index.store(index, Relaxed);
+        let align = backend.texture_alignment();
+        Ok((Stack::growable(index, base, bytes, align, granule), None))
+    }
+
+    /// Gives a growable stack's memory back: unmaps it and frees its reservation. The stream that
+    /// held it has synchronized, or passes the event that marks the end of its work, waited for
+    /// here by polling (a rare path: a stream dropped while its thread captured a graph).
+    pub(crate) fn release_growable(&self, stack: Stack, after: Option<RawEvent>) {
+        let released = (|| {
+            if let Some(event) = &after {
+                while !self.storage.backend.event_done(event)? {
+                    std::thread::yield_now();
+                }
+            }
+            // SAFETY: the stream's work is done (synchronized, or its event waited for above) and
+            // the stack is consumed here: nothing uses any of its memory.
+            unsafe { stack.unmap_above(0, &self.storage, None) }?;
+            // SAFETY: every chunk was unmapped just above; the reservation is freed once.
+            unsafe { self.storage.unreserve(stack.base, stack.size()) }
+        })();
+        if let Err(e) = released {
+            // The reservation stays: a leak of address space (and of what failed to unmap), not
+            // of correctness.
+            tracing::error!(device = %self.storage.id, error = %e, "giving a growable stack back failed");
+        }
+        if let Some(event) = after {
+            self.storage.backend.drop_event(event);
+        }
+        let mut state = self.lock_state();
+        state.growable_held = state.growable_held.saturating_sub(1);
+    }
+
     /// Whether a stream without a stack could get one now.
     pub(crate) fn has_free_stack(&self) -> bool {
         let state = self.lock_state();
-        state.arena.as_ref().is_none_or(Arena::has_free)
+        state.growable || state.arena.as_ref().is_none_or(Arena::has_free)
     }
 
     /// Gives a stack back. The caller has synchronized the stream that used it, or passes the

@@ -10,7 +10,10 @@
 use std::cell::{Cell, RefCell};
 
 use crate::backend::DevPtr;
+use crate::error::PoolError;
 use crate::layout::MAX_ELEMENT_ALIGN;
+use crate::stats::StreamCounters;
+use crate::storage::Storage;
 
 /// A block of a stack, held by whoever took it until it is given back.
 ///
@@ -119,11 +122,26 @@ impl LayoutTrace {
     }
 }
 
+/// What makes a stack growable: the stack is a reserved address range, and memory is mapped into
+/// it in granules as the top rises past the mapped end (`Stack::map_to`), unmapped on demand
+/// (`Stack::unmap_above`) and when its stream goes.
+#[derive(Debug)]
+pub(crate) struct Growth {
+    granule: usize,
+    /// The mapped chunks, lowest first: offset, bytes, and the backend's handle.
+    chunks: RefCell<Vec<(usize, usize, u64)>>,
+}
+
 #[derive(Debug)]
 pub(crate) struct Stack {
     pub(crate) index: usize,
     pub(crate) base: DevPtr,
+    /// Bytes of the stack: fixed, or the reservation of a growable one.
     size: usize,
+    /// Where the memory a take may hand out ends: `size` for a fixed stack, the mapped end for a
+    /// growable one. One load on the take either way.
+    limit: Cell<usize>,
+    growth: Option<Growth>,
     /// Alignment of a block's start for [`take`](Self::take) (the device's texture alignment, a
     /// power of two); [`take_aligned`](Self::take_aligned) asks its own.
     align: usize,
@@ -154,6 +172,8 @@ impl Stack {
             index,
             base,
             size,
+            limit: Cell::new(size),
+            growth: None,
             align,
             top: Cell::new(0),
             pending: RefCell::new(Vec::new()),
@@ -178,8 +198,104 @@ impl Stack {
         None
     }
 
+    /// A growable stack over a reservation of `size` bytes at `base` (both multiples of
+    /// `granule`), nothing mapped yet.
+    pub(crate) fn growable(
+        index: usize,
+        base: DevPtr,
+        size: usize,
+        align: usize,
+        granule: usize,
+    ) -> Stack {
+        let stack = Stack::new(index, base, size, align);
+        stack.limit.set(0);
+        Stack {
+            growth: Some(Growth {
+                granule,
+                chunks: RefCell::new(Vec::new()),
+            }),
+            ..stack
+        }
+    }
+
     pub(crate) fn size(&self) -> usize {
         self.size
+    }
+
+    /// The alignment of a block's start for [`take`](Self::take).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn align(&self) -> usize {
+        self.align
+    }
+
+    /// Whether memory is mapped as the stack grows.
+    pub(crate) fn is_growable(&self) -> bool {
+        self.growth.is_some()
+    }
+
+    /// Bytes of memory behind the stack: its size, or what a growable one has mapped.
+    pub(crate) fn mapped(&self) -> usize {
+        self.limit.get()
+    }
+
+    /// Maps memory so that the stack reaches `end` (rounded up to the granule), through `storage`
+    /// (counted driver calls). `Ok(false)`, and nothing mapped, if it cannot: a fixed stack, or
+    /// `end` past the reservation. On an error nothing more is mapped.
+    #[cold]
+    pub(crate) fn map_to(
+        &self,
+        end: usize,
+        storage: &Storage,
+        counters: Option<&StreamCounters>,
+    ) -> Result<bool, PoolError> {
+        let Some(growth) = &self.growth else {
+            return Ok(false);
+        };
+        if end > self.size {
+            return Ok(false);
+        }
+        let from = self.limit.get();
+        // No overflow: `end <= size`, a multiple of the granule.
+        let to = end.div_ceil(growth.granule) * growth.granule;
+        if to <= from {
+            return Ok(true);
+        }
+        let handle = storage.map(self.base + from as DevPtr, to - from, counters)?;
+        growth.chunks.borrow_mut().push((from, to - from, handle));
+        self.limit.set(to);
+        Ok(true)
+    }
+
+    /// Unmaps the chunks that lie wholly at or above `keep` (an offset at or above the top);
+    /// returns the bytes unmapped. A chunk that fails to unmap stays mapped, and the error is
+    /// returned.
+    ///
+    /// # Safety
+    /// No work queued or running uses the stack's memory above `keep`.
+    pub(crate) unsafe fn unmap_above(
+        &self,
+        keep: usize,
+        storage: &Storage,
+        counters: Option<&StreamCounters>,
+    ) -> Result<usize, PoolError> {
+        let Some(growth) = &self.growth else {
+            return Ok(0);
+        };
+        debug_assert!(keep >= self.top.get());
+        let mut chunks = growth.chunks.borrow_mut();
+        let mut freed = 0;
+        while let Some(&(offset, bytes, handle)) = chunks.last() {
+            if offset < keep {
+                break;
+            }
+            // SAFETY: the chunk is what `map_to` mapped with `handle`; it lies above `keep`, which
+            // no work uses (the caller's contract), and leaves the list once unmapped.
+            unsafe { storage.unmap(self.base + offset as DevPtr, bytes, handle, counters) }?;
+            chunks.pop();
+            self.limit.set(offset);
+            freed += bytes;
+        }
+        Ok(freed)
     }
 
     #[inline]
@@ -210,7 +326,9 @@ impl Stack {
         let prev_top = self.top.get();
         // No overflow: prev_top <= size <= usize::MAX - max(self.align, MAX_ELEMENT_ALIGN).
         let offset = (prev_top + align - 1) & !(align - 1);
-        let end = offset.checked_add(bytes).filter(|&end| end <= self.size)?;
+        let end = offset
+            .checked_add(bytes)
+            .filter(|&end| end <= self.limit.get())?;
         self.top.set(end);
         #[cfg(debug_assertions)]
         {
@@ -244,7 +362,7 @@ impl Stack {
     /// past it). `false`, and no change, if the block is not topmost or `end` is past the stack.
     #[cfg(feature = "cuda")]
     pub(crate) fn grow(&self, block: &mut Block, end: usize) -> bool {
-        if block.end != self.top.get() || end > self.size {
+        if block.end != self.top.get() || end > self.limit.get() {
             return false;
         }
         if end > block.end {

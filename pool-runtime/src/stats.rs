@@ -54,6 +54,9 @@ pub(crate) struct StreamCounters {
     pub(crate) measuring: Counter,
     /// While one is: the demand peaks that resets lowered, kept for the measurement.
     pub(crate) measured_peak: Counter,
+    /// Bytes of memory behind the stream's stack: a fixed stack's size, or what a growable one
+    /// has mapped.
+    pub(crate) stack_mapped: Counter,
 }
 
 impl StreamCounters {
@@ -70,6 +73,7 @@ impl StreamCounters {
             driver_alloc_calls: self.driver_alloc_calls.get(),
             driver_free_calls: self.driver_free_calls.get(),
             lifo_violations: self.lifo_violations.get(),
+            stack_mapped: self.stack_mapped.get() as usize,
             fallback_sites: Vec::new(),
             peak_at: None,
         }
@@ -168,6 +172,9 @@ pub struct StreamStats {
     pub driver_free_calls: u64,
     /// Stack buffers released out of LIFO order.
     pub lifo_violations: u64,
+    /// Bytes of device memory behind the stream's stack: a fixed stack's size, or what a
+    /// growable stack has mapped now ([`Device::set_growable_stacks`](crate::Device::set_growable_stacks)).
+    pub stack_mapped: usize,
     /// The requests that fell back, by the `buffer!` or call that made them.
     pub fallback_sites: Vec<SiteFallbacks>,
     /// Where the stack's high-water mark was reached: the source location of the request that
@@ -231,6 +238,9 @@ pub struct DeviceStats {
     pub driver_free_calls: u64,
     /// LIFO violations over all streams.
     pub lifo_violations: u64,
+    /// Bytes mapped into the device's growable stacks now (0 with fixed stacks, whose memory is
+    /// the config's `total_bytes` once allocated).
+    pub stack_mapped: usize,
     /// The largest `peak_demand` of any stream, live or dropped (since the last
     /// [`Device::reset_peak`](crate::Device::reset_peak), which forgets dropped streams).
     pub peak_stream_demand: usize,

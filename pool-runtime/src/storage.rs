@@ -31,6 +31,8 @@ pub(crate) struct Storage {
     pub(crate) backend: Box<dyn Backend>,
     alloc_calls: AtomicU64,
     free_calls: AtomicU64,
+    /// Bytes mapped into growable stacks.
+    mapped: AtomicU64,
 }
 
 impl Storage {
@@ -40,6 +42,7 @@ impl Storage {
             backend,
             alloc_calls: AtomicU64::new(0),
             free_calls: AtomicU64::new(0),
+            mapped: AtomicU64::new(0),
         }
     }
 
@@ -126,5 +129,59 @@ impl Storage {
         self.count_free(stream);
         // SAFETY: forwarded to the caller.
         unsafe { self.backend.free_async(ptr, raw) }
+    }
+
+    /// `cuMemAddressReserve`, counted as an allocation call.
+    pub(crate) fn reserve(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+        self.count_alloc(None);
+        self.backend.reserve(bytes)
+    }
+
+    /// `cuMemAddressFree`, counted as a free call.
+    ///
+    /// # Safety
+    /// As [`Backend::unreserve`].
+    pub(crate) unsafe fn unreserve(&self, ptr: DevPtr, bytes: usize) -> Result<(), PoolError> {
+        self.count_free(None);
+        // SAFETY: forwarded to the caller.
+        unsafe { self.backend.unreserve(ptr, bytes) }
+    }
+
+    /// Maps memory into a reservation (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`), counted as
+    /// one allocation call, per device and for `stream`.
+    pub(crate) fn map(
+        &self,
+        at: DevPtr,
+        bytes: usize,
+        stream: Option<&StreamCounters>,
+    ) -> Result<u64, PoolError> {
+        self.count_alloc(stream);
+        let handle = self.backend.map(at, bytes)?;
+        self.mapped.fetch_add(bytes as u64, Relaxed);
+        Ok(handle)
+    }
+
+    /// Unmaps what [`map`](Self::map) mapped (`cuMemUnmap` + `cuMemRelease`), counted as one free
+    /// call.
+    ///
+    /// # Safety
+    /// As [`Backend::unmap`].
+    pub(crate) unsafe fn unmap(
+        &self,
+        at: DevPtr,
+        bytes: usize,
+        handle: u64,
+        stream: Option<&StreamCounters>,
+    ) -> Result<(), PoolError> {
+        self.count_free(stream);
+        // SAFETY: forwarded to the caller.
+        unsafe { self.backend.unmap(at, bytes, handle) }?;
+        self.mapped.fetch_sub(bytes as u64, Relaxed);
+        Ok(())
+    }
+
+    /// Bytes mapped into growable stacks now, on this device.
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.mapped.load(Relaxed)
     }
 }

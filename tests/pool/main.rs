@@ -16,6 +16,7 @@ mod dsl;
 mod errors;
 mod family;
 mod faults;
+mod growable;
 mod mix;
 mod model;
 mod model_pools;

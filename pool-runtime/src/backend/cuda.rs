@@ -52,6 +52,10 @@ pub(crate) struct CudaBackend {
     texture_alignment: usize,
     /// Our stream-ordered pool, if the device supports memory pools.
     mem_pool: Option<sys::CUmemoryPool>,
+    /// The granule of virtual memory management, if the device supports it.
+    vmm_granularity: Option<usize>,
+    /// The device's memory, in bytes.
+    total_memory: usize,
 }
 
 // SAFETY: `CUmemoryPool` is a driver handle usable from any thread; the context is Send + Sync.
@@ -138,11 +142,38 @@ impl CudaBackend {
             } else {
                 None
             };
+        let vmm_granularity = if attribute(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        )? != 0
+        {
+            let mut granule = 0usize;
+            let prop = device_memory(ordinal);
+            // SAFETY: `prop` describes device-local memory; `granule` receives one usize.
+            unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &raw mut granule,
+                    &raw const prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                )
+            }
+            .result()
+            .map_err(|e| driver_error("cuMemGetAllocationGranularity", e))?;
+            (granule > 0).then_some(granule)
+        } else {
+            None
+        };
+        let mut total_memory = 0usize;
+        // SAFETY: writes one usize for a device ordinal checked above.
+        unsafe { sys::cuDeviceTotalMem_v2(&raw mut total_memory, ordinal as sys::CUdevice) }
+            .result()
+            .map_err(|e| driver_error("cuDeviceTotalMem", e))?;
         Ok(CudaBackend {
             id,
             ctx,
             texture_alignment: texture_alignment.next_power_of_two(),
             mem_pool,
+            vmm_granularity,
+            total_memory,
         })
     }
 
@@ -184,6 +215,18 @@ impl CudaBackend {
             .result()
             .map_err(|e| driver_error("cuMemcpy2DAsync", e))
     }
+}
+
+/// Device-local memory of `ordinal`, as virtual memory management allocates it.
+fn device_memory(ordinal: usize) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct for which all zeros is a valid value (no handle types, no flags).
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ordinal as i32,
+    };
+    prop
 }
 
 /// A pool of our own for stream-ordered allocations, keeping freed memory across synchronizations
@@ -241,6 +284,84 @@ fn copy2d(width: usize, rows: usize) -> sys::CUDA_MEMCPY2D {
 impl Backend for CudaBackend {
     fn texture_alignment(&self) -> usize {
         self.texture_alignment
+    }
+
+    fn vmm_granularity(&self) -> Option<usize> {
+        self.vmm_granularity
+    }
+
+    fn total_memory(&self) -> usize {
+        self.total_memory
+    }
+
+    fn no_vmm(&self) -> PoolError {
+        PoolError::Unsupported {
+            device: self.id,
+            what: "virtual memory management (growable stacks)",
+        }
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+        let granule = self.vmm_granularity.ok_or_else(|| self.no_vmm())?;
+        let _guard = self.guard()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` receives the start of a fresh range of `bytes` (a multiple of the granule,
+        // the caller's contract), aligned to the granule.
+        unsafe { sys::cuMemAddressReserve(&raw mut ptr, bytes, granule, 0, 0) }
+            .result()
+            .map_err(self.oom_or("cuMemAddressReserve", bytes))?;
+        Ok(ptr)
+    }
+
+    unsafe fn unreserve(&self, ptr: DevPtr, bytes: usize) -> Result<(), PoolError> {
+        let _guard = self.guard()?;
+        // SAFETY: the caller's contract: a reservation of `bytes`, nothing mapped, freed once.
+        unsafe { sys::cuMemAddressFree(ptr, bytes) }
+            .result()
+            .map_err(|e| driver_error("cuMemAddressFree", e))
+    }
+
+    fn map(&self, at: DevPtr, bytes: usize) -> Result<u64, PoolError> {
+        let _guard = self.guard()?;
+        let prop = device_memory(self.ctx.ordinal());
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `prop` describes device-local memory of this device; `handle` receives it.
+        unsafe { sys::cuMemCreate(&raw mut handle, bytes, &raw const prop, 0) }
+            .result()
+            .map_err(self.oom_or("cuMemCreate", bytes))?;
+        let release = |e: PoolError| {
+            // SAFETY: the handle made above, never mapped (or unmapped just before), released once.
+            let _ = unsafe { sys::cuMemRelease(handle) };
+            e
+        };
+        // SAFETY: `at..at + bytes` lies in a reservation of ours with nothing mapped there (the
+        // caller's contract); the handle holds `bytes`.
+        unsafe { sys::cuMemMap(at, bytes, 0, handle, 0) }
+            .result()
+            .map_err(|e| release(driver_error("cuMemMap", e)))?;
+        let access = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range was mapped just above; one access descriptor.
+        if let Err(e) = unsafe { sys::cuMemSetAccess(at, bytes, &raw const access, 1) }.result() {
+            // SAFETY: mapped just above, never accessed.
+            let _ = unsafe { sys::cuMemUnmap(at, bytes) };
+            return Err(release(driver_error("cuMemSetAccess", e)));
+        }
+        Ok(handle)
+    }
+
+    unsafe fn unmap(&self, at: DevPtr, bytes: usize, handle: u64) -> Result<(), PoolError> {
+        let _guard = self.guard()?;
+        // SAFETY: the caller's contract: exactly what `map` mapped with `handle`, unused.
+        unsafe { sys::cuMemUnmap(at, bytes) }
+            .result()
+            .map_err(|e| driver_error("cuMemUnmap", e))?;
+        // SAFETY: unmapped just above: the handle is released once, with nothing mapping it.
+        unsafe { sys::cuMemRelease(handle) }
+            .result()
+            .map_err(|e| driver_error("cuMemRelease", e))
     }
 
     fn supports_stream_ordered(&self) -> bool {

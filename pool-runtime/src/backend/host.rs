@@ -33,7 +33,19 @@ struct Live {
     blocks: HashMap<DevPtr, Layout>,
     /// Pinned host memory; not held against the device's limit.
     pinned: usize,
+    /// Reserved address ranges (growable stacks): host memory the OS commits only where written,
+    /// and counted only where mapped.
+    reservations: HashMap<DevPtr, Layout>,
+    /// Mapped granules by handle: their address and bytes (held against the limit).
+    mappings: HashMap<u64, (DevPtr, usize)>,
+    next_handle: u64,
 }
+
+/// The host's granule of virtual memory: small, so tests see several mappings cheaply.
+pub(crate) const HOST_VMM_GRANULE: usize = 64 << 10;
+
+/// What a growable stack reserves on a host device without a memory limit.
+const HOST_RESERVE: usize = 1 << 30;
 
 impl HostBackend {
     pub(crate) fn new(id: DeviceId, limit: Option<usize>) -> HostBackend {
@@ -88,6 +100,101 @@ impl Backend for HostBackend {
 
     fn new_stream(&self) -> Result<RawStream, PoolError> {
         Ok(RawStream::Host)
+    }
+
+    fn vmm_granularity(&self) -> Option<usize> {
+        Some(HOST_VMM_GRANULE)
+    }
+
+    fn total_memory(&self) -> usize {
+        self.limit.min(HOST_RESERVE)
+    }
+
+    fn no_vmm(&self) -> PoolError {
+        PoolError::Unsupported {
+            device: self.id,
+            what: "virtual memory management",
+        }
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+        self.fault(bytes)?;
+        let layout =
+            Layout::from_size_align(bytes.max(1), HOST_VMM_GRANULE).map_err(|_| self.oom(bytes))?;
+        // SAFETY: `layout` has a non-zero size. Zeroed pages are committed only when written (the
+        // OS maps them lazily), so a reservation costs address space, as on CUDA.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(self.oom(bytes));
+        }
+        self.lock().reservations.insert(ptr as DevPtr, layout);
+        Ok(ptr as DevPtr)
+    }
+
+    unsafe fn unreserve(&self, ptr: DevPtr, _bytes: usize) -> Result<(), PoolError> {
+        let mut live = self.lock();
+        let Some(&layout) = live.reservations.get(&ptr) else {
+            return Err(PoolError::UnknownBlock {
+                address: ptr,
+                owner: format!("the reservations of the host backend of {}", self.id),
+            });
+        };
+        let end = ptr + layout.size() as DevPtr;
+        if live.mappings.values().any(|&(at, _)| at >= ptr && at < end) {
+            return Err(PoolError::Unsupported {
+                device: self.id,
+                what: "freeing a reservation with memory still mapped in it",
+            });
+        }
+        live.reservations.remove(&ptr);
+        // SAFETY: `ptr` came from `alloc_zeroed` with exactly `layout` (recorded) and left the map
+        // just above, so it is freed once.
+        unsafe { alloc::dealloc(ptr as *mut u8, layout) };
+        Ok(())
+    }
+
+    fn map(&self, at: DevPtr, bytes: usize) -> Result<u64, PoolError> {
+        self.fault(bytes)?;
+        let mut live = self.lock();
+        let inside = live.reservations.iter().any(|(&base, layout)| {
+            at >= base && at.saturating_add(bytes as DevPtr) <= base + layout.size() as DevPtr
+        });
+        let overlaps = live
+            .mappings
+            .values()
+            .any(|&(m, n)| at < m + n as DevPtr && m < at + bytes as DevPtr);
+        if !inside
+            || overlaps
+            || !bytes.is_multiple_of(HOST_VMM_GRANULE)
+            || !at.is_multiple_of(HOST_VMM_GRANULE as u64)
+        {
+            return Err(PoolError::Unsupported {
+                device: self.id,
+                what: "mapping outside a reservation, over a mapping, or off the granule",
+            });
+        }
+        let total = live.bytes.checked_add(bytes).ok_or(self.oom(bytes))?;
+        if total > self.limit {
+            return Err(self.oom(bytes));
+        }
+        live.bytes = total;
+        live.next_handle += 1;
+        let handle = live.next_handle;
+        live.mappings.insert(handle, (at, bytes));
+        Ok(handle)
+    }
+
+    unsafe fn unmap(&self, at: DevPtr, bytes: usize, handle: u64) -> Result<(), PoolError> {
+        let mut live = self.lock();
+        if live.mappings.get(&handle) != Some(&(at, bytes)) {
+            return Err(PoolError::UnknownBlock {
+                address: at,
+                owner: format!("the mappings of the host backend of {}", self.id),
+            });
+        }
+        live.mappings.remove(&handle);
+        live.bytes -= bytes; // added by `map` for this very mapping
+        Ok(())
     }
 
     fn synchronize(&self, _stream: &RawStream) -> Result<(), PoolError> {
@@ -284,9 +391,9 @@ impl Backend for HostBackend {
 impl Drop for HostBackend {
     fn drop(&mut self) {
         let live = self.live.get_mut().unwrap_or_else(|e| e.into_inner());
-        for (&ptr, &layout) in &live.blocks {
-            // SAFETY: every entry is a live block allocated with its recorded layout; the backend
-            // is going away, so nothing can use it any more.
+        for (&ptr, &layout) in live.blocks.iter().chain(&live.reservations) {
+            // SAFETY: every entry is a live block or reservation allocated with its recorded
+            // layout; the backend is going away, so nothing can use it any more.
             unsafe { alloc::dealloc(ptr as *mut u8, layout) };
         }
     }

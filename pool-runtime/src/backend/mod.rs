@@ -100,6 +100,47 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The granule of virtual memory management (`cuMemGetAllocationGranularity`), where the
+    /// device has it: growable stacks reserve address ranges and map memory into them in
+    /// multiples of it. `None`: no virtual memory management, fixed stacks only.
+    fn vmm_granularity(&self) -> Option<usize> {
+        None
+    }
+    /// The device's memory in bytes (`cuDeviceTotalMem`): how much a growable stack reserves.
+    fn total_memory(&self) -> usize;
+    /// `cuMemAddressReserve`: `bytes` (a multiple of the granule) of addresses, nothing mapped.
+    fn reserve(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+        let _ = bytes;
+        Err(self.no_vmm())
+    }
+    /// `cuMemAddressFree`.
+    ///
+    /// # Safety
+    /// `ptr` came from `reserve(bytes)` of this backend, nothing is mapped in it any more, and it
+    /// is freed once.
+    unsafe fn unreserve(&self, ptr: DevPtr, bytes: usize) -> Result<(), PoolError> {
+        let _ = (ptr, bytes);
+        Err(self.no_vmm())
+    }
+    /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`: `bytes` of memory (a multiple of the granule)
+    /// mapped at `at`, inside a reservation, readable and writable by the device. Returns the
+    /// physical allocation's handle, for [`unmap`](Self::unmap). On an error nothing is mapped.
+    fn map(&self, at: DevPtr, bytes: usize) -> Result<u64, PoolError> {
+        let _ = (at, bytes);
+        Err(self.no_vmm())
+    }
+    /// `cuMemUnmap` + `cuMemRelease`.
+    ///
+    /// # Safety
+    /// `at..at + bytes` is exactly what `map` mapped with `handle`, unmapped once, and no work
+    /// queued or running uses it.
+    unsafe fn unmap(&self, at: DevPtr, bytes: usize, handle: u64) -> Result<(), PoolError> {
+        let _ = (at, bytes, handle);
+        Err(self.no_vmm())
+    }
+    /// The error of a virtual memory call on a backend without it.
+    fn no_vmm(&self) -> PoolError;
+
     /// `cuMemAlloc`.
     fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError>;
     /// `cuMemAllocPitch`: returns the address and the pitch.

@@ -229,7 +229,11 @@ impl Stream {
             Some(stack) => Some(stack),
             None => self.claim_stack()?,
         };
-        let taken = stack.and_then(|s| s.take(1).map(|(_, block)| (s, block)));
+        let taken = stack.and_then(|s| {
+            s.take(1)
+                .or_else(|| self.grow_and_take(s, 1, s.align()))
+                .map(|(_, block)| (s, block))
+        });
         let Some((stack, fence)) = taken else {
             return Err(PoolError::CaptureNeedsStack {
                 requested: 1,

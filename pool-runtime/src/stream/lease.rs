@@ -229,7 +229,10 @@ impl Stream {
                 }
             },
         };
-        let Some((offset, block)) = stack.take_aligned(layout.bytes, layout.block_align) else {
+        let Some((offset, block)) = stack
+            .take_aligned(layout.bytes, layout.block_align)
+            .or_else(|| self.grow_and_take(stack, layout.bytes, layout.block_align))
+        else {
             let reason = if layout.bytes > stack.size() {
                 FallbackReason::TooLarge
             } else {
@@ -256,6 +259,34 @@ impl Stream {
             .raise_to((block.end() + self.overflow_live.get()) as u64);
         let ptr = stack.base + offset as DevPtr;
         Ok((ptr, layout.pitch, Held::Stack(block)))
+    }
+
+    /// What a growable stack serves once memory is mapped up to the request's end; `None` for a
+    /// fixed stack, past the reservation, or when the driver maps nothing (then the request falls
+    /// back, and the allocator answers for the memory).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn grow_and_take(
+        &self,
+        stack: &Stack,
+        bytes: usize,
+        align: usize,
+    ) -> Option<(usize, Block)> {
+        if !stack.is_growable() {
+            return None;
+        }
+        let end = ((stack.top() + align - 1) & !(align - 1)).checked_add(bytes)?;
+        match stack.map_to(end, self.device.storage(), Some(self.counters())) {
+            Ok(true) => {
+                self.counters().stack_mapped.set(stack.mapped() as u64);
+                stack.take_aligned(bytes, align)
+            }
+            Ok(false) => None,
+            Err(e) => {
+                tracing::warn!(stream = self.id(), error = %e, bytes, "mapping stack memory failed: the request falls back");
+                None
+            }
+        }
     }
 
     /// What the stack could not serve, from the allocator. `(stack_free, stack_size)` is the

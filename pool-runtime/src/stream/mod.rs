@@ -237,6 +237,34 @@ impl Stream {
         self.stack.get()?.layout_trace()
     }
 
+    /// Gives back the memory of a growable stack above its top (see
+    /// [`Device::set_growable_stacks`]): every mapping that lies wholly above the top (a live
+    /// buffer's, or a live graph's, keeps what it uses) is unmapped. Returns the bytes unmapped:
+    /// 0 for a fixed stack, or a stream without a stack.
+    ///
+    /// Waits for the stream first (memory released by buffers may still be in use by queued
+    /// work). Mappings are whole: one made to reach a peak goes back whole once the top is below
+    /// its start. Refused inside a graph capture on this thread (`PoolError::CaptureAllocates`:
+    /// the wait would break it).
+    pub fn trim(&self) -> Result<usize, PoolError> {
+        let Some(stack) = self.stack.get().filter(|s| s.is_growable()) else {
+            return Ok(0);
+        };
+        if self.in_own_capture() || capturing::on_this_thread() {
+            return Err(PoolError::CaptureAllocates {
+                what: "Stream::trim",
+                context: None,
+            });
+        }
+        self.synchronize()?;
+        // SAFETY: the stream's work is done (waited for above), and memory above the top belongs
+        // to no live buffer or graph: a graph's fence and every live block lie below the top.
+        let freed =
+            unsafe { stack.unmap_above(stack.top(), self.device.storage(), Some(self.counters())) };
+        self.counters().stack_mapped.set(stack.mapped() as u64);
+        freed
+    }
+
     /// Waits until all work queued on the stream is done.
     pub fn synchronize(&self) -> Result<(), PoolError> {
         self.device.backend().synchronize(&self.raw)
@@ -314,6 +342,7 @@ impl Stream {
                     // Unordered use would race that work: on an error the stack stays held, unused.
                     self.device.backend().wait_event(&self.raw, event)?;
                 }
+                self.counters().stack_mapped.set(stack.mapped() as u64);
                 Ok(Some(self.stack.get_or_init(|| stack)))
             }
             Ok(None) => Ok(None),
@@ -417,11 +446,13 @@ impl Drop for Stream {
         };
         let idle = matches!(waited, Ok(None));
         match waited {
-            Ok(after) => {
-                if let Some(stack) = self.stack.get() {
-                    self.device.inner.return_stack(stack.index, after);
+            Ok(after) => match self.stack.take() {
+                Some(stack) if stack.is_growable() => {
+                    self.device.inner.release_growable(stack, after);
                 }
-            }
+                Some(stack) => self.device.inner.return_stack(stack.index, after),
+                None => {}
+            },
             Err(e) => {
                 tracing::error!(stream = self.id(), error = %e, "a stream dropped with work nobody can wait for: its stack is kept out of use")
             }

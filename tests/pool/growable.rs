@@ -1,0 +1,157 @@
+//! Growable stacks on the host backend, which models CUDA's virtual memory management (a reserved
+//! range, 64 KiB granules mapped on demand, every reservation, map and unmap a counted call): the
+//! rules every device follows, in CI.
+
+use gpu_pool::prelude::*;
+use gpu_pool::testing::{host_live_bytes, host_with_fault};
+use gpu_pool::{FallbackReason, set_buffer_pool_config};
+
+const MIB: usize = 1 << 20;
+
+/// A pipeline whose temporaries peak at `peak_mib` MiB: three nested 2D buffers.
+#[pooled(stream)]
+fn pipeline(stream: &Stream, peak_mib: usize) -> Result<(), PoolError> {
+    let rows = peak_mib * MIB / 3 / 4096;
+    let mut a = buffer!(rows, 1024; f32)?;
+    a.set_to(1.0)?;
+    {
+        let mut b = buffer!(rows, 1024; f32)?;
+        b.copy_from(&a)?;
+        let mut c = buffer!(rows, 1024; f32)?;
+        c.copy_from(&b)?;
+        assert!(c.to_vec()?.iter().all(|&v| v == 1.0));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_peak_twenty_times_the_configured_stack_runs_with_no_fallback() -> Result<(), PoolError> {
+    let device = Device::private_host();
+    set_buffer_pool_config(&device, MIB, 1)?; // OpenCV's rule: a 1 MiB stack
+    {
+        let fixed = Stream::new(&device)?;
+        pipeline(&fixed, 20)?;
+        assert!(fixed.stats().fallback_allocations.total() > 0, "fixed: falls back");
+    }
+    device.set_growable_stacks(true)?;
+    let stream = Stream::new(&device)?;
+    pipeline(&stream, 20)?;
+    let stats = stream.stats();
+    assert_eq!(stats.fallback_allocations.total(), 0);
+    assert!(stats.stack_high_water >= 19 * MIB, "{}", stats.stack_high_water);
+    // Mapped: the peak rounded up to the granule, not a guess.
+    assert!(stats.stack_mapped >= stats.stack_high_water);
+    assert!(stats.stack_mapped < stats.stack_high_water + 3 * 64 * 1024);
+    assert!(device.growable_stacks());
+    Ok(())
+}
+
+#[test]
+fn a_loop_that_rises_and_falls_maps_once_and_trim_gives_the_memory_back() -> Result<(), PoolError> {
+    let device = Device::private_host();
+    device.set_growable_stacks(true)?;
+    let stream = Stream::new(&device)?;
+    pipeline(&stream, 12)?; // the first rise maps
+    let after_first = device.stats();
+    assert!(after_first.driver_alloc_calls > 1, "a reservation and the maps");
+    for _ in 0..50 {
+        pipeline(&stream, 12)?;
+    }
+    let after_loop = device.stats();
+    assert_eq!(after_loop.driver_alloc_calls, after_first.driver_alloc_calls, "0 calls after the first rise");
+    assert_eq!(after_loop.driver_free_calls, after_first.driver_free_calls);
+    assert_eq!(after_loop.stack_mapped, after_first.stack_mapped, "memory stays mapped");
+    let mapped = stream.stats().stack_mapped;
+    let live = host_live_bytes(&device).unwrap();
+    assert!(live >= mapped, "the backend holds the mapped bytes");
+
+    // Trim below a live buffer keeps what the buffer needs; with nothing live, everything goes.
+    let kept = BufferPool::new(&stream).get_buffer_1d::<u8>(100)?;
+    let freed = stream.trim()?;
+    assert!(freed > 0 && freed < mapped + 1, "{freed} of {mapped}");
+    assert!(stream.stats().stack_mapped > 0, "the live buffer's granule stays");
+    drop(kept);
+    stream.trim()?;
+    assert_eq!(stream.stats().stack_mapped, 0);
+    assert_eq!(host_live_bytes(&device), Some(live - mapped));
+    // And it grows again on demand.
+    pipeline(&stream, 4)?;
+    assert!(stream.stats().stack_mapped >= 4 * MIB - 64 * 1024);
+    drop(stream);
+    assert_eq!(host_live_bytes(&device), Some(0), "a dropped stream unmaps and unreserves");
+    assert_eq!(device.stats().stack_mapped, 0);
+    Ok(())
+}
+
+#[test]
+fn every_stream_gets_a_growable_stack_whatever_the_config_count() -> Result<(), PoolError> {
+    let device = Device::private_host();
+    set_buffer_pool_config(&device, MIB, 2)?;
+    device.set_growable_stacks(true)?;
+    let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&device)).collect::<Result<_, _>>()?;
+    for s in &streams {
+        pipeline(s, 3)?;
+        assert_eq!(s.stats().fallback_allocations.total(), 0);
+    }
+    let indexes: std::collections::BTreeSet<_> = streams.iter().filter_map(Stream::stack_index).collect();
+    assert_eq!(indexes.len(), 8, "eight stacks, each its own");
+    assert_eq!(device.stats().stacks_held, 8);
+    // set_buffer_pool_config means OpenCV's fixed stacks again, for streams made from now on.
+    set_buffer_pool_config(&device, MIB, 1)?;
+    assert!(!device.growable_stacks());
+    let fixed = Stream::new(&device)?;
+    pipeline(&fixed, 3)?;
+    assert!(fixed.stats().fallback_allocations.total() > 0);
+    for s in &streams {
+        pipeline(s, 3)?; // the growable streams keep theirs
+        assert_eq!(s.stats().fallback_allocations.total(), 0);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_failed_map_or_reservation_falls_back_and_loses_nothing() -> Result<(), PoolError> {
+    // Call 1 is the reservation, 2 the first map: each failure in turn.
+    for fail_at in 1..=3 {
+        let device = host_with_fault(fail_at);
+        device.set_growable_stacks(true)?;
+        let stream = Stream::new(&device)?;
+        let pool = BufferPool::new(&stream);
+        let mut a = pool.get_buffer::<u32>(256, 256)?;
+        a.set_to(7)?;
+        let mut b = pool.get_buffer::<u32>(512, 256)?;
+        b.set_to(9)?;
+        assert!(a.to_vec()?.iter().all(|&v| v == 7), "fail_at {fail_at}");
+        assert!(b.to_vec()?.iter().all(|&v| v == 9), "fail_at {fail_at}");
+        let stats = stream.stats();
+        let fell_back = stats.fallback_allocations.total();
+        if fail_at == 1 {
+            // No reservation: as OpenCV with no memory for its stacks, the buffers fall back.
+            assert_eq!(a.source(), Source::Fallback(FallbackReason::NoStackMemory));
+            assert_eq!(fell_back, 2);
+        } else {
+            assert_eq!(fell_back, 1, "fail_at {fail_at}: the request whose map failed");
+        }
+        drop((b, a));
+        stream.trim()?;
+        drop(stream);
+        assert_eq!(host_live_bytes(&device), Some(0), "fail_at {fail_at}: nothing leaked");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_request_past_the_reservation_falls_back_as_too_large() -> Result<(), PoolError> {
+    let device = gpu_pool::testing::host_with_fault(0);
+    device.set_growable_stacks(true)?;
+    let stream = Stream::new(&device)?;
+    // The host's reservation is 1 GiB: a 2 GiB request cannot be a stack buffer.
+    let pool = BufferPool::new(&stream);
+    let small = pool.get_buffer_1d::<u8>(1000)?;
+    assert_eq!(small.source(), Source::Stack);
+    let huge = pool.get_buffer_1d::<u8>(2 << 30);
+    if let Ok(h) = &huge {
+        assert_eq!(h.source(), Source::Fallback(FallbackReason::TooLarge));
+    }
+    Ok(())
+}
