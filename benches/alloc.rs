@@ -63,14 +63,21 @@ fn by_hand(stream: &Stream, n: usize) -> Result<u64, PoolError> {
     Ok(a.device_ptr() ^ b.device_ptr())
 }
 
-/// `loop N hand|dsl`: the two-buffer function `N` times, for callgrind.
+/// `loop N hand|dsl [growable]`: the two-buffer function `N` times, for callgrind, on a fixed
+/// stack or a growable one (mapped by the first call).
 fn instruction_loop(mut args: impl Iterator<Item = String>) {
     let iterations: usize = args
         .next()
         .and_then(|a| a.parse().ok())
-        .expect("loop N hand|dsl");
+        .expect("loop N hand|dsl [growable]");
     let dsl = args.next().is_some_and(|a| a == "dsl");
-    let stream = Stream::new(&Device::private_host()).expect("host stream");
+    let device = Device::private_host();
+    if args.next().is_some_and(|a| a == "growable") {
+        device
+            .set_growable_stacks(true)
+            .expect("the host models growable stacks");
+    }
+    let stream = Stream::new(&device).expect("host stream");
     let mut x = 0;
     for _ in 0..iterations {
         x ^= if dsl {

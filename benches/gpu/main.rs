@@ -73,7 +73,12 @@ fn main() -> Res<()> {
     let drv = Driver::new(cs.clone(), device.texture_alignment())?;
     let cached = Stream::with_allocator(&device, Arc::new(CachingPool::new(&device)))?;
 
-    take_release(&mut c, &stream, &cached, &drv)?;
+    // A growable stack, mapped to the largest size once before it is measured.
+    device.set_growable_stacks(true)?;
+    let growing = Stream::new(&device)?;
+    device.set_growable_stacks(false)?; // fixed stacks for what follows
+    drop(BufferPool::new(&growing).get_buffer_1d::<u8>(SIZES[2] * MIB)?);
+    take_release(&mut c, &stream, &growing, &cached, &drv)?;
     take_release_sync(&mut c, &stream, &drv)?;
     let kernels = kernels::Kernels::load(&device);
     pipeline(&mut c, &stream, &drv, &kernels)?;
@@ -110,8 +115,15 @@ fn main() -> Res<()> {
     Ok(())
 }
 
-fn take_release(c: &mut Criterion, stream: &Stream, cached: &Stream, drv: &Driver) -> Res<()> {
+fn take_release(
+    c: &mut Criterion,
+    stream: &Stream,
+    growing: &Stream,
+    cached: &Stream,
+    drv: &Driver,
+) -> Res<()> {
     let pool = BufferPool::new(stream);
+    let grow = BufferPool::new(growing);
     let cache = BufferPool::new(cached);
     let mut group = c.benchmark_group(TAKE);
     for mib in SIZES {
@@ -120,6 +132,13 @@ fn take_release(c: &mut Criterion, stream: &Stream, cached: &Stream, drv: &Drive
             b.iter(|| {
                 drop(black_box(
                     pool.get_buffer_1d::<u8>(black_box(n)).expect("fits"),
+                ))
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("growable_stack", mib), &bytes, |b, &n| {
+            b.iter(|| {
+                drop(black_box(
+                    grow.get_buffer_1d::<u8>(black_box(n)).expect("mapped"),
                 ))
             })
         });
@@ -343,7 +362,7 @@ fn pipeline(c: &mut Criterion, stream: &Stream, drv: &Driver, k: &kernels::Kerne
 /// Table A: one row per allocator, one column per size, each cell the median and its ratio to the
 /// stack pool at that size.
 fn print_take_table() {
-    let cases: Vec<&str> = ["stack_pool", "caching_pool_hit"]
+    let cases: Vec<&str> = ["stack_pool", "growable_stack", "caching_pool_hit"]
         .into_iter()
         .chain(COMPETITORS.iter().map(|c| c.id()))
         .collect();

@@ -631,7 +631,13 @@ impl DeviceInner {
         Ok(arena.range())
     }
 
+    /// Whether the stacks come from an allocator of a library (`use_nccl_memory`) rather than
+    /// the driver.
     #[cfg(feature = "nccl")]
+    pub(crate) fn stack_memory_is_external(&self) -> bool {
+        self.lock_state().stack_memory.is_some()
+    }
+
     /// Undoes one [`pin_stack_memory`](Self::pin_stack_memory).
     pub(crate) fn unpin_stack_memory(&self) {
         if let Some(arena) = self.lock_state().arena.as_mut() {

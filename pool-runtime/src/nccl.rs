@@ -3,12 +3,19 @@
 //!
 //! One process drives every GPU: [`Communicators::new`] makes a rank of each pool stream (one per
 //! device), and every NCCL call goes through [`Communicators::group`], which checks the whole
-//! group before NCCL sees any of it: each rank's collectives in the same order with the same count
-//! and type, each send matched by a receive of the same count and type on its peer, each buffer a
-//! buffer of its rank's own stream. A group that would hang or write past a buffer is refused with
-//! `PoolError::NcclGroup` and nothing is queued. The buffers are borrowed for the whole group, so
-//! none is released (and its stack memory handed out again) before NCCL has queued its work; and
-//! since that work is on the buffer's own stream, the stack reuses the memory only after it.
+//! group before NCCL sees any of it: each rank's collectives in the same order with the same
+//! count, type, reduction and root; each send matched by a receive of the same count and type on
+//! its peer; each buffer continuous, of its rank's own stream, and (while the stacks are a
+//! symmetric window) at the same window offset on every rank; every rank's stream eager, or every
+//! one in [`Communicators::capture`]. Otherwise the group is refused (`PoolError::NcclGroup`) and
+//! nothing is queued. Element types are NCCL's own ([`NcclElement`], sealed), so the count NCCL is
+//! told is the buffer's. The buffers are borrowed for the whole group, so none is released (and
+//! its stack memory handed out again) before NCCL has queued its work; and since that work is on
+//! the buffer's own stream, the stack reuses the memory only after it.
+//!
+//! What stays the caller's: the ranks of a process only (one process drives every rank here), and
+//! a graph of [`Communicators::capture`] replays every rank at once ([`RankGraphs::launch`]), so
+//! the ranks cannot fall out of step.
 //!
 //! `libnccl` is loaded at run time, like the driver: where it is missing every call returns
 //! `PoolError::NoCudaLibrary`, never cudarc's panic.
@@ -22,7 +29,7 @@
 //!
 //! ```no_run
 //! use gpu_pool_runtime::nccl::{Communicators, Reduce};
-//! use gpu_pool_runtime::{BufferPool, Device, GpuWrite, PoolError, Stream};
+//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, PoolError, Stream};
 //! let streams = [Stream::new(&Device::cuda(0)?)?, Stream::new(&Device::cuda(1)?)?];
 //! let ranks = Communicators::new(&[&streams[0], &streams[1]])?;
 //! let mut x0 = BufferPool::new(&streams[0]).get_buffer_1d::<f32>(1024)?;
@@ -37,12 +44,14 @@
 //! # Ok::<(), PoolError>(())
 //! ```
 
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{CudaContext, DevicePtr, DeviceSlice};
-use cudarc::nccl::{NcclType, result, sys};
+use cudarc::driver::{CudaContext, DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::nccl::{result, sys};
 
 use crate::access::{GpuRead, GpuWrite};
 use crate::arena::StackMemory;
@@ -50,8 +59,34 @@ use crate::backend::DevPtr;
 use crate::backend::cuda::ContextGuard;
 use crate::device::Device;
 use crate::error::{NcclFailure, PoolError};
+use crate::graph::{Graph, GraphNodes};
 use crate::stream::Stream;
-use crate::view::GpuView;
+use crate::view::{GpuView, GpuViewMut};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// An element type NCCL reduces and moves, with NCCL's name for it. Sealed: the type NCCL is told
+/// always has the element's size, so the count it is told covers exactly the buffer.
+pub trait NcclElement: Pod + sealed::Sealed {
+    /// NCCL's data type of the element.
+    #[doc(hidden)]
+    const TYPE: sys::ncclDataType_t;
+}
+
+macro_rules! nccl_elements {
+    ($($t:ty => $nccl:ident),* $(,)?) => {$(
+        impl sealed::Sealed for $t {}
+        impl NcclElement for $t {
+            const TYPE: sys::ncclDataType_t = sys::ncclDataType_t::$nccl;
+        }
+    )*};
+}
+nccl_elements!(
+    i8 => ncclInt8, u8 => ncclUint8, i32 => ncclInt32, u32 => ncclUint32,
+    i64 => ncclInt64, u64 => ncclUint64, f32 => ncclFloat32, f64 => ncclFloat64,
+);
 
 /// NCCL's own flag for a window that every rank registers alike (`NCCL_WIN_COLL_SYMMETRIC`).
 const NCCL_WIN_COLL_SYMMETRIC: i32 = 1;
@@ -123,12 +158,30 @@ impl Reduce {
 /// device of its own. See the [module](self) for what a group checks.
 pub struct Communicators<'s> {
     ranks: Vec<Rank<'s>>,
+    /// Inside [`capture`](Communicators::capture): groups are captured, every rank at once.
+    capturing: Cell<bool>,
+    /// Each rank's symmetric window (its stack memory), while registered as one.
+    windows: RefCell<Option<Vec<(DevPtr, usize)>>>,
+    /// A registration lives: captures are refused (a graph would outlive it).
+    registered: Cell<bool>,
+    /// A replay of some ranks failed: the ranks may be out of step, so no group is queued again.
+    out_of_step: Cell<bool>,
 }
 
 /// One rank: its communicator and the pool stream its work is queued on.
 struct Rank<'s> {
     comm: sys::ncclComm_t,
     stream: &'s Stream,
+}
+
+impl Rank<'_> {
+    /// The rank's CUDA stream (a rank is made of CUDA streams only).
+    fn cuda(&self) -> Result<&Arc<cudarc::driver::CudaStream>, PoolError> {
+        self.stream.cuda_stream().ok_or(PoolError::Unsupported {
+            device: self.stream.device().id(),
+            what: "NCCL outside a CUDA device",
+        })
+    }
 }
 
 impl std::fmt::Debug for Communicators<'_> {
@@ -183,7 +236,13 @@ impl<'s> Communicators<'s> {
             .zip(streams)
             .map(|(comm, stream)| Rank { comm, stream })
             .collect();
-        Ok(Communicators { ranks })
+        Ok(Communicators {
+            ranks,
+            capturing: Cell::new(false),
+            windows: RefCell::new(None),
+            registered: Cell::new(false),
+            out_of_step: Cell::new(false),
+        })
     }
 
     /// How many ranks.
@@ -217,7 +276,24 @@ impl<'s> Communicators<'s> {
             ops: Vec::new(),
         };
         let out = calls(&mut group)?;
-        group.check()?;
+        if !std::ptr::eq(
+            group.ranks.as_ptr().cast::<()>(),
+            self.ranks.as_ptr().cast::<()>(),
+        ) {
+            // `std::mem::swap` of two groups: these calls were checked for other communicators.
+            return Err(PoolError::NcclGroup {
+                problem: "the group was swapped with a group of other communicators".into(),
+            });
+        }
+        if self.out_of_step.get() {
+            return Err(PoolError::NcclGroup {
+                problem: "a replay of these communicators failed part-way, so their ranks may be \
+                          out of step; make new communicators"
+                    .into(),
+            });
+        }
+        group.check(self.windows.borrow().as_deref())?;
+        self.check_capture_state()?;
         let _restore = ContextGuard::keep_current()?;
         result::group_start().map_err(failed("ncclGroupStart"))?;
         let queued = group
@@ -229,6 +305,75 @@ impl<'s> Communicators<'s> {
         queued?;
         ended?;
         Ok(out)
+    }
+
+    /// Every rank's stream eager, or every one in this communicator's own
+    /// [`capture`](Self::capture): NCCL's work is then replayed with every rank's, and nothing
+    /// else's capture (a cudarc `begin_capture` inside the group's closure) records it.
+    fn check_capture_state(&self) -> Result<(), PoolError> {
+        let mut captured = 0;
+        for rank in &self.ranks {
+            let cuda = rank.cuda()?;
+            // SAFETY: a live stream; the query changes nothing.
+            let status = unsafe { cudarc::driver::result::stream::is_capturing(cuda.cu_stream()) }
+                .map_err(|e| crate::backend::cuda::driver_error("cuStreamIsCapturing", e))?;
+            let driver =
+                status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            if driver {
+                if !(self.capturing.get() && rank.stream.in_own_capture()) {
+                    return Err(PoolError::NcclGroup {
+                        problem: "a rank's stream is being captured outside \
+                                  Communicators::capture (a graph of one rank would replay out of \
+                                  step with the others)"
+                            .into(),
+                    });
+                }
+                captured += 1;
+            }
+        }
+        if captured != 0 && captured != self.ranks.len() {
+            return Err(PoolError::NcclGroup {
+                problem: "some ranks' streams are captured and some are not".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Captures `work`'s groups (and whatever else it queues on the ranks' streams) into one
+    /// graph per rank, each rank's stream inside its own [`Stream::capture`], and returns them as
+    /// one [`RankGraphs`] that replays every rank at once. Run the step once eagerly first: NCCL
+    /// connects its ranks on first use.
+    ///
+    /// Errors: those of `Stream::capture`; `PoolError::Unsupported` while the stacks are
+    /// registered ([`register_stacks`](Self::register_stacks): the graph would outlive the
+    /// registration) or inside another capture of these communicators.
+    pub fn capture<'a>(
+        &'a self,
+        work: impl FnOnce() -> Result<(), PoolError> + 'a,
+    ) -> Result<RankGraphs<'a>, PoolError> {
+        if self.registered.get() || self.capturing.get() {
+            return Err(PoolError::Unsupported {
+                device: self.ranks[0].stream.device().id(),
+                what: "capturing NCCL work while the stacks are registered, or inside another \
+                       capture of these communicators",
+            });
+        }
+        let streams: Vec<&'a Stream> = self.ranks.iter().map(|r| r.stream).collect();
+        let made = Rc::new(RefCell::new(Vec::new()));
+        self.capturing.set(true);
+        let captured = nested_captures(streams, Box::new(work), made.clone());
+        self.capturing.set(false);
+        captured?;
+        let graphs = Rc::try_unwrap(made)
+            .map_err(|_| PoolError::Unsupported {
+                device: self.ranks[0].stream.device().id(),
+                what: "a rank graph kept by the capture",
+            })?
+            .into_inner();
+        Ok(RankGraphs {
+            comms: self,
+            graphs,
+        })
     }
 
     /// Registers every rank's stack memory with its communicator, until the returned handle
@@ -249,6 +394,23 @@ impl<'s> Communicators<'s> {
             NCCL_REGISTER
         };
         let loaded = version()?;
+        if self.capturing.get() {
+            return Err(PoolError::Unsupported {
+                device: self.ranks[0].stream.device().id(),
+                what: "registering stack memory inside a capture",
+            });
+        }
+        if as_window
+            && let Some(rank) = self
+                .ranks
+                .iter()
+                .find(|r| !r.stream.device().inner.stack_memory_is_external())
+        {
+            return Err(PoolError::Unsupported {
+                device: rank.stream.device().id(),
+                what: "a symmetric window on stack memory not from use_nccl_memory",
+            });
+        }
         if loaded < needed {
             return Err(PoolError::Unsupported {
                 device: self.ranks[0].stream.device().id(),
@@ -318,12 +480,25 @@ impl<'s> Communicators<'s> {
         } else {
             register(&mut registered.handles)?;
         }
+        if registered.handles.iter().any(|h| h.1.is_null()) {
+            return Err(PoolError::Unsupported {
+                device: self.ranks[0].stream.device().id(),
+                what: "an NCCL registration that gave no handle (NCCL_WIN_ENABLE or the \
+                       transport turned it off)",
+            });
+        }
+        self.registered.set(true);
+        if as_window {
+            *self.windows.borrow_mut() = Some(ranges);
+        }
         Ok(registered)
     }
 }
 
 impl Drop for Communicators<'_> {
     fn drop(&mut self) {
+        // NCCL switches devices as it tears down; the caller's context stays current.
+        let _restore = ContextGuard::keep_current().ok();
         for rank in &self.ranks {
             // Work NCCL queued must finish before its communicator goes.
             if let Err(e) = rank.stream.synchronize() {
@@ -340,7 +515,8 @@ impl Drop for Communicators<'_> {
 }
 
 /// Every rank's stack memory registered with NCCL (see [`Communicators::register_stacks`]);
-/// deregistered when dropped.
+/// deregistered when dropped. Forgetting it (`mem::forget`) keeps the stack memory pinned for
+/// the process's life: configs and `release_stack_memory` are refused from then on.
 pub struct Registered<'c, 's> {
     comms: &'c Communicators<'s>,
     /// Each rank's device (whose stack memory is pinned) and NCCL's handle (null: not registered).
@@ -368,6 +544,8 @@ impl std::fmt::Debug for Registered<'_, '_> {
 impl Drop for Registered<'_, '_> {
     fn drop(&mut self) {
         let _restore = ContextGuard::keep_current().ok();
+        self.comms.registered.set(false);
+        *self.comms.windows.borrow_mut() = None;
         for rank in &self.comms.ranks {
             // NCCL may still read the memory for queued work.
             let _ = rank.stream.synchronize();
@@ -451,11 +629,7 @@ impl Kind {
 impl Op {
     /// Hands the call to NCCL (inside the group `Communicators::group` opened).
     fn queue(&self, rank: &Rank<'_>) -> Result<(), PoolError> {
-        let stream = rank
-            .stream
-            .cuda_stream()
-            .expect("a rank's stream is a CUDA stream (checked when it was made)")
-            .cu_stream() as sys::cudaStream_t;
+        let stream = rank.cuda()?.cu_stream() as sys::cudaStream_t;
         let (send, recv) = (self.send as *const c_void, self.recv as *mut c_void);
         // SAFETY: `send` and `recv` are memory of this rank's stream, of at least `count`
         // elements of `dtype` (for a gather, `recv` holds `count` for every rank), borrowed by the
@@ -495,8 +669,13 @@ impl Op {
 }
 
 impl<'b> Group<'b> {
-    /// The address and elements of `view`, memory that `rank` may hand NCCL.
-    fn lend<T: Pod>(&self, rank: usize, view: &GpuView<'_, T>) -> Result<(u64, usize), PoolError> {
+    /// `rank`'s stream, if there is such a rank and `stream` is it.
+    fn rank_of(
+        &self,
+        rank: usize,
+        stream: Option<&Stream>,
+        device: crate::id::DeviceId,
+    ) -> Result<(), PoolError> {
         let Some(r) = self.ranks.get(rank) else {
             return Err(PoolError::NcclGroup {
                 problem: format!(
@@ -505,13 +684,20 @@ impl<'b> Group<'b> {
                 ),
             });
         };
-        if view.stream().map(Stream::id) != Some(r.stream.id()) {
+        if stream.map(Stream::id) != Some(r.stream.id()) {
             return Err(PoolError::Unsupported {
-                device: view.device,
+                device,
                 what: "an NCCL call on memory of another stream than its rank's (take the \
                        rank's buffers from its own stream)",
             });
         }
+        Ok(())
+    }
+
+    /// The address and elements of `view`, memory that `rank` may hand NCCL to read.
+    fn lend<T: Pod>(&self, rank: usize, view: &GpuView<'_, T>) -> Result<(u64, usize), PoolError> {
+        self.rank_of(rank, view.stream(), view.device)?;
+        continuous(view.is_continuous(), view.rows(), view.cols(), view.step())?;
         let lent = view.as_cudarc()?;
         // The memory's own stream: no event, and a capture of someone else's is refused as for
         // any lent buffer.
@@ -519,12 +705,35 @@ impl<'b> Group<'b> {
         Ok((ptr, lent.len()))
     }
 
-    fn push<T: NcclType>(&mut self, rank: usize, kind: Kind, count: usize, send: u64, recv: u64) {
+    /// The address and elements of `view`, memory that `rank` may hand NCCL to write: lent through
+    /// the writable view, so only memory the caller may write is written.
+    fn lend_mut<T: Pod>(
+        &self,
+        rank: usize,
+        mut view: GpuViewMut<'_, T>,
+    ) -> Result<(u64, usize), PoolError> {
+        self.rank_of(rank, view.stream(), view.device)?;
+        continuous(view.is_continuous(), view.rows(), view.cols(), view.step())?;
+        let mut lent = view.as_cudarc_mut()?;
+        let len = lent.len();
+        let stream = lent.stream().clone();
+        let (ptr, _same_stream) = lent.device_ptr_mut(&stream);
+        Ok((ptr, len))
+    }
+
+    fn push<T: NcclElement>(
+        &mut self,
+        rank: usize,
+        kind: Kind,
+        count: usize,
+        send: u64,
+        recv: u64,
+    ) {
         self.ops.push(Op {
             rank,
             kind,
             count,
-            dtype: T::as_nccl_type(),
+            dtype: T::TYPE,
             send,
             recv,
         });
@@ -532,7 +741,7 @@ impl<'b> Group<'b> {
 
     /// `recv` on `rank` becomes the reduction of every rank's `send` (`ncclAllReduce`); both of
     /// one length (`PoolError::ShapeMismatch` otherwise).
-    pub fn all_reduce<T: Pod + NcclType>(
+    pub fn all_reduce<T: NcclElement>(
         &mut self,
         rank: usize,
         send: &'b impl GpuRead<T>,
@@ -540,7 +749,7 @@ impl<'b> Group<'b> {
         op: Reduce,
     ) -> Result<(), PoolError> {
         let (src, n) = self.lend(rank, &send.view())?;
-        let (dst, m) = self.lend(rank, &recv.view())?;
+        let (dst, m) = self.lend_mut(rank, recv.view_mut())?;
         if n != m {
             return Err(PoolError::ShapeMismatch {
                 expected: m,
@@ -552,27 +761,27 @@ impl<'b> Group<'b> {
     }
 
     /// `buffer` on `rank` becomes the reduction of every rank's `buffer` (in place).
-    pub fn all_reduce_in_place<T: Pod + NcclType>(
+    pub fn all_reduce_in_place<T: NcclElement>(
         &mut self,
         rank: usize,
         buffer: &'b mut impl GpuWrite<T>,
         op: Reduce,
     ) -> Result<(), PoolError> {
-        let (ptr, n) = self.lend(rank, &buffer.view())?;
+        let (ptr, n) = self.lend_mut(rank, buffer.view_mut())?;
         self.push::<T>(rank, Kind::AllReduce(op.raw()), n, ptr, ptr);
         Ok(())
     }
 
     /// `recv` on `rank` becomes every rank's `send`, in rank order (`ncclAllGather`): it holds
     /// `world_size` times `send`'s elements (`PoolError::ShapeMismatch` otherwise).
-    pub fn all_gather<T: Pod + NcclType>(
+    pub fn all_gather<T: NcclElement>(
         &mut self,
         rank: usize,
         send: &'b impl GpuRead<T>,
         recv: &'b mut impl GpuWrite<T>,
     ) -> Result<(), PoolError> {
         let (src, n) = self.lend(rank, &send.view())?;
-        let (dst, m) = self.lend(rank, &recv.view())?;
+        let (dst, m) = self.lend_mut(rank, recv.view_mut())?;
         let whole = n.checked_mul(self.ranks.len());
         if whole != Some(m) {
             return Err(PoolError::ShapeMismatch {
@@ -585,20 +794,20 @@ impl<'b> Group<'b> {
     }
 
     /// `buffer` on every rank becomes `root`'s `buffer` (`ncclBroadcast`, in place).
-    pub fn broadcast<T: Pod + NcclType>(
+    pub fn broadcast<T: NcclElement>(
         &mut self,
         rank: usize,
         buffer: &'b mut impl GpuWrite<T>,
         root: usize,
     ) -> Result<(), PoolError> {
-        let (ptr, n) = self.lend(rank, &buffer.view())?;
+        let (ptr, n) = self.lend_mut(rank, buffer.view_mut())?;
         self.push::<T>(rank, Kind::Broadcast { root }, n, ptr, ptr);
         Ok(())
     }
 
     /// Sends `buffer` from `rank` to `peer` (`ncclSend`), which must receive it in the same group
     /// with a buffer of the same length and type.
-    pub fn send<T: Pod + NcclType>(
+    pub fn send<T: NcclElement>(
         &mut self,
         rank: usize,
         buffer: &'b impl GpuRead<T>,
@@ -610,22 +819,31 @@ impl<'b> Group<'b> {
     }
 
     /// Receives into `buffer` on `rank` what `peer` sends in the same group (`ncclRecv`).
-    pub fn recv<T: Pod + NcclType>(
+    pub fn recv<T: NcclElement>(
         &mut self,
         rank: usize,
         buffer: &'b mut impl GpuWrite<T>,
         peer: usize,
     ) -> Result<(), PoolError> {
-        let (ptr, n) = self.lend(rank, &buffer.view())?;
+        let (ptr, n) = self.lend_mut(rank, buffer.view_mut())?;
         self.push::<T>(rank, Kind::Recv { peer }, n, 0, ptr);
         Ok(())
     }
 
     /// Whether the group can be queued as it is: ranks and peers exist, every rank makes the
-    /// same collectives in the same order (kind, count, type), and the sends from each rank to
+    /// same collectives in the same order (kind, count, type, reduction, root and, while the stacks
+    /// are a symmetric window, the window offsets of its buffers), and the sends from each rank to
     /// each peer meet that peer's receives from it, in order, of the same count and type.
-    fn check(&self) -> Result<(), PoolError> {
+    fn check(&self, windows: Option<&[(DevPtr, usize)]>) -> Result<(), PoolError> {
         let world = self.ranks.len();
+        // Where `ptr` lies in `rank`'s symmetric window: NCCL's symmetric kernels reach a peer's
+        // buffer at the same offset in the peer's window, so the offsets must agree.
+        let offset = |rank: usize, ptr: u64| {
+            windows.and_then(|w| {
+                let (base, bytes) = w[rank];
+                (ptr >= base && ptr < base + bytes as DevPtr).then(|| ptr - base)
+            })
+        };
         let mismatch = |problem: String| Err(PoolError::NcclGroup { problem });
         for op in &self.ops {
             let named = match op.kind {
@@ -641,7 +859,10 @@ impl<'b> Group<'b> {
             self.ops
                 .iter()
                 .filter(move |o| o.rank == rank && o.kind.is_collective())
-                .map(|o| (o.kind, o.count, o.dtype as u32))
+                .map(move |o| {
+                    let at = windows.map(|_| (offset(rank, o.send), offset(rank, o.recv)));
+                    (o.kind, o.count, o.dtype as u32, at)
+                })
         };
         let first: Vec<_> = collectives(0).collect();
         for rank in 1..world {
@@ -649,7 +870,7 @@ impl<'b> Group<'b> {
             if theirs != first {
                 return mismatch(format!(
                     "rank {rank} makes {} collective(s), rank 0 {}, and they differ in kind, \
-                     count or type: {theirs:?} against {first:?}",
+                     count, type or window offset: {theirs:?} against {first:?}",
                     theirs.len(),
                     first.len()
                 ));
@@ -750,4 +971,77 @@ pub fn use_nccl_memory(device: &Device) -> Result<(), PoolError> {
 /// ```
 pub fn use_driver_memory(device: &Device) -> Result<(), PoolError> {
     device.inner.set_stack_memory(None)
+}
+
+/// A region narrower than its buffer would hand NCCL its neighbours' elements between rows, and a
+/// padded 2D buffer its padding: NCCL takes runs of elements.
+fn continuous(is: bool, rows: usize, cols: usize, step: usize) -> Result<(), PoolError> {
+    if is {
+        Ok(())
+    } else {
+        Err(PoolError::NotContinuous { rows, cols, step })
+    }
+}
+
+/// Captures `work` with every stream of `streams` in its own capture, the first outermost; the
+/// graphs land in `made`, innermost first.
+fn nested_captures<'a>(
+    streams: Vec<&'a Stream>,
+    work: Box<dyn FnOnce() -> Result<(), PoolError> + 'a>,
+    made: Rc<RefCell<Vec<Graph<'a>>>>,
+) -> Result<(), PoolError> {
+    let Some((&first, rest)) = streams.split_first() else {
+        return work();
+    };
+    let rest = rest.to_vec();
+    let inner = made.clone();
+    let graph = first.capture(move |_| nested_captures(rest, work, inner))?;
+    made.borrow_mut().push(graph);
+    Ok(())
+}
+
+/// One graph per rank of a [`Communicators::capture`], replayed together so that the ranks stay
+/// in step: each replay of one rank's graph meets the same replay of every other's.
+pub struct RankGraphs<'a> {
+    comms: &'a Communicators<'a>,
+    graphs: Vec<Graph<'a>>,
+}
+
+impl std::fmt::Debug for RankGraphs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankGraphs")
+            .field("ranks", &self.graphs.len())
+            .finish()
+    }
+}
+
+impl RankGraphs<'_> {
+    /// Queues one replay of every rank's graph, each on its rank's stream.
+    ///
+    /// Errors: `PoolError::NcclGroup` if an earlier replay failed part-way (the ranks may be out
+    /// of step; the communicators refuse every group from then on); the driver's error if this
+    /// one fails, which marks them so.
+    pub fn launch(&self) -> Result<(), PoolError> {
+        if self.comms.out_of_step.get() {
+            return Err(PoolError::NcclGroup {
+                problem: "a replay of these communicators failed part-way, so their ranks may be \
+                          out of step; make new communicators"
+                    .into(),
+            });
+        }
+        for (i, graph) in self.graphs.iter().enumerate() {
+            if let Err(e) = graph.launch() {
+                if i > 0 {
+                    self.comms.out_of_step.set(true);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Each rank's graph's nodes, rank order not guaranteed.
+    pub fn nodes(&self) -> Result<Vec<GraphNodes>, PoolError> {
+        self.graphs.iter().map(Graph::nodes).collect()
+    }
 }

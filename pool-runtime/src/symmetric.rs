@@ -14,6 +14,10 @@ use crate::stream::Stream;
 /// Checks that `streams` (one per rank, rank `i` at `streams[i]`) laid their stacks out alike:
 /// the same blocks, at the same offsets, in the same order, with the same top now.
 ///
+/// The traces cover each stream's whole history: once a rank took one buffer more, the check
+/// fails for those streams from then on (which is what a window registered over them would see:
+/// every later offset may differ). Compare streams made alike, run through the same steps.
+///
 /// A debug check, like OpenCV's LIFO assertions: in builds without debug assertions the stacks
 /// record nothing and this returns `Ok(())`. Across processes, exchange
 /// [`Stream::layout_trace`] (its [`to_bytes`](LayoutTrace::to_bytes)) and compare.

@@ -31,14 +31,21 @@ fn a_peak_twenty_times_the_configured_stack_runs_with_no_fallback() -> Result<()
     {
         let fixed = Stream::new(&device)?;
         pipeline(&fixed, 20)?;
-        assert!(fixed.stats().fallback_allocations.total() > 0, "fixed: falls back");
+        assert!(
+            fixed.stats().fallback_allocations.total() > 0,
+            "fixed: falls back"
+        );
     }
     device.set_growable_stacks(true)?;
     let stream = Stream::new(&device)?;
     pipeline(&stream, 20)?;
     let stats = stream.stats();
     assert_eq!(stats.fallback_allocations.total(), 0);
-    assert!(stats.stack_high_water >= 19 * MIB, "{}", stats.stack_high_water);
+    assert!(
+        stats.stack_high_water >= 19 * MIB,
+        "{}",
+        stats.stack_high_water
+    );
     // Mapped: the peak rounded up to the granule, not a guess.
     assert!(stats.stack_mapped >= stats.stack_high_water);
     assert!(stats.stack_mapped < stats.stack_high_water + 3 * 64 * 1024);
@@ -53,14 +60,23 @@ fn a_loop_that_rises_and_falls_maps_once_and_trim_gives_the_memory_back() -> Res
     let stream = Stream::new(&device)?;
     pipeline(&stream, 12)?; // the first rise maps
     let after_first = device.stats();
-    assert!(after_first.driver_alloc_calls > 1, "a reservation and the maps");
+    assert!(
+        after_first.driver_alloc_calls > 1,
+        "a reservation and the maps"
+    );
     for _ in 0..50 {
         pipeline(&stream, 12)?;
     }
     let after_loop = device.stats();
-    assert_eq!(after_loop.driver_alloc_calls, after_first.driver_alloc_calls, "0 calls after the first rise");
+    assert_eq!(
+        after_loop.driver_alloc_calls, after_first.driver_alloc_calls,
+        "0 calls after the first rise"
+    );
     assert_eq!(after_loop.driver_free_calls, after_first.driver_free_calls);
-    assert_eq!(after_loop.stack_mapped, after_first.stack_mapped, "memory stays mapped");
+    assert_eq!(
+        after_loop.stack_mapped, after_first.stack_mapped,
+        "memory stays mapped"
+    );
     let mapped = stream.stats().stack_mapped;
     let live = host_live_bytes(&device).unwrap();
     assert!(live >= mapped, "the backend holds the mapped bytes");
@@ -69,7 +85,10 @@ fn a_loop_that_rises_and_falls_maps_once_and_trim_gives_the_memory_back() -> Res
     let kept = BufferPool::new(&stream).get_buffer_1d::<u8>(100)?;
     let freed = stream.trim()?;
     assert!(freed > 0 && freed < mapped + 1, "{freed} of {mapped}");
-    assert!(stream.stats().stack_mapped > 0, "the live buffer's granule stays");
+    assert!(
+        stream.stats().stack_mapped > 0,
+        "the live buffer's granule stays"
+    );
     drop(kept);
     stream.trim()?;
     assert_eq!(stream.stats().stack_mapped, 0);
@@ -78,7 +97,11 @@ fn a_loop_that_rises_and_falls_maps_once_and_trim_gives_the_memory_back() -> Res
     pipeline(&stream, 4)?;
     assert!(stream.stats().stack_mapped >= 4 * MIB - 64 * 1024);
     drop(stream);
-    assert_eq!(host_live_bytes(&device), Some(0), "a dropped stream unmaps and unreserves");
+    assert_eq!(
+        host_live_bytes(&device),
+        Some(0),
+        "a dropped stream unmaps and unreserves"
+    );
     assert_eq!(device.stats().stack_mapped, 0);
     Ok(())
 }
@@ -88,12 +111,15 @@ fn every_stream_gets_a_growable_stack_whatever_the_config_count() -> Result<(), 
     let device = Device::private_host();
     set_buffer_pool_config(&device, MIB, 2)?;
     device.set_growable_stacks(true)?;
-    let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&device)).collect::<Result<_, _>>()?;
+    let streams: Vec<Stream> = (0..8)
+        .map(|_| Stream::new(&device))
+        .collect::<Result<_, _>>()?;
     for s in &streams {
         pipeline(s, 3)?;
         assert_eq!(s.stats().fallback_allocations.total(), 0);
     }
-    let indexes: std::collections::BTreeSet<_> = streams.iter().filter_map(Stream::stack_index).collect();
+    let indexes: std::collections::BTreeSet<_> =
+        streams.iter().filter_map(Stream::stack_index).collect();
     assert_eq!(indexes.len(), 8, "eight stacks, each its own");
     assert_eq!(device.stats().stacks_held, 8);
     // set_buffer_pool_config means OpenCV's fixed stacks again, for streams made from now on.
@@ -130,12 +156,19 @@ fn a_failed_map_or_reservation_falls_back_and_loses_nothing() -> Result<(), Pool
             assert_eq!(a.source(), Source::Fallback(FallbackReason::NoStackMemory));
             assert_eq!(fell_back, 2);
         } else {
-            assert_eq!(fell_back, 1, "fail_at {fail_at}: the request whose map failed");
+            assert_eq!(
+                fell_back, 1,
+                "fail_at {fail_at}: the request whose map failed"
+            );
         }
         drop((b, a));
         stream.trim()?;
         drop(stream);
-        assert_eq!(host_live_bytes(&device), Some(0), "fail_at {fail_at}: nothing leaked");
+        assert_eq!(
+            host_live_bytes(&device),
+            Some(0),
+            "fail_at {fail_at}: nothing leaked"
+        );
     }
     Ok(())
 }
@@ -153,5 +186,96 @@ fn a_request_past_the_reservation_falls_back_as_too_large() -> Result<(), PoolEr
     if let Ok(h) = &huge {
         assert_eq!(h.source(), Source::Fallback(FallbackReason::TooLarge));
     }
+    Ok(())
+}
+
+/// On the GPU: growth past what was mapped, inside a capture and out, real memory behind it
+/// (the driver's free memory moves with `trim`), and a graph's memory kept while it lives.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_the_gpu_a_stack_grows_inside_a_capture_and_trim_gives_memory_back()
+-> Result<(), Box<dyn std::error::Error>> {
+    use gpu_pool::cudarc;
+    let Some((device, _lock)) = crate::common::gpu("growable_gpu") else {
+        return Ok(());
+    };
+    if let Err(e) = device.set_growable_stacks(true) {
+        crate::common::skipped(&format!("growable_gpu: skipped: {e}"));
+        return Ok(());
+    }
+    let free = || -> Result<usize, Box<dyn std::error::Error>> {
+        device.cuda_context().expect("CUDA").bind_to_thread()?;
+        Ok(cudarc::driver::result::mem_get_info()?.0)
+    };
+    let stream = Stream::new(&device)?;
+    device.set_growable_stacks(false)?; // other tests' streams get fixed stacks
+    // 200 MiB peak: 20x the default 10 MiB stack.
+    let before = free()?;
+    pipeline(&stream, 200)?;
+    let first = device.stats();
+    for _ in 0..10 {
+        pipeline(&stream, 200)?;
+    }
+    let after = device.stats();
+    let stats = stream.stats();
+    println!(
+        "growable_gpu: peak {} MiB, mapped {} MiB, fallbacks {}, driver calls in 10 more rounds: {}",
+        stats.stack_high_water >> 20,
+        stats.stack_mapped >> 20,
+        stats.fallback_allocations.total(),
+        after.driver_alloc_calls - first.driver_alloc_calls
+    );
+    assert_eq!(stats.fallback_allocations.total(), 0);
+    assert_eq!(after.driver_alloc_calls, first.driver_alloc_calls);
+    let used = before.saturating_sub(free()?);
+    assert!(
+        used >= stats.stack_mapped,
+        "the driver sees the mapped memory: {used}"
+    );
+
+    // Growth inside a capture: the graph's buffers are past what is mapped.
+    let mut out = GpuMat::<u32>::new(&stream, 1, 1 << 20)?;
+    out.set_to(0)?;
+    let mapped_before = stream.stats().stack_mapped;
+    {
+        let graph = stream.capture(|s| {
+            let pool = BufferPool::new(s);
+            let _low = pool.get_buffer_1d::<u8>(mapped_before)?; // up to the mapped end
+            let mut high = pool.get_buffer_1d::<u32>(1 << 20)?; // mapped during the capture
+            high.set_to(0xC0FFEE)?;
+            out.copy_from(&high)
+        })?;
+        assert!(
+            stream.stats().stack_mapped > mapped_before,
+            "mapped during the capture"
+        );
+        // A trim while the graph lives keeps the graph's memory.
+        stream.trim()?;
+        for _ in 0..3 {
+            graph.launch()?;
+        }
+        stream.synchronize()?;
+    }
+    assert!(out.to_vec()?.iter().all(|&v| v == 0xC0FFEE));
+    // Refused inside a capture: trim waits for the stream.
+    let refused = stream.capture(|s| s.trim().map(drop));
+    assert!(
+        matches!(refused, Err(PoolError::CaptureAllocates { .. })),
+        "{refused:?}"
+    );
+    drop(refused);
+    let mapped = stream.stats().stack_mapped;
+    let freed = stream.trim()?;
+    let regained = free()?;
+    println!(
+        "growable_gpu: trim unmapped {} MiB of {} MiB",
+        freed >> 20,
+        mapped >> 20
+    );
+    assert!(freed > 0 && stream.stats().stack_mapped < mapped);
+    assert!(
+        regained > before.saturating_sub(used),
+        "the driver got memory back"
+    );
     Ok(())
 }

@@ -7,7 +7,8 @@ use std::error::Error;
 use gpu_pool::nccl::{Communicators, Reduce};
 use gpu_pool::prelude::*;
 use gpu_pool::{
-    CachingPool, Fallback, MixMemory, PoolConfig, check_symmetric, cudarc, set_buffer_pool_config,
+    CachingPool, Fallback, GpuView, GpuViewMut, MixMemory, PoolConfig, check_symmetric, cudarc,
+    set_buffer_pool_config,
 };
 
 use crate::common::{GpuLock, gpu, skipped};
@@ -174,6 +175,22 @@ fn step(
     Ok(())
 }
 
+/// A type whose read view is one thing and writable view another: an NCCL write must go where
+/// the writable view lends, never through the read view.
+struct Sneaky<'v, 'm>(GpuView<'v, f32>, GpuMat<'m, f32>);
+
+impl GpuRead<f32> for Sneaky<'_, '_> {
+    fn view(&self) -> GpuView<'_, f32> {
+        self.0
+    }
+}
+
+impl GpuWrite<f32> for Sneaky<'_, '_> {
+    fn view_mut(&mut self) -> GpuViewMut<'_, f32> {
+        self.1.view_mut()
+    }
+}
+
 /// Elements of `m` that are not `want`.
 fn wrong(m: &GpuMat<'_, f32>, want: f32) -> Result<usize, PoolError> {
     Ok(m.to_vec()?.iter().filter(|&&v| v != want).count())
@@ -238,28 +255,19 @@ fn nccl_all_reduce_and_send_recv_on_buffer_temporaries_eager_and_captured() -> T
     s0.synchronize()?;
     s1.synchronize()?;
     {
-        // Rank 1's graph is captured inside rank 0's capture: both streams record the group.
-        let inner = std::cell::RefCell::new(None);
-        let g0 = s0.capture(|_| {
-            let g = s1.capture(|_| step(&ranks, (&s0, &s1), n, &mut sums, &mut got))?;
-            *inner.borrow_mut() = Some(g);
-            Ok(())
-        })?;
-        let inner = inner.borrow();
-        let g1 = inner.as_ref().expect("the inner capture ran");
+        // A graph per rank, replayed together.
+        let graphs = ranks.capture(|| step(&ranks, (&s0, &s1), n, &mut sums, &mut got))?;
         let (c0, c1) = (calls(&gpu0), calls(&gpu1));
         for _ in 0..STEPS {
-            g0.launch()?;
-            g1.launch()?;
+            graphs.launch()?;
         }
         s0.synchronize()?;
         s1.synchronize()?;
         let replay_calls = (calls(&gpu0) - c0, calls(&gpu1) - c1);
         println!(
             "multi_gpu_nccl: captured, {STEPS} replays: pool driver allocations (cuda:0, cuda:1) \
-             = {replay_calls:?}; graph nodes {:?} / {:?}",
-            g0.nodes()?,
-            g1.nodes()?
+             = {replay_calls:?}; graph nodes {:?}",
+            graphs.nodes()?
         );
         assert_eq!(replay_calls, (0, 0));
     }
@@ -289,6 +297,8 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
     let mut a1 = p1.get_buffer_1d::<f32>(1000)?;
     let mut short1 = p1.get_buffer_1d::<f32>(999)?;
     let mut short0 = p0.get_buffer_1d::<f32>(999)?;
+    let mut b1_early = p1.get_buffer_1d::<f32>(1000)?;
+    b1_early.set_to(5.0)?;
     a0.set_to(5.0)?;
     // Rank 1 makes no collective: NCCL would wait for it forever.
     let lone = ranks.group(|g| g.all_reduce_in_place(0, &mut a0, Reduce::Sum));
@@ -340,6 +350,66 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
     })?;
     assert!(a0.to_vec()?.iter().all(|&v| v == 5.0));
     assert!(b1.to_vec()?.iter().all(|&v| v == 5.0));
+    // A padded 2D buffer would hand NCCL its padding as elements.
+    let mut padded0 = p0.get_buffer::<f32>(4, 100)?;
+    let padded = ranks.group(|g| g.all_reduce_in_place(0, &mut padded0, Reduce::Sum));
+    assert!(
+        matches!(padded, Err(PoolError::NotContinuous { .. })),
+        "{padded:?}"
+    );
+    // Two groups swapped: each was checked for the other's communicators.
+    let (t0, t1) = (Stream::new(&gpu0)?, Stream::new(&gpu1)?);
+    let other = Communicators::new(&[&t0, &t1])?;
+    let (mut c0, mut c1) = (
+        BufferPool::new(&t0).get_buffer_1d::<f32>(1000)?,
+        BufferPool::new(&t1).get_buffer_1d::<f32>(1000)?,
+    );
+    let swapped = ranks.group(|ga| {
+        other.group(|gb| {
+            gb.all_reduce_in_place(0, &mut c0, Reduce::Sum)?;
+            gb.all_reduce_in_place(1, &mut c1, Reduce::Sum)?;
+            std::mem::swap(ga, gb);
+            Ok(())
+        })
+    });
+    assert!(
+        matches!(swapped, Err(PoolError::NcclGroup { .. })),
+        "{swapped:?}"
+    );
+    // A group inside a capture of one rank's stream only (not Communicators::capture): its graph
+    // would replay out of step with the other rank.
+    let lone_capture = s0.capture(|_| {
+        ranks.group(|g| {
+            g.all_reduce_in_place(0, &mut a0, Reduce::Sum)?;
+            g.all_reduce_in_place(1, &mut b1_early, Reduce::Sum)
+        })
+    });
+    assert!(
+        matches!(lone_capture, Err(PoolError::NcclGroup { .. })),
+        "{lone_capture:?}"
+    );
+    drop(lone_capture);
+    // A write through a type whose read view is someone else's memory: NCCL writes only what
+    // the writable view lends.
+    let shared = SharedMat::<f32>::from_host(&s0, 1, 1000, &vec![4.0; 1000])?;
+    {
+        let guard = shared.read(&s0)?;
+        let mut dummy = p0.get_buffer_1d::<f32>(1000)?;
+        dummy.set_to(0.5)?;
+        let mut sneaky = Sneaky(guard.view(), dummy);
+        ranks.group(|g| {
+            g.all_reduce_in_place(0, &mut sneaky, Reduce::Max)?;
+            g.all_reduce_in_place(1, &mut b1_early, Reduce::Max)
+        })?;
+        assert!(
+            sneaky.1.to_vec()?.iter().all(|&v| v == 5.0),
+            "the writable view got the result"
+        );
+    }
+    assert!(
+        shared.read(&s0)?.to_vec()?.iter().all(|&v| v == 4.0),
+        "the read-only memory is untouched"
+    );
     // Two ranks on one GPU are refused before NCCL.
     let s0b = Stream::new(&gpu0)?;
     let twice = Communicators::new(&[&s0, &s0b]);
@@ -347,7 +417,7 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
         matches!(twice, Err(PoolError::Unsupported { .. })),
         "{twice:?}"
     );
-    println!("multi_gpu_nccl_refusals: 7 bad groups refused, nothing queued, a good one after");
+    println!("multi_gpu_nccl_refusals: 11 bad groups refused, nothing queued, good ones after");
     Ok(())
 }
 
