@@ -178,6 +178,14 @@ impl Device {
             }
             let backend = crate::backend::cuda::CudaBackend::new(ordinal)?;
             let device = Device::from_backend(DeviceId::Cuda(ordinal), Box::new(backend));
+            // Growable stacks by default where the device can map memory and no stack size or
+            // count was asked for (GPU_POOL_CONF): the same take (BENCHMARKS.md, section M), no
+            // guess to make, and memory equal to the peak.
+            let sized = config::env_config()
+                .is_ok_and(|e| e.stack_size.is_some() || e.stack_count.is_some());
+            if !sized && device.inner.storage.backend.vmm_granularity().is_some() {
+                device.inner.lock_state().growable = true;
+            }
             devices.push(device.clone());
             Ok(device)
         }
@@ -313,8 +321,10 @@ impl Device {
     /// [`Stream::trim`] or the stream's drop, so a loop that rises to a peak and falls back maps
     /// once. Every reservation, map and unmap is a counted driver call.
     ///
-    /// Streams keep the stack they have. `PoolError::Unsupported` on a device without virtual
-    /// memory management (the host backend models it, in 64 KiB granules).
+    /// The default on a CUDA device with virtual memory management, unless `GPU_POOL_CONF` sets a
+    /// stack size or count; fixed stacks on the host backend and elsewhere. Streams keep the
+    /// stack they have. `PoolError::Unsupported` on a device without virtual memory management
+    /// (the host backend models it, in 64 KiB granules).
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
@@ -639,6 +649,7 @@ impl DeviceInner {
     }
 
     /// Undoes one [`pin_stack_memory`](Self::pin_stack_memory).
+    #[cfg(feature = "nccl")]
     pub(crate) fn unpin_stack_memory(&self) {
         if let Some(arena) = self.lock_state().arena.as_mut() {
             arena.unpin();

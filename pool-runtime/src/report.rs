@@ -98,13 +98,15 @@ impl fmt::Display for Report {
             for s in &d.streams {
                 writeln!(
                     f,
-                    "  stream {} (stack {}): peak stack use {}, peak demand {}, {} stack / {} fallback buffers",
+                    "  stream {} (stack {}): peak stack use {}, peak demand {}, {} stack / {} fallback buffers; {} mapped, {} in use now",
                     s.stream,
                     s.stack_index.map_or("none".into(), |i| i.to_string()),
                     mib(s.stack_high_water),
                     mib(s.peak_demand),
                     s.stack_allocations,
                     s.fallback_allocations.total(),
+                    mib(s.stack_mapped),
+                    mib(s.stack_in_use),
                 )?;
                 if let Some(peak) = s.peak_at {
                     writeln!(f, "    peak reached at {}:{}", peak.file(), peak.line())?;
@@ -123,6 +125,12 @@ impl fmt::Display for Report {
                     rec.stack_size() >> 20,
                     rec.stack_count(),
                     rec.env_value(),
+                )?,
+                Some(_) if d.stack_mapped > 0 => writeln!(
+                    f,
+                    "  no fallbacks: growable stacks, {} mapped in all (Stream::trim gives back \
+                     what is above each top)",
+                    mib(d.stack_mapped)
                 )?,
                 Some(_) => writeln!(f, "  no fallbacks: the config is large enough")?,
                 None => writeln!(f, "  no buffers requested yet")?,

@@ -53,6 +53,9 @@ pub fn gpu(test: &str) -> Option<(Device, GpuLock)> {
         Ok(device) => {
             device.set_fallback(Fallback::Driver);
             device.set_strict_lifo(false);
+            // The tests assume OpenCV's fixed stacks unless they ask for growable ones (the CUDA
+            // default where the device can map memory).
+            let _ = device.set_growable_stacks(false);
             let lock = GpuLock {
                 device: device.clone(),
                 _guard: guard,
