@@ -3,11 +3,15 @@
 //!
 //! The workload builds a 4K image pyramid (five levels, all live at once) on three streams, one per
 //! thread, with `#[pooled]`: about 11.5 MiB per stream, more than the default 10 MiB stacks. The
-//! first run falls back for the largest levels and prints the report; the example then starts
-//! itself again with `GPU_POOL_CONF` set to the recommended value, as you would, and that run
-//! reports no fallback. Both runs record every stream and write their timeline: an SVG chart of
-//! stack use per stream with the fallbacks marked, and a Chrome trace (open it in Perfetto), to
-//! `target/timeline/sizing_report_{first,second}.{svg,json}` (or the folder `TIMELINE_DIR` names).
+//! first run, on OpenCV's fixed stacks, falls back for the largest levels and prints the report;
+//! the example then starts itself again with `GPU_POOL_CONF` set to the recommended value, as you
+//! would, and that run reports no fallback. A third run gives every stream a growable stack
+//! (`Device::set_growable_stacks`, the CUDA default where the device can map memory): no size to
+//! choose, no fallback, memory mapped up to each stream's peak. Every run records every stream and
+//! writes its timeline: an SVG chart of stack use per stream with the fallbacks marked (and the
+//! mapped bytes of growable stacks dashed), and a Chrome trace (open it in Perfetto), to
+//! `target/timeline/sizing_report_{first,second,growable}.{svg,json}` (or the folder
+//! `TIMELINE_DIR` names).
 //!
 //! `cargo run --release --example sizing_report`
 
@@ -21,7 +25,8 @@ const ROWS: usize = 2160;
 const COLS: usize = 3840;
 const STREAMS: usize = 3;
 /// Set in the second run's environment.
-const SECOND_RUN: &str = "SIZING_REPORT_SECOND_RUN";
+/// Which run this process is: unset for the first, `second` or `growable`.
+const RUN: &str = "SIZING_REPORT_RUN";
 
 /// Every level of the pyramid of `seed`, live at once: wrong pixels.
 #[pooled(stream)]
@@ -50,13 +55,15 @@ fn pyramid(stages: &Stages, stream: &Stream, seed: i32) -> Result<usize, PoolErr
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let second = std::env::var_os(SECOND_RUN).is_some();
+    let run = std::env::var(RUN).unwrap_or_else(|_| "first".into());
+    let second = run == "second";
     let device = Device::cuda_or_host();
+    // The first two runs show OpenCV's fixed stacks, whatever the device's default.
+    device.set_growable_stacks(run == "growable")?;
     device.set_recording(1 << 12); // every take and release of the run, for the timeline
     let stages = Stages::new(&device);
     println!(
-        "== {} run, device: {}, config {} ({})",
-        if second { "second" } else { "first" },
+        "== {run} run, device: {}, config {} ({})",
         Stages::describe(&device),
         device.pool_config()?.env_value(),
         std::env::var("GPU_POOL_CONF")
@@ -98,18 +105,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir =
         std::env::var_os("TIMELINE_DIR").map_or("target/timeline".into(), std::path::PathBuf::from);
     std::fs::create_dir_all(&dir)?;
-    let name = if second { "second" } else { "first" };
     let (svg, trace) = (
-        dir.join(format!("sizing_report_{name}.svg")),
-        dir.join(format!("sizing_report_{name}.json")),
+        dir.join(format!("sizing_report_{run}.svg")),
+        dir.join(format!("sizing_report_{run}.json")),
     );
     gpu_pool::timeline::write_svg(&svg)?;
     gpu_pool::timeline::write_chrome_trace(&trace)?;
     println!("timeline: {} and {}", svg.display(), trace.display());
     device.release_stack_memory()?; // the streams are gone: everything freed before exit
+    if run == "growable" {
+        println!(
+            "fallback buffers with growable stacks: {fallbacks}; mapped now (every stream \
+             dropped): {} bytes",
+            device.stats().stack_mapped
+        );
+        std::process::exit(if fallbacks == 0 { 0 } else { 1 });
+    }
+    let exe = std::env::current_exe()?;
     if second {
         println!("fallback buffers with the recommended config: {fallbacks}");
-        std::process::exit(if fallbacks == 0 { 0 } else { 1 });
+        if fallbacks != 0 {
+            std::process::exit(1);
+        }
+        println!("\nrunning again with growable stacks\n");
+        let status = std::process::Command::new(exe)
+            .env_remove("GPU_POOL_CONF")
+            .env(RUN, "growable")
+            .status()?;
+        std::process::exit(status.code().unwrap_or(1));
     }
     let Some(recommended) = stats.recommended_config() else {
         return Ok(());
@@ -119,10 +142,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          GPU_POOL_CONF={}\n",
         recommended.env_value()
     );
-    let exe = std::env::current_exe()?;
     let status = std::process::Command::new(exe)
         .env("GPU_POOL_CONF", recommended.env_value())
-        .env(SECOND_RUN, "1")
+        .env(RUN, "second")
         .status()?;
     std::process::exit(status.code().unwrap_or(1));
 }

@@ -35,6 +35,9 @@ pub struct Event {
     pub bytes: usize,
     /// Stack bytes in use after the event.
     pub stack_in_use: usize,
+    /// Bytes of memory behind the stack after the event: a fixed stack's size, or what a
+    /// growable stack has mapped.
+    pub stack_mapped: usize,
     /// Who asked, for a take.
     pub site: Option<CallSite>,
 }
@@ -122,6 +125,7 @@ mod tests {
                 offset: 0,
                 bytes: 1,
                 stack_in_use: 1,
+                stack_mapped: 1,
                 site: None,
             });
         }

@@ -64,7 +64,7 @@ pub fn chrome_trace(recordings: &[StreamRecording]) -> String {
             let ts = e.t_ns as f64 / 1e3;
             events.push(
                 json!({"ph": "C", "name": "stack in use", "pid": pid, "tid": r.stream,
-                "ts": ts, "args": {"bytes": e.stack_in_use}}),
+                "ts": ts, "args": {"bytes": e.stack_in_use, "mapped": e.stack_mapped}}),
             );
             if e.kind == EventKind::Take {
                 let name = e.site.and_then(|s| s.name()).unwrap_or("buffer");
@@ -132,8 +132,35 @@ fn draw(
     } else {
         (t0, t1.max(t0 + 1e-3))
     };
-    let stack = recordings.iter().map(|r| r.stack_size).max().unwrap_or(0) as f64 / MIB;
-    let top = all.iter().map(|p| p.1).fold(stack, f64::max).max(1e-3) * 1.1;
+    // A growable stack's size is its reservation (the device's memory): its mapped bytes are
+    // drawn instead, as a dashed step line of the stream's color.
+    let growable = |r: &StreamRecording| r.events.iter().any(|e| e.stack_mapped != r.stack_size);
+    let mapped = |r: &StreamRecording| -> Vec<(f64, f64)> {
+        r.events
+            .iter()
+            .map(|e| (e.t_ns as f64 / 1e6, e.stack_mapped as f64 / MIB))
+            .collect()
+    };
+    let stack = recordings
+        .iter()
+        .filter(|r| !growable(r))
+        .map(|r| r.stack_size)
+        .max()
+        .unwrap_or(0) as f64
+        / MIB;
+    let top = all
+        .iter()
+        .map(|p| p.1)
+        .chain(
+            recordings
+                .iter()
+                .filter(|r| growable(r))
+                .flat_map(mapped)
+                .map(|p| p.1),
+        )
+        .fold(stack, f64::max)
+        .max(1e-3)
+        * 1.1;
     {
         let root = SVGBackend::with_string(out, (960, 420)).into_drawing_area();
         root.fill(&WHITE)?;
@@ -173,6 +200,19 @@ fn draw(
                 .draw_series(LineSeries::new(steps, color.stroke_width(2)))?
                 .label(format!("stream {} ({})", r.stream, r.device))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+            if growable(r) {
+                let mut steps = Vec::new();
+                for (t, v) in mapped(r) {
+                    if let Some(&(_, last)) = steps.last() {
+                        steps.push((t, last));
+                    }
+                    steps.push((t, v));
+                }
+                chart
+                    .draw_series(DashedLineSeries::new(steps, 6, 4, color.stroke_width(1)))?
+                    .label(format!("stream {} mapped", r.stream))
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+            }
             let fallbacks = r
                 .events
                 .iter()

@@ -389,6 +389,7 @@ impl Stream {
             offset,
             bytes,
             stack_in_use: self.stack.get().map_or(0, Stack::top),
+            stack_mapped: self.stack.get().map_or(0, Stack::mapped),
             site,
         });
     }
