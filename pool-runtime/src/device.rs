@@ -150,6 +150,13 @@ impl Device {
     }
 
     /// A new private host device with its own id, memory `limit` and fault injection.
+    /// A private host device whose unmap or unreserve call number `fail_at` fails.
+    #[cfg(feature = "testing")]
+    pub(crate) fn new_private_host_unmap_fault(fail_at: u64) -> Device {
+        let id = DeviceId::Host(HOST_IDS.next());
+        Device::from_backend(id, Box::new(HostBackend::with_unmap_fault(id, fail_at)))
+    }
+
     pub(crate) fn new_private_host(limit: Option<usize>, fail_at: u64) -> Device {
         let id = DeviceId::Host(HOST_IDS.next());
         Device::from_backend(id, Box::new(HostBackend::with_fault(id, limit, fail_at)))
@@ -318,7 +325,7 @@ impl Device {
     /// Below the mapped end a take is the same bump as on a fixed stack, with no driver call;
     /// buffers never move; a stream never runs out of stack while the device has memory, and there
     /// is no count of stacks (every stream gets one). Memory stays mapped until
-    /// [`Stream::trim`] or the stream's drop, so a loop that rises to a peak and falls back maps
+    /// [`Stream::trim`](crate::Stream::trim) or the stream's drop, so a loop that rises to a peak and falls back maps
     /// once. Every reservation, map and unmap is a counted driver call.
     ///
     /// The default on a CUDA device with virtual memory management, unless `GPU_POOL_CONF` sets a

@@ -26,6 +26,27 @@ pub fn host_with_fault(fail_at: u64) -> Device {
     Device::new_private_host(None, fail_at)
 }
 
+/// A private host device whose unmap or unreserve call number `fail_at` (1-based; growable
+/// stacks' `Stream::trim` and the end of a stream make them) fails: for testing that a failed
+/// give-back leaves the stack usable. 0 never fails.
+///
+/// ```
+/// use gpu_pool_runtime::{BufferPool, PoolError, Stream, testing};
+/// let device = testing::host_with_unmap_fault(1);
+/// device.set_growable_stacks(true)?;
+/// let stream = Stream::new(&device)?;
+/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 20)?);
+/// assert!(stream.trim().is_err()); // the injected failure
+/// assert_eq!(stream.stats().stack_mapped, 1 << 20); // still mapped, still usable
+/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 20)?);
+/// assert_eq!(stream.trim()?, 1 << 20);
+/// # Ok::<(), PoolError>(())
+/// ```
+#[must_use]
+pub fn host_with_unmap_fault(fail_at: u64) -> Device {
+    Device::new_private_host_unmap_fault(fail_at)
+}
+
 /// On a host device, the bytes its backend has handed out and not taken back (device and pinned
 /// memory): what a leak check compares. `None` on a GPU.
 #[must_use]

@@ -279,3 +279,37 @@ fn on_the_gpu_a_stack_grows_inside_a_capture_and_trim_gives_memory_back()
     );
     Ok(())
 }
+
+#[test]
+fn a_failed_unmap_leaves_the_stack_mapped_and_usable() -> Result<(), PoolError> {
+    // Call 1: the first trim's unmap; 2 in the second device: the drop's unmap; 3 its unreserve.
+    for fail_at in 1..=3 {
+        let device = gpu_pool::testing::host_with_unmap_fault(fail_at);
+        device.set_growable_stacks(true)?;
+        let stream = Stream::new(&device)?;
+        pipeline(&stream, 3)?;
+        let mapped = stream.stats().stack_mapped;
+        if fail_at == 1 {
+            assert!(stream.trim().is_err());
+            assert_eq!(
+                stream.stats().stack_mapped,
+                mapped,
+                "nothing given back, nothing lost"
+            );
+            pipeline(&stream, 3)?; // still served from the stack
+            assert_eq!(stream.stats().fallback_allocations.total(), 0);
+        }
+        // The drop gives back what it can and says what it could not; it never panics.
+        drop(stream);
+        let live = host_live_bytes(&device).unwrap();
+        if fail_at == 1 {
+            assert_eq!(live, 0, "the drop's unmap and unreserve went through");
+        } else {
+            assert!(
+                live <= mapped,
+                "at most the mapping that failed stays: {live}"
+            );
+        }
+    }
+    Ok(())
+}

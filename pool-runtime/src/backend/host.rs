@@ -22,6 +22,9 @@ pub(crate) struct HostBackend {
     limit: usize,
     /// Fault injection: the allocation call with this number (1-based) fails; 0 for none.
     fail_at: u64,
+    /// Fault injection: the unmap or unreserve call with this number (1-based) fails; 0 for none.
+    fail_unmap_at: u64,
+    unmap_calls: std::sync::atomic::AtomicU64,
     alloc_calls: std::sync::atomic::AtomicU64,
     live: Mutex<Live>,
 }
@@ -57,9 +60,34 @@ impl HostBackend {
             id,
             limit: limit.unwrap_or(usize::MAX),
             fail_at,
+            fail_unmap_at: 0,
+            unmap_calls: std::sync::atomic::AtomicU64::new(0),
             alloc_calls: std::sync::atomic::AtomicU64::new(0),
             live: Mutex::new(Live::default()),
         }
+    }
+
+    /// A backend whose unmap or unreserve call number `fail_unmap_at` fails.
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_unmap_fault(id: DeviceId, fail_unmap_at: u64) -> HostBackend {
+        let mut backend = HostBackend::with_fault(id, None, 0);
+        backend.fail_unmap_at = fail_unmap_at;
+        backend
+    }
+
+    /// Counts an unmap or unreserve call; `Err` if it is the one chosen to fail.
+    fn unmap_fault(&self) -> Result<(), PoolError> {
+        let call = self
+            .unmap_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if call == self.fail_unmap_at {
+            return Err(PoolError::Unsupported {
+                device: self.id,
+                what: "an unmap that fault injection failed",
+            });
+        }
+        Ok(())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
@@ -132,6 +160,7 @@ impl Backend for HostBackend {
     }
 
     unsafe fn unreserve(&self, ptr: DevPtr, _bytes: usize) -> Result<(), PoolError> {
+        self.unmap_fault()?;
         let mut live = self.lock();
         let Some(&layout) = live.reservations.get(&ptr) else {
             return Err(PoolError::UnknownBlock {
@@ -185,6 +214,7 @@ impl Backend for HostBackend {
     }
 
     unsafe fn unmap(&self, at: DevPtr, bytes: usize, handle: u64) -> Result<(), PoolError> {
+        self.unmap_fault()?;
         let mut live = self.lock();
         if live.mappings.get(&handle) != Some(&(at, bytes)) {
             return Err(PoolError::UnknownBlock {
