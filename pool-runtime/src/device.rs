@@ -330,7 +330,9 @@ impl Device {
     ///
     /// The default on a CUDA device with virtual memory management, unless `GPU_POOL_CONF` sets a
     /// stack size or count; fixed stacks on the host backend and elsewhere. Streams keep the
-    /// stack they have. `PoolError::Unsupported` on a device without virtual memory management
+    /// stack they have. Each reservation takes address space as large as the device's memory: a process with
+    /// hundreds of live streams per GPU runs out of addresses (later streams fall back, said in
+    /// their stats). `PoolError::Unsupported` on a device without virtual memory management
     /// (the host backend models it, in 64 KiB granules).
     ///
     /// ```

@@ -394,10 +394,18 @@ impl<'s> Communicators<'s> {
             NCCL_REGISTER
         };
         let loaded = version()?;
-        if self.capturing.get() {
+        if self.capturing.get() || self.registered.get() {
             return Err(PoolError::Unsupported {
                 device: self.ranks[0].stream.device().id(),
-                what: "registering stack memory inside a capture",
+                what: "registering stack memory inside a capture, or twice at once (drop the \
+                       first Registered)",
+            });
+        }
+        if let Some(rank) = self.ranks.iter().find(|r| r.stream.has_growable_stack()) {
+            return Err(PoolError::Unsupported {
+                device: rank.stream.device().id(),
+                what: "registering a growable stack (call use_nccl_memory, which gives the \
+                       device fixed stacks in NCCL memory, before making the ranks' streams)",
             });
         }
         if as_window
@@ -927,8 +935,9 @@ impl StackMemory for NcclMemory {
 }
 
 /// Makes `device`'s stacks come from `ncclMemAlloc` from now on, memory NCCL can register as a
-/// symmetric window ([`Communicators::register_stacks`]). Stack memory already allocated is freed
-/// first, so call it before the device's first stream takes a buffer.
+/// symmetric window ([`Communicators::register_stacks`]): fixed stacks (the streams made from now
+/// on get them, not growable ones), one arena in NCCL memory. Stack memory already allocated is
+/// freed first, so call it before the device's first stream takes a buffer.
 ///
 /// Errors: `NoCudaLibrary` without `libnccl`; `Unsupported` on the host backend or an NCCL
 /// before 2.19; `ConfigInUse` while a stream holds a stack of the old memory;
@@ -955,7 +964,9 @@ pub fn use_nccl_memory(device: &Device) -> Result<(), PoolError> {
     };
     device
         .inner
-        .set_stack_memory(Some(Arc::new(NcclMemory { ctx: ctx.clone() })))
+        .set_stack_memory(Some(Arc::new(NcclMemory { ctx: ctx.clone() })))?;
+    // Only the fixed stacks' arena comes from NCCL: streams made from now on take those.
+    device.set_growable_stacks(false)
 }
 
 /// Makes `device`'s stacks come from the driver (`cuMemAlloc`) again, as before

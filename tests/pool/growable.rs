@@ -313,3 +313,51 @@ fn a_failed_unmap_leaves_the_stack_mapped_and_usable() -> Result<(), PoolError> 
     }
     Ok(())
 }
+
+/// A family's region lowered by a capture that kept a buffer leaves the members' scratch above
+/// the top, where `trim` unmaps it: the next replay maps it again before covering it.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_the_gpu_a_trimmed_family_region_is_mapped_again_before_a_replay()
+-> Result<(), Box<dyn std::error::Error>> {
+    let Some((device, _lock)) = crate::common::gpu("growable_family") else {
+        return Ok(());
+    };
+    if device.set_growable_stacks(true).is_err() {
+        return Ok(());
+    }
+    let stream = Stream::new(&device)?;
+    device.set_growable_stacks(false)?;
+    let mut out = GpuMat::<u32>::new(&stream, 1, 1024)?;
+    out.set_to(0)?;
+    // Leaked: a cell that outlived the family would borrow it past its drop.
+    let kept = &*Box::leak(Box::new(std::cell::RefCell::new(None)));
+    let family = stream.graph_family()?;
+    let trimmed;
+    {
+        let member = family.capture(|s| {
+            let mut scratch = BufferPool::new(s).get_buffer_1d::<u32>(16 << 20)?; // 64 MiB
+            scratch.set_to(77)?;
+            out.copy_from(&scratch.row_range(0..1)?.as_1d()?.roi(0..1024, 0..1)?)
+        })?;
+        let failed = family.capture(|s| {
+            *kept.borrow_mut() = Some(BufferPool::new(s).get_buffer_1d::<u8>(1000)?);
+            Ok(())
+        });
+        assert!(failed.is_err(), "a capture that keeps a buffer fails");
+        drop(failed);
+        trimmed = stream.trim()?;
+        drop(kept.borrow_mut().take());
+        for _ in 0..3 {
+            member.launch()?;
+        }
+        stream.synchronize()?;
+    }
+    println!(
+        "growable_family: trim unmapped {} MiB under the lowered region; replays mapped it again",
+        trimmed >> 20
+    );
+    drop(family);
+    assert!(out.to_vec()?.iter().all(|&v| v == 77));
+    Ok(())
+}

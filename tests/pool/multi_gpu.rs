@@ -31,6 +31,7 @@ fn two_gpus(test: &str) -> Option<(Device, Device, GpuLock)> {
     let gpu1 = Device::cuda(1).ok()?;
     gpu1.set_fallback(Fallback::Driver);
     gpu1.set_strict_lifo(false);
+    let _ = gpu1.set_growable_stacks(false); // as device 0: fixed unless a test asks
     Some((gpu0, gpu1, lock))
 }
 
@@ -410,6 +411,24 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
         shared.read(&s0)?.to_vec()?.iter().all(|&v| v == 4.0),
         "the read-only memory is untouched"
     );
+    // Growable stacks cannot be registered (their memory is not NCCL's, and it moves in and out).
+    {
+        gpu0.set_growable_stacks(true)?;
+        gpu1.set_growable_stacks(true)?;
+        let (u0, u1) = (Stream::new(&gpu0)?, Stream::new(&gpu1)?);
+        gpu0.set_growable_stacks(false)?;
+        gpu1.set_growable_stacks(false)?;
+        drop((
+            BufferPool::new(&u0).get_buffer_1d::<u8>(10)?,
+            BufferPool::new(&u1).get_buffer_1d::<u8>(10)?,
+        ));
+        let growing = Communicators::new(&[&u0, &u1])?;
+        let refused = growing.register_stacks(false);
+        assert!(
+            matches!(refused, Err(PoolError::Unsupported { .. })),
+            "{refused:?}"
+        );
+    }
     // Two ranks on one GPU are refused before NCCL.
     let s0b = Stream::new(&gpu0)?;
     let twice = Communicators::new(&[&s0, &s0b]);
@@ -417,7 +436,9 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
         matches!(twice, Err(PoolError::Unsupported { .. })),
         "{twice:?}"
     );
-    println!("multi_gpu_nccl_refusals: 11 bad groups refused, nothing queued, good ones after");
+    println!(
+        "multi_gpu_nccl_refusals: 11 bad groups and a growable registration refused, nothing queued, good ones after"
+    );
     Ok(())
 }
 
@@ -445,6 +466,13 @@ fn stacks_in_nccl_memory_register_as_a_window_and_stay_put_while_registered() ->
         let mut got = GpuMat::<f32>::new(&s0, 1, n)?;
         for as_window in [false, true] {
             let registered = ranks.register_stacks(as_window)?;
+            // A second registration at once would let the first's drop lift the second's checks.
+            let twice = ranks.register_stacks(!as_window);
+            assert!(
+                matches!(twice, Err(PoolError::Unsupported { .. })),
+                "{twice:?}"
+            );
+            drop(twice);
             // Registered memory cannot be freed or replaced under NCCL.
             assert!(matches!(
                 gpu0.set_pool_config(PoolConfig::default()),

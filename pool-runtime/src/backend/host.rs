@@ -149,9 +149,10 @@ impl Backend for HostBackend {
         self.fault(bytes)?;
         let layout =
             Layout::from_size_align(bytes.max(1), HOST_VMM_GRANULE).map_err(|_| self.oom(bytes))?;
-        // SAFETY: `layout` has a non-zero size. Zeroed pages are committed only when written (the
-        // OS maps them lazily), so a reservation costs address space, as on CUDA.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        // SAFETY: `layout` has a non-zero size. Not zeroed: a large allocation is fresh pages the
+        // OS commits only when written, so a reservation costs address space, as on CUDA; `map`
+        // zeroes (so commits) what it maps.
+        let ptr = unsafe { alloc::alloc(layout) };
         if ptr.is_null() {
             return Err(self.oom(bytes));
         }
@@ -210,6 +211,9 @@ impl Backend for HostBackend {
         live.next_handle += 1;
         let handle = live.next_handle;
         live.mappings.insert(handle, (at, bytes));
+        // SAFETY: `at..at + bytes` lies in a reservation of ours (checked above), mapped by no one
+        // else: zeroed, as fresh device memory reads, and committed now, as a mapping is.
+        unsafe { std::ptr::write_bytes(at as *mut u8, 0, bytes) };
         Ok(handle)
     }
 

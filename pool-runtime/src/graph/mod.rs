@@ -1,7 +1,8 @@
 //! CUDA graphs of pooled code: capture a function once, replay it with one launch.
 //!
-//! A stack take makes no driver call, so pooled code can be captured: every `buffer!` of the
-//! captured work gets a stack address during the capture, and the graph reuses those addresses on
+//! A stack take makes no stream operation (and no driver call at all below a growable stack's
+//! mapped end; above it, mapping more is no stream work either), so pooled code can be captured:
+//! every `buffer!` of the captured work gets a stack address during the capture, and the graph reuses those addresses on
 //! every replay. The graph holds that part of the stack for as long as it lives, so no other buffer
 //! is given memory a replay writes.
 //!

@@ -251,7 +251,13 @@ impl Stream {
             return Ok(());
         };
         // The same bytes the capture's buffers had: they fitted then, and the top is where it was.
+        // A growable stack may have been trimmed below them since (a family's lowered region):
+        // map them again first, outside any capture.
         let available = stack.free_bytes();
+        if end > stack.mapped() && !self.in_own_capture() && !capturing::on_this_thread() {
+            stack.map_to(end, self.device.storage(), Some(self.counters()))?;
+            self.counters().stack_mapped.set(stack.mapped() as u64);
+        }
         if !stack.grow(fence, end) {
             return Err(PoolError::CaptureNeedsStack {
                 requested: end.saturating_sub(fence.end()),

@@ -235,6 +235,9 @@ impl Stream {
         else {
             let reason = if layout.bytes > stack.size() {
                 FallbackReason::TooLarge
+            } else if stack.is_growable() {
+                // Below its reservation, a growable stack fails only when no memory was mapped.
+                FallbackReason::NoStackMemory
             } else {
                 FallbackReason::StackFull
             };

@@ -213,13 +213,21 @@ impl Stream {
         self.ledger.id
     }
 
-    /// The index of the stack this stream holds, if any.
+    /// Whether the stream holds a growable stack.
+    #[cfg(feature = "nccl")]
+    pub(crate) fn has_growable_stack(&self) -> bool {
+        self.stack.get().is_some_and(Stack::is_growable)
+    }
+
+    /// The index of the stack this stream holds, if any (growable stacks are numbered apart from a
+    /// device's fixed ones, from 0 in the order they were made).
     #[must_use]
     pub fn stack_index(&self) -> Option<usize> {
         self.stack.get().map(|s| s.index)
     }
 
-    /// The device addresses of the stack this stream holds, if any.
+    /// The device addresses of the stack this stream holds, if any: for a growable stack, its whole
+    /// reservation, of which only the mapped start (`stats().stack_mapped` bytes) has memory.
     #[must_use]
     pub fn stack_range(&self) -> Option<std::ops::Range<u64>> {
         self.stack
@@ -254,6 +262,13 @@ impl Stream {
             return Err(PoolError::CaptureAllocates {
                 what: "Stream::trim",
                 context: None,
+            });
+        }
+        if self.device.backend().is_capturing(&self.raw)? {
+            // A wait would invalidate someone else's capture of this stream.
+            return Err(PoolError::CapturedElsewhere {
+                what: "Stream::trim",
+                stream: self.id(),
             });
         }
         self.synchronize()?;
@@ -449,7 +464,11 @@ impl Drop for Stream {
         match waited {
             Ok(after) => match self.stack.take() {
                 Some(stack) if stack.is_growable() => {
-                    self.device.inner.release_growable(stack, after);
+                    // Unmapping is a driver call a capture on this thread must not see.
+                    let device = self.device.clone();
+                    capturing::after_captures(Box::new(move || {
+                        device.inner.release_growable(stack, after);
+                    }));
                 }
                 Some(stack) => self.device.inner.return_stack(stack.index, after),
                 None => {}
