@@ -508,3 +508,66 @@ fn stacks_in_nccl_memory_register_as_a_window_and_stay_put_while_registered() ->
     }
     Ok(())
 }
+
+/// What one GPU can show of NCCL: a communicator of one rank, its groups, registrations and the
+/// refusals that need no peer.
+#[test]
+fn one_rank_on_one_gpu_registers_once_and_never_a_growable_stack() -> TestResult {
+    let Some((gpu0, _lock)) = gpu("one_rank_nccl") else {
+        return Ok(());
+    };
+    if !nccl_loads("one_rank_nccl") {
+        return Ok(());
+    }
+    struct Back<'a>(&'a Device);
+    impl Drop for Back<'_> {
+        fn drop(&mut self) {
+            let _ = gpu_pool::nccl::use_driver_memory(self.0);
+            let _ = self.0.set_pool_config(PoolConfig::default());
+        }
+    }
+    let _back = Back(&gpu0);
+    // A growable stack is refused.
+    {
+        gpu0.set_growable_stacks(true)?;
+        let s = Stream::new(&gpu0)?;
+        gpu0.set_growable_stacks(false)?;
+        drop(BufferPool::new(&s).get_buffer_1d::<u8>(10)?);
+        let rank = Communicators::new(&[&s])?;
+        let refused = rank.register_stacks(false);
+        assert!(
+            matches!(refused, Err(PoolError::Unsupported { .. })),
+            "{refused:?}"
+        );
+    }
+    // NCCL memory: fixed stacks, registered once at a time, a group of one rank works.
+    set_buffer_pool_config(&gpu0, 16 * MIB, 1)?;
+    gpu_pool::nccl::use_nccl_memory(&gpu0)?;
+    assert!(!gpu0.growable_stacks());
+    let s = Stream::new(&gpu0)?;
+    let rank = Communicators::new(&[&s])?;
+    let mut x = BufferPool::new(&s).get_buffer_1d::<f32>(4096)?;
+    x.set_to(2.5)?;
+    for as_window in [false, true] {
+        let registered = rank.register_stacks(as_window)?;
+        let twice = rank.register_stacks(!as_window);
+        assert!(
+            matches!(twice, Err(PoolError::Unsupported { .. })),
+            "{twice:?}"
+        );
+        drop(twice);
+        let captured = rank.capture(|| Ok(()));
+        assert!(
+            matches!(captured, Err(PoolError::Unsupported { .. })),
+            "{captured:?}"
+        );
+        drop(captured);
+        rank.group(|g| g.all_reduce_in_place(0, &mut x, Reduce::Sum))?;
+        drop(registered);
+    }
+    assert!(x.to_vec()?.iter().all(|&v| v == 2.5), "a sum over one rank");
+    println!(
+        "one_rank_nccl: one rank on cuda:0: registered as buffers and as a window, once at a time; a growable stack refused"
+    );
+    Ok(())
+}
