@@ -113,6 +113,18 @@ fn write(path: &Path, text: &str) -> Result<(), PoolError> {
 
 const MIB: f64 = (1u64 << 20) as f64;
 
+/// A step line through `points`: each value holds until the next event.
+fn steps(points: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    let mut steps: Vec<(f64, f64)> = Vec::with_capacity(points.len() * 2);
+    for (t, v) in points {
+        if let Some(&(_, last)) = steps.last() {
+            steps.push((t, last));
+        }
+        steps.push((t, v));
+    }
+    steps
+}
+
 fn draw(
     recordings: &[StreamRecording],
     out: &mut String,
@@ -188,28 +200,18 @@ fn draw(
         }
         for (i, r) in recordings.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            // A step line: the use holds until the next event.
-            let mut steps = Vec::new();
-            for (t, v) in points(r) {
-                if let Some(&(_, last)) = steps.last() {
-                    steps.push((t, last));
-                }
-                steps.push((t, v));
-            }
             chart
-                .draw_series(LineSeries::new(steps, color.stroke_width(2)))?
+                .draw_series(LineSeries::new(steps(points(r)), color.stroke_width(2)))?
                 .label(format!("stream {} ({})", r.stream, r.device))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
             if growable(r) {
-                let mut steps = Vec::new();
-                for (t, v) in mapped(r) {
-                    if let Some(&(_, last)) = steps.last() {
-                        steps.push((t, last));
-                    }
-                    steps.push((t, v));
-                }
                 chart
-                    .draw_series(DashedLineSeries::new(steps, 6, 4, color.stroke_width(1)))?
+                    .draw_series(DashedLineSeries::new(
+                        steps(mapped(r)),
+                        6,
+                        4,
+                        color.stroke_width(1),
+                    ))?
                     .label(format!("stream {} mapped", r.stream))
                     .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
             }
