@@ -13,9 +13,9 @@
 //! its stack memory handed out again) before NCCL has queued its work; and since that work is on
 //! the buffer's own stream, the stack reuses the memory only after it.
 //!
-//! What stays the caller's: the ranks of a process only (one process drives every rank here), and
-//! a graph of [`Communicators::capture`] replays every rank at once ([`RankGraphs::launch`]), so
-//! the ranks cannot fall out of step.
+//! A graph of [`Communicators::capture`] replays every rank at once ([`RankGraphs::launch`]), so
+//! the ranks cannot fall out of step. Not covered: ranks in other processes (one process drives
+//! every rank here).
 //!
 //! `libnccl` is loaded at run time, like the driver: where it is missing every call returns
 //! `PoolError::NoCudaLibrary`, never cudarc's panic.
@@ -347,6 +347,27 @@ impl<'s> Communicators<'s> {
     /// Errors: those of `Stream::capture`; `PoolError::Unsupported` while the stacks are
     /// registered ([`register_stacks`](Self::register_stacks): the graph would outlive the
     /// registration) or inside another capture of these communicators.
+    ///
+    /// ```no_run
+    /// use gpu_pool_runtime::nccl::{Communicators, Reduce};
+    /// use gpu_pool_runtime::{BufferPool, Device, GpuWrite, PoolError, Stream};
+    /// let (s0, s1) = (Stream::new(&Device::cuda(0)?)?, Stream::new(&Device::cuda(1)?)?);
+    /// let ranks = Communicators::new(&[&s0, &s1])?;
+    /// let (mut x0, mut x1) = (
+    ///     BufferPool::new(&s0).get_buffer_1d::<f32>(1024)?,
+    ///     BufferPool::new(&s1).get_buffer_1d::<f32>(1024)?,
+    /// );
+    /// let mut step = || {
+    ///     ranks.group(|g| {
+    ///         g.all_reduce_in_place(0, &mut x0, Reduce::Sum)?;
+    ///         g.all_reduce_in_place(1, &mut x1, Reduce::Sum)
+    ///     })
+    /// };
+    /// step()?; // NCCL connects on first use
+    /// let graphs = ranks.capture(step)?;
+    /// graphs.launch()?; // both ranks, in step
+    /// # Ok::<(), PoolError>(())
+    /// ```
     pub fn capture<'a>(
         &'a self,
         work: impl FnOnce() -> Result<(), PoolError> + 'a,
@@ -385,8 +406,26 @@ impl<'s> Communicators<'s> {
     /// Windows need memory from [`use_nccl_memory`]; buffers take either. Every rank's device
     /// must have the same stack config for a window (its size is every rank's).
     ///
-    /// Errors: `Unsupported` for an NCCL too old; `InvalidConfig` for ranks whose stack
-    /// memory differs in size; `Nccl` if NCCL refuses (nothing stays registered).
+    /// Errors: `Unsupported` for an NCCL too old, a second registration while one lives, a
+    /// growable stack, or a window over memory not from [`use_nccl_memory`]; `InvalidConfig` for
+    /// ranks whose stack memory differs in size; `Nccl` if NCCL refuses (nothing stays
+    /// registered).
+    ///
+    /// ```no_run
+    /// use gpu_pool_runtime::nccl::{Communicators, use_nccl_memory};
+    /// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
+    /// let gpus = [Device::cuda(0)?, Device::cuda(1)?];
+    /// for gpu in &gpus {
+    ///     set_buffer_pool_config(gpu, 256 << 20, 1)?; // the same on every rank
+    ///     use_nccl_memory(gpu)?;
+    /// }
+    /// let (s0, s1) = (Stream::new(&gpus[0])?, Stream::new(&gpus[1])?);
+    /// let ranks = Communicators::new(&[&s0, &s1])?;
+    /// let window = ranks.register_stacks(true)?;
+    /// // ... groups on `buffer!` temporaries taken alike on both ranks ...
+    /// drop(window);
+    /// # Ok::<(), PoolError>(())
+    /// ```
     pub fn register_stacks(&self, as_window: bool) -> Result<Registered<'_, 's>, PoolError> {
         let needed = if as_window {
             NCCL_WINDOWS
