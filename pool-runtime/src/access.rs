@@ -34,6 +34,7 @@ use bytemuck::Pod;
 use crate::buffer::GpuMat;
 use crate::error::PoolError;
 use crate::frame::Pooled;
+use crate::host_mem::HostMem;
 use crate::shared::{SharedRead, SharedWrite};
 use crate::view::{GpuView, GpuViewMut};
 #[cfg(feature = "cuda")]
@@ -86,6 +87,28 @@ pub trait GpuRead<T: Pod> {
     /// Copies the elements into `out` (`rows * cols`, row-major) and waits for the copy.
     fn download(&self, out: &mut [T]) -> Result<(), PoolError> {
         self.view().download(out)
+    }
+
+    /// Queues a copy of the elements into page-locked `dst` (`rows * cols`, row-major) on the
+    /// memory's stream and returns at once: the host waits only when it reads `dst`
+    /// ([`HostMem::as_slice`]), so a frame loop queues its kernels behind the copy and
+    /// synchronizes once. `dst` cannot be read or freed before the copy is done.
+    ///
+    /// Errors: `ShapeMismatch`, `DeviceMismatch`; `Unsupported` inside a graph capture on this
+    /// thread and for memory of no stream; `CapturedElsewhere`.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+    /// let stream = Stream::new(&Device::host())?;
+    /// let mut gpu = BufferPool::new(&stream).get_buffer::<f32>(4, 4)?;
+    /// gpu.set_to(1.5)?;
+    /// let mut host = HostMem::<f32>::new(stream.device(), 16)?;
+    /// gpu.download_async(&mut host)?;
+    /// assert_eq!(host.as_slice()?, &[1.5; 16]);
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    fn download_async(&self, dst: &mut HostMem<T>) -> Result<(), PoolError> {
+        self.view().download_async(dst)
     }
 
     /// The elements, row-major, in a new `Vec`.
@@ -158,6 +181,25 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// ```
     fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
         self.view_mut().upload(data)
+    }
+
+    /// Queues a copy of page-locked `src` (`rows * cols`, row-major) into the memory on its
+    /// stream and returns at once: `src` cannot be written or freed before the copy is done
+    /// ([`HostMem`] waits), and the kernels queued after it on the stream read the copy.
+    ///
+    /// Errors: as [`download_async`](GpuRead::download_async).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+    /// let stream = Stream::new(&Device::host())?;
+    /// let src = HostMem::from_slice(stream.device(), &[3u8; 12])?;
+    /// let mut gpu = BufferPool::new(&stream).get_buffer::<u8>(3, 4)?;
+    /// gpu.upload_async(&src)?;
+    /// assert_eq!(gpu.to_vec()?, vec![3; 12]);
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    fn upload_async(&mut self, src: &HostMem<T>) -> Result<(), PoolError> {
+        self.view_mut().upload_async(src)
     }
 
     /// Sets every element to `value`, on the memory's stream (OpenCV's `setTo`).

@@ -46,7 +46,7 @@
 //! | 12 | `caching` | [`CachingPool`], made for a device |
 //! | 13 | `stream` | [`Stream`]: the take and give-back (`stream/lease.rs`), its work, its captures |
 //! | 14 | `view`, `graph`, `pplcv`, `symmetric` | views and regions; CUDA graphs; ppl.cv's pool; the symmetric-stack check |
-//! | 15 | `buffer`, `mix`, `shared` | [`GpuMat`], [`BufferPool`]; [`MixMemory`]; [`SharedMat`], memory no stream owns |
+//! | 15 | `buffer`, `mix`, `shared`, `host_mem` | [`GpuMat`], [`BufferPool`]; [`MixMemory`]; [`SharedMat`], memory no stream owns; [`HostMem`], page-locked memory for asynchronous copies |
 //! | 16 | `frame` | what the DSL expands to |
 //! | 17 | `device_memory`, `kernel_args`, `blas` | CUDA interop: views lent to cudarc; kernel arguments; cuBLAS handles |
 //! | 18 | `access` | [`GpuRead`] / [`GpuWrite`]: one parameter type for every kind of buffer |
@@ -94,6 +94,7 @@ mod error;
 mod frame;
 #[cfg(feature = "cuda")]
 pub mod graph;
+mod host_mem;
 mod id;
 #[cfg(feature = "cuda")]
 mod kernel_args;
@@ -141,6 +142,7 @@ pub use error::{Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::{Graph, GraphFamily, GraphNodes};
+pub use host_mem::HostMem;
 pub use id::DeviceId;
 #[cfg(feature = "cuda")]
 pub use kernel_args::{BLOCK_2D, PITCHED_H, Pitched, PitchedMut, grid_2d};

@@ -229,7 +229,7 @@ macro_rules! view_common {
             }
 
             /// The region the backend copies and fills.
-            fn region(&self) -> Region {
+            pub(crate) fn region(&self) -> Region {
                 Region {
                     ptr: self.window.ptr,
                     pitch: self.window.pitch,

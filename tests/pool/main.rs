@@ -17,6 +17,7 @@ mod errors;
 mod family;
 mod faults;
 mod growable;
+mod host_mem;
 mod mix;
 mod model;
 mod model_pools;

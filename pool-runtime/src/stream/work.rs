@@ -40,6 +40,12 @@ impl Stream {
         Ok(&self.raw)
     }
 
+    /// Makes later work on this stream wait for `event` (on the GPU; the event stays the
+    /// caller's).
+    pub(crate) fn wait_for(&self, event: &RawEvent) -> Result<(), PoolError> {
+        self.device.backend().wait_for(&self.raw, event)
+    }
+
     /// `PoolError::CaptureCrossStream` if this stream or `other` is capturing: an event between
     /// them would join one to the other's capture or make a capture wait on outside work.
     pub(crate) fn check_cross_stream(

@@ -1,0 +1,304 @@
+//! Page-locked host memory whose copies the library tracks ([`HostMem`]), so that an upload from
+//! it or a download into it is asynchronous and still safe.
+//!
+//! A copy between page-locked memory and the device runs after the call returns, so the host
+//! memory must not be written (for an upload) or read (for a download) or freed before the copy is
+//! done. `HostMem` keeps the event of each stream's last copy and waits for them wherever the host
+//! touches the memory: [`HostMem::as_slice`], [`HostMem::as_mut_slice`] and its drop. A copy on
+//! one stream is ordered after the others' copies of the same memory on the GPU (an event wait, no
+//! host wait). Pageable slices keep the waiting `upload` and `download`.
+//!
+//! Inside a graph capture these copies are refused: every replay would reach the host memory, and
+//! nothing could order the host's own use of it against a replay.
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use bytemuck::Pod;
+
+use crate::backend::RawEvent;
+use crate::capturing;
+use crate::device::Device;
+use crate::error::PoolError;
+use crate::layout::MAX_ELEMENT_ALIGN;
+use crate::stream::Stream;
+use crate::view::{GpuView, GpuViewMut};
+
+/// Page-locked host memory of `len` elements for asynchronous uploads and downloads
+/// ([`GpuWrite::upload_async`](crate::GpuWrite::upload_async),
+/// [`GpuRead::download_async`](crate::GpuRead::download_async)): OpenCV's `HostMem`, with the
+/// copies in flight tracked, so the host can neither touch nor free the memory under them.
+///
+/// ```
+/// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+/// let stream = Stream::new(&Device::host())?;
+/// let mut frame = HostMem::<u8>::new(stream.device(), 640 * 480)?;
+/// frame.as_mut_slice()?.fill(7); // waits for nothing: no copy is in flight
+/// let mut gpu = BufferPool::new(&stream).get_buffer::<u8>(480, 640)?;
+/// gpu.upload_async(&frame)?; // returns before the copy is done (on a GPU)
+/// let mut out = HostMem::<u8>::new(stream.device(), 640 * 480)?;
+/// gpu.download_async(&mut out)?;
+/// assert!(out.as_slice()?.iter().all(|&v| v == 7)); // waits for the download
+/// # Ok::<(), PoolError>(())
+/// ```
+pub struct HostMem<T: Pod> {
+    device: Device,
+    ptr: NonNull<T>,
+    len: usize,
+    /// Each stream's last copy of this memory that may still be in flight: the stream's id and an
+    /// event after the copy.
+    in_flight: RefCell<Vec<(u64, RawEvent)>>,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: the memory is owned by this value alone (nothing else holds its address but copies in
+// flight, which its methods wait for), so moving it to another thread moves the only handle; the
+// events are driver handles usable from any thread. Not `Sync`: `in_flight` is a `RefCell`.
+unsafe impl<T: Pod + Send> Send for HostMem<T> {}
+
+impl<T: Pod> std::fmt::Debug for HostMem<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMem")
+            .field("device", &self.device.id())
+            .field("len", &self.len)
+            .field("copies_in_flight", &self.in_flight.borrow().len())
+            .finish()
+    }
+}
+
+impl<T: Pod> HostMem<T> {
+    /// `len` zeroed elements of page-locked memory (`cuMemHostAlloc`; plain host memory on the
+    /// host backend) for copies with `device`.
+    ///
+    /// Errors: `UnsupportedAlignment` for an element aligned past `MAX_ELEMENT_ALIGN`;
+    /// `SizeOverflow`; `OutOfMemory`.
+    pub fn new(device: &Device, len: usize) -> Result<HostMem<T>, PoolError> {
+        if align_of::<T>() > MAX_ELEMENT_ALIGN {
+            return Err(PoolError::UnsupportedAlignment {
+                type_name: std::any::type_name::<T>(),
+                align: align_of::<T>(),
+                max: MAX_ELEMENT_ALIGN,
+            });
+        }
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or(PoolError::SizeOverflow {
+                rows: 1,
+                cols: len,
+                elem_size: size_of::<T>(),
+            })?;
+        let ptr = if bytes == 0 {
+            NonNull::dangling()
+        } else {
+            let raw = device.backend().alloc_pinned(bytes)?;
+            // Page-locked memory is page aligned, the host backend's 512-byte aligned: both past
+            // `MAX_ELEMENT_ALIGN`, checked above against `T`.
+            NonNull::new(raw.cast::<T>()).ok_or(PoolError::OutOfMemory {
+                device: device.id(),
+                requested: bytes,
+                context: None,
+            })?
+        };
+        Ok(HostMem {
+            device: device.clone(),
+            ptr,
+            len,
+            in_flight: RefCell::new(Vec::new()),
+            _owns: PhantomData,
+        })
+    }
+
+    /// Page-locked memory holding a copy of `data`.
+    pub fn from_slice(device: &Device, data: &[T]) -> Result<HostMem<T>, PoolError> {
+        let mut mem = HostMem::new(device, data.len())?;
+        mem.as_mut_slice()?.copy_from_slice(data);
+        Ok(mem)
+    }
+
+    /// Elements.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no element.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device its copies run on.
+    #[must_use]
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The elements, once every copy in flight is done (a download into the memory, or an upload
+    /// that a later download would race). The host waits only if one is not.
+    pub fn as_slice(&self) -> Result<&[T], PoolError> {
+        self.wait_all()?;
+        // SAFETY: `len` initialised elements (zeroed at allocation, `T: Pod`) that no copy uses
+        // now (waited for above) and none can start while the returned borrow of `self` lives
+        // but an upload, which only reads.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// The elements for writing, once every copy in flight is done.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T], PoolError> {
+        self.wait_all()?;
+        // SAFETY: as `as_slice`; the exclusive borrow keeps every copy from starting meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// Waits on the host for every copy in flight. On an error the events stay, and the memory is
+    /// treated as still in use.
+    fn wait_all(&self) -> Result<(), PoolError> {
+        let backend = self.device.backend();
+        let mut in_flight = self.in_flight.borrow_mut();
+        while let Some((id, event)) = in_flight.pop() {
+            if let Err(e) = backend.wait_host(&event) {
+                in_flight.push((id, event));
+                return Err(e);
+            }
+            backend.drop_event(event);
+        }
+        Ok(())
+    }
+
+    /// Makes `stream` wait (on the GPU) for the other streams' copies of this memory, before a
+    /// copy of its own.
+    fn order_after_others(&self, stream: &Stream) -> Result<(), PoolError> {
+        for (id, event) in self.in_flight.borrow().iter() {
+            if *id != stream.id() {
+                stream.wait_for(event)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes `event`, after a copy on `stream`, as that stream's copy in flight.
+    fn note(&self, stream: &Stream, event: Option<RawEvent>) {
+        let Some(event) = event else {
+            return; // the host backend: the copy is done
+        };
+        let mut in_flight = self.in_flight.borrow_mut();
+        // The stream's earlier copy comes before this one in its order: one event covers both.
+        if let Some(i) = in_flight.iter().position(|(id, _)| *id == stream.id()) {
+            let (_, older) = in_flight.swap_remove(i);
+            self.device.backend().drop_event(older);
+        }
+        in_flight.push((stream.id(), event));
+    }
+
+    /// The memory as bytes, for the backend's copies.
+    fn bytes(&self) -> *mut u8 {
+        self.ptr.as_ptr().cast()
+    }
+}
+
+impl<T: Pod> Drop for HostMem<T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.wait_all() {
+            // A copy may still use the memory: leaked rather than freed under it.
+            tracing::error!(error = %e, "waiting for copies of host memory failed: it is leaked");
+            return;
+        }
+        let bytes = self.len * size_of::<T>();
+        if bytes == 0 {
+            return;
+        }
+        // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)`, freed once here,
+        // and no copy uses it (every one waited for above).
+        if let Err(e) = unsafe { self.device.backend().free_pinned(self.bytes(), bytes) } {
+            tracing::error!(error = %e, "freeing page-locked memory failed");
+        }
+    }
+}
+
+/// The stream a copy between `view` memory and `mem` runs on: the view's, if it has one, the
+/// devices agree, the lengths agree, and no capture on this thread would record the copy.
+fn copy_stream<'a, T: Pod>(
+    keeper: Option<&'a Stream>,
+    device: crate::id::DeviceId,
+    len: usize,
+    mem: &HostMem<T>,
+) -> Result<&'a Stream, PoolError> {
+    if len != mem.len {
+        return Err(PoolError::ShapeMismatch {
+            expected: len,
+            actual: mem.len,
+        });
+    }
+    if mem.device.id() != device {
+        return Err(PoolError::DeviceMismatch {
+            expected: device,
+            actual: mem.device.id(),
+        });
+    }
+    let Some(stream) = keeper else {
+        return Err(PoolError::Unsupported {
+            device,
+            what: "an asynchronous copy with memory of no stream",
+        });
+    };
+    if stream.in_own_capture() || capturing::on_this_thread() {
+        return Err(PoolError::Unsupported {
+            device,
+            what: "an asynchronous host copy inside a graph capture (its replays would reach host \
+                   memory the graph does not own: copy before or after capturing)",
+        });
+    }
+    Ok(stream)
+}
+
+impl<T: Pod> GpuViewMut<'_, T> {
+    /// Queues a copy of `src` into the view on its stream and returns without waiting; `src`
+    /// cannot be written or freed until the copy is done ([`HostMem`]).
+    pub(crate) fn upload_async(&mut self, src: &HostMem<T>) -> Result<(), PoolError> {
+        let stream = copy_stream(self.stream(), self.device, self.len(), src)?;
+        let raw = stream.work_stream("upload_async")?;
+        if src.len == 0 || size_of::<T>() == 0 {
+            return Ok(());
+        }
+        src.order_after_others(stream)?;
+        let region = self.region();
+        // SAFETY: the view's window is live memory of its stream's device, borrowed exclusively;
+        // `src` holds `len` elements, one row of the region's width after another, and is not
+        // written or freed until the event noted below has passed (`HostMem` waits for it).
+        let source = unsafe { std::slice::from_raw_parts(src.bytes(), src.len * size_of::<T>()) };
+        // SAFETY: as above.
+        unsafe {
+            stream
+                .device()
+                .backend()
+                .upload(region, source, region.width, raw)
+        }?;
+        src.note(stream, stream.device().backend().record_event(raw)?);
+        Ok(())
+    }
+}
+
+impl<T: Pod> GpuView<'_, T> {
+    /// Queues a copy of the view into `dst` on its stream and returns without waiting; `dst`
+    /// cannot be read or freed until the copy is done ([`HostMem`]).
+    pub(crate) fn download_async(&self, dst: &mut HostMem<T>) -> Result<(), PoolError> {
+        let stream = copy_stream(self.stream(), self.device, self.len(), dst)?;
+        let raw = stream.work_stream("download_async")?;
+        if dst.len == 0 || size_of::<T>() == 0 {
+            return Ok(());
+        }
+        dst.order_after_others(stream)?;
+        let region = self.region();
+        // SAFETY: the view's window is live memory of its stream's device; `dst` has room for
+        // every row back to back and is not read or freed until the event noted below has passed.
+        unsafe {
+            stream
+                .device()
+                .backend()
+                .download_async(region, dst.bytes(), region.width, raw)
+        }?;
+        dst.note(stream, stream.device().backend().record_event(raw)?);
+        Ok(())
+    }
+}

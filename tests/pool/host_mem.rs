@@ -1,0 +1,199 @@
+//! `HostMem`: asynchronous uploads and downloads from page-locked memory, whose copies in flight
+//! the host can neither touch nor free. Host-backend rules first (CI), then the attacks on a GPU,
+//! each with one stream held back by a spinning kernel so a missing wait shows as wrong bytes.
+
+use gpu_pool::prelude::*;
+use gpu_pool::{HostMem, MixMemory};
+
+#[test]
+fn async_copies_round_trip_and_refuse_what_does_not_fit() -> Result<(), PoolError> {
+    let stream = Stream::new(&Device::private_host())?;
+    let data: Vec<u16> = (0..70 * 33).map(|i| i as u16).collect();
+    let src = HostMem::from_slice(stream.device(), &data)?;
+    let mut gpu = BufferPool::new(&stream).get_buffer::<u16>(33, 70)?; // padded rows
+    gpu.upload_async(&src)?;
+    let mut back = HostMem::<u16>::new(stream.device(), data.len())?;
+    gpu.download_async(&mut back)?;
+    assert_eq!(back.as_slice()?, &data[..]);
+    // A region of the buffer, row by row.
+    let mut band = HostMem::<u16>::new(stream.device(), 5 * 70)?;
+    gpu.row_range(10..15)?.download_async(&mut band)?;
+    assert_eq!(band.as_slice()?, &data[10 * 70..15 * 70]);
+
+    let wrong_len = HostMem::<u16>::new(stream.device(), data.len() - 1)?;
+    let err = gpu.upload_async(&wrong_len).unwrap_err();
+    assert!(matches!(err, PoolError::ShapeMismatch { .. }), "{err}");
+    let elsewhere = HostMem::from_slice(&Device::private_host(), &data)?;
+    let err = gpu.upload_async(&elsewhere).unwrap_err();
+    assert!(matches!(err, PoolError::DeviceMismatch { .. }), "{err}");
+    // MixMemory's device side belongs to no stream: nothing would order the copy.
+    let mut mix = MixMemory::new(stream.device())?;
+    let mut unordered = mix.gpu_view_mut::<u16>(data.len())?;
+    let err = unordered.upload_async(&src).unwrap_err();
+    assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
+    // Empty and zero-sized.
+    let none = HostMem::<u16>::new(stream.device(), 0)?;
+    BufferPool::new(&stream)
+        .get_buffer_1d::<u16>(0)?
+        .upload_async(&none)?;
+    assert!(none.is_empty() && none.as_slice()?.is_empty());
+    let units = HostMem::<()>::new(stream.device(), 5)?;
+    assert_eq!(units.as_slice()?.len(), 5);
+    // Over-aligned elements are refused, not misaligned.
+    #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+    #[repr(C, align(1024))]
+    struct Wide([u8; 1024]);
+    let err = HostMem::<Wide>::new(stream.device(), 1).unwrap_err();
+    assert!(
+        matches!(err, PoolError::UnsupportedAlignment { .. }),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_frame_loop_with_async_copies_leaks_nothing() -> Result<(), PoolError> {
+    let device = gpu_pool::testing::host_with_fault(0);
+    {
+        let stream = Stream::new(&device)?;
+        let mut input = HostMem::<u8>::new(&device, 64 * 64)?;
+        let mut output = HostMem::<u8>::new(&device, 64 * 64)?;
+        for frame in 0..5u8 {
+            input.as_mut_slice()?.fill(frame);
+            gpu_scope!(&stream, {
+                let mut img = buffer!(64, 64; u8)?;
+                img.upload_async(&input)?;
+                img.download_async(&mut output)?;
+            });
+            stream.synchronize()?;
+            assert!(output.as_slice()?.iter().all(|&v| v == frame));
+        }
+    }
+    device.release_stack_memory()?;
+    assert_eq!(gpu_pool::testing::host_live_bytes(&device), Some(0));
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::error::Error;
+
+    use gpu_pool::HostMem;
+    use gpu_pool::cudarc::driver::CudaEvent;
+    use gpu_pool::prelude::*;
+
+    use crate::common::gpu;
+    use crate::common::kernels::Kernels;
+    use crate::cuda::stall;
+
+    type TestResult = Result<(), Box<dyn Error>>;
+    const N: usize = 4 << 20;
+
+    fn count_not(values: &[u8], expected: u8) -> usize {
+        values.iter().filter(|&&v| v != expected).count()
+    }
+
+    /// An event after the work queued on `stream` so far, to ask later whether it is done.
+    fn mark(stream: &Stream) -> Result<CudaEvent, Box<dyn Error>> {
+        Ok(stream.cuda_stream().expect("CUDA").record_event(None)?)
+    }
+
+    #[test]
+    fn host_memory_written_during_an_upload_waits_for_it() -> TestResult {
+        let Some((device, _lock)) = gpu("hostmem_write_in_flight") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
+        let mut host = HostMem::<u8>::new(&device, N)?;
+        host.as_mut_slice()?.fill(1);
+        let mut gpu = GpuMat::<u8>::new(&stream, 1, N)?;
+        stall(&stream, &k, &tick)?;
+        gpu.upload_async(&host)?; // queued behind the stall: reads `host` later
+        let after = mark(&stream)?;
+        host.as_mut_slice()?.fill(2); // must wait for the copy first
+        assert!(
+            after.is_complete(),
+            "as_mut_slice returned before the upload was done"
+        );
+        let clobbered = count_not(&gpu.to_vec()?, 1);
+        println!("hostmem_write_in_flight: {clobbered} of {N} bytes clobbered");
+        assert_eq!(clobbered, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn host_memory_dropped_or_read_during_a_download_waits_for_it() -> TestResult {
+        let Some((device, _lock)) = gpu("hostmem_drop_in_flight") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
+        let mut gpu = GpuMat::<u8>::new(&stream, 1, N)?;
+        gpu.set_to(7)?;
+        // Dropped while the download into it is queued behind a stall: the drop waits.
+        let mut doomed = HostMem::<u8>::new(&device, N)?;
+        stall(&stream, &k, &tick)?;
+        gpu.download_async(&mut doomed)?;
+        let after = mark(&stream)?;
+        drop(doomed);
+        assert!(
+            after.is_complete(),
+            "the drop freed host memory a download still writes"
+        );
+        // Read while the download is queued: the read waits and sees the bytes.
+        let mut host = HostMem::<u8>::new(&device, N)?;
+        stall(&stream, &k, &tick)?;
+        gpu.download_async(&mut host)?;
+        let stale = count_not(host.as_slice()?, 7);
+        println!("hostmem_drop_in_flight: drop waited; {stale} of {N} bytes stale on read");
+        assert_eq!(stale, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_copy_on_another_stream_waits_for_the_copy_in_flight() -> TestResult {
+        let Some((device, _lock)) = gpu("hostmem_cross_stream") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&a, 1, 2)?;
+        let mut src = GpuMat::<u8>::new(&a, 1, N)?;
+        src.set_to(9)?;
+        let mut host = HostMem::<u8>::new(&device, N)?; // zeros
+        stall(&a, &k, &tick)?;
+        src.download_async(&mut host)?; // on a, behind the stall: writes 9s later
+        let mut dst = GpuMat::<u8>::new(&b, 1, N)?;
+        dst.upload_async(&host)?; // on b: must read after a's download
+        let stale = count_not(&dst.to_vec()?, 9);
+        println!("hostmem_cross_stream: {stale} of {N} bytes read before the download landed");
+        assert_eq!(stale, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn async_host_copies_are_refused_inside_a_capture() -> TestResult {
+        let Some((device, _lock)) = gpu("hostmem_capture") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        let host = HostMem::<u8>::new(&device, 1024)?;
+        let captured = stream.capture(|s| {
+            let mut tmp = BufferPool::new(s).get_buffer_1d::<u8>(1024)?;
+            tmp.upload_async(&host)
+        });
+        assert!(
+            matches!(captured, Err(PoolError::Unsupported { .. })),
+            "{captured:?}"
+        );
+        drop(captured);
+        // The stream is usable afterwards.
+        let mut tmp = BufferPool::new(&stream).get_buffer_1d::<u8>(1024)?;
+        tmp.upload_async(&host)?;
+        assert_eq!(tmp.to_vec()?, vec![0; 1024]);
+        Ok(())
+    }
+}
