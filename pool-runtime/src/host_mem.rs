@@ -11,7 +11,7 @@
 //! Inside a graph capture these copies are refused: every replay would reach the host memory, and
 //! nothing could order the host's own use of it against a replay.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
@@ -49,6 +49,9 @@ pub struct HostMem<T: Pod> {
     /// Each stream's last copy of this memory that may still be in flight: the stream's id and an
     /// event after the copy.
     in_flight: RefCell<Vec<(u64, RawEvent)>>,
+    /// A copy may be in flight that no event marks (recording it failed, or another thread's
+    /// capture took it): the memory is never handed out or freed again.
+    lost: Cell<bool>,
     _owns: PhantomData<T>,
 }
 
@@ -88,12 +91,26 @@ impl<T: Pod> HostMem<T> {
                 cols: len,
                 elem_size: size_of::<T>(),
             })?;
+        if capturing::on_this_thread() {
+            // The driver refuses an allocation from a capturing thread, and breaks the capture.
+            return Err(PoolError::CaptureAllocates {
+                what: "HostMem::new",
+                context: None,
+            });
+        }
         let ptr = if bytes == 0 {
             NonNull::dangling()
         } else {
             let raw = device.backend().alloc_pinned(bytes)?;
-            // Page-locked memory is page aligned, the host backend's 512-byte aligned: both past
-            // `MAX_ELEMENT_ALIGN`, checked above against `T`.
+            if !(raw as usize).is_multiple_of(align_of::<T>()) {
+                // SAFETY: allocated just above with this size, unused, freed once.
+                let _ = unsafe { device.backend().free_pinned(raw, bytes) };
+                return Err(PoolError::UnsupportedAlignment {
+                    type_name: std::any::type_name::<T>(),
+                    align: align_of::<T>(),
+                    max: MAX_ELEMENT_ALIGN,
+                });
+            }
             NonNull::new(raw.cast::<T>()).ok_or(PoolError::OutOfMemory {
                 device: device.id(),
                 requested: bytes,
@@ -105,6 +122,7 @@ impl<T: Pod> HostMem<T> {
             ptr,
             len,
             in_flight: RefCell::new(Vec::new()),
+            lost: Cell::new(false),
             _owns: PhantomData,
         })
     }
@@ -154,6 +172,13 @@ impl<T: Pod> HostMem<T> {
     /// Waits on the host for every copy in flight. On an error the events stay, and the memory is
     /// treated as still in use.
     fn wait_all(&self) -> Result<(), PoolError> {
+        if self.lost.get() {
+            return Err(PoolError::Unsupported {
+                device: self.device.id(),
+                what: "host memory with a copy in flight that could not be tracked (see the \
+                       error of the copy that lost it); it is kept, unused, until the process ends",
+            });
+        }
         let backend = self.device.backend();
         let mut in_flight = self.in_flight.borrow_mut();
         while let Some((id, event)) = in_flight.pop() {
@@ -177,18 +202,48 @@ impl<T: Pod> HostMem<T> {
         Ok(())
     }
 
-    /// Notes `event`, after a copy on `stream`, as that stream's copy in flight.
-    fn note(&self, stream: &Stream, event: Option<RawEvent>) {
+    /// Notes the copy just queued on `stream` as that stream's copy in flight, by an event after
+    /// it. If no event can mark it (recording failed, or a capture someone else began took the
+    /// copy), the stream is waited for instead, and failing that the memory is marked lost: never
+    /// handed out or freed again.
+    fn note_copy(&self, stream: &Stream, raw: &crate::backend::RawStream) -> Result<(), PoolError> {
+        let backend = self.device.backend();
+        let recorded = backend.record_event(raw);
+        let captured = backend.is_capturing(raw).unwrap_or(true);
+        let event = match recorded {
+            Ok(event) if !captured => event,
+            Ok(event) => {
+                event.into_iter().for_each(|e| backend.drop_event(e));
+                self.lost.set(true);
+                return Err(PoolError::CapturedElsewhere {
+                    what: "an asynchronous host copy",
+                    stream: stream.id(),
+                });
+            }
+            Err(e) => {
+                if stream.synchronize().is_err() {
+                    self.lost.set(true);
+                }
+                return Err(e);
+            }
+        };
         let Some(event) = event else {
-            return; // the host backend: the copy is done
+            return Ok(()); // the host backend: the copy is done
         };
         let mut in_flight = self.in_flight.borrow_mut();
-        // The stream's earlier copy comes before this one in its order: one event covers both.
-        if let Some(i) = in_flight.iter().position(|(id, _)| *id == stream.id()) {
-            let (_, older) = in_flight.swap_remove(i);
-            self.device.backend().drop_event(older);
+        // The stream's earlier copy comes before this one in its order: one event covers both;
+        // and copies already done need no event.
+        let mut kept = Vec::with_capacity(in_flight.len() + 1);
+        for (id, older) in in_flight.drain(..) {
+            if id == stream.id() || backend.event_done(&older).unwrap_or(false) {
+                backend.drop_event(older);
+            } else {
+                kept.push((id, older));
+            }
         }
-        in_flight.push((stream.id(), event));
+        kept.push((stream.id(), event));
+        *in_flight = kept;
+        Ok(())
     }
 
     /// The memory as bytes, for the backend's copies.
@@ -208,13 +263,21 @@ impl<T: Pod> Drop for HostMem<T> {
         if bytes == 0 {
             return;
         }
-        // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)`, freed once here,
-        // and no copy uses it (every one waited for above).
-        if let Err(e) = unsafe { self.device.backend().free_pinned(self.bytes(), bytes) } {
-            tracing::error!(error = %e, "freeing page-locked memory failed");
-        }
+        let (device, ptr) = (self.device.clone(), PinnedPtr(self.bytes()));
+        // A driver free inside a capture on this thread would break it: after the captures.
+        capturing::after_captures(Box::new(move || {
+            let PinnedPtr(ptr) = ptr;
+            // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)`, freed once
+            // here, and no copy uses it (every one waited for before).
+            if let Err(e) = unsafe { device.backend().free_pinned(ptr, bytes) } {
+                tracing::error!(error = %e, "freeing page-locked memory failed");
+            }
+        }));
     }
 }
+
+/// The address of memory being freed, moved into the deferred free.
+struct PinnedPtr(*mut u8);
 
 /// The stream a copy between `view` memory and `mem` runs on: the view's, if it has one, the
 /// devices agree, the lengths agree, and no capture on this thread would record the copy.
@@ -265,17 +328,15 @@ impl<T: Pod> GpuViewMut<'_, T> {
         let region = self.region();
         // SAFETY: the view's window is live memory of its stream's device, borrowed exclusively;
         // `src` holds `len` elements, one row of the region's width after another, and is not
-        // written or freed until the event noted below has passed (`HostMem` waits for it).
-        let source = unsafe { std::slice::from_raw_parts(src.bytes(), src.len * size_of::<T>()) };
-        // SAFETY: as above.
+        // written or freed until the copy noted below is done (`HostMem` waits for it, or keeps
+        // the memory for good if it cannot tell).
         unsafe {
             stream
                 .device()
                 .backend()
-                .upload(region, source, region.width, raw)
+                .upload_async(region, src.bytes(), region.width, raw)
         }?;
-        src.note(stream, stream.device().backend().record_event(raw)?);
-        Ok(())
+        src.note_copy(stream, raw)
     }
 }
 
@@ -291,14 +352,13 @@ impl<T: Pod> GpuView<'_, T> {
         dst.order_after_others(stream)?;
         let region = self.region();
         // SAFETY: the view's window is live memory of its stream's device; `dst` has room for
-        // every row back to back and is not read or freed until the event noted below has passed.
+        // every row back to back and is not read or freed until the copy noted below is done.
         unsafe {
             stream
                 .device()
                 .backend()
                 .download_async(region, dst.bytes(), region.width, raw)
         }?;
-        dst.note(stream, stream.device().backend().record_event(raw)?);
-        Ok(())
+        dst.note_copy(stream, raw)
     }
 }

@@ -614,6 +614,22 @@ impl Backend for CudaBackend {
         self.synchronize(stream)
     }
 
+    unsafe fn upload_async(
+        &self,
+        dst: Region,
+        src: *const u8,
+        src_pitch: usize,
+        stream: &RawStream,
+    ) -> Result<(), PoolError> {
+        let mut copy = copy2d(dst.width, dst.rows);
+        copy.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
+        copy.srcHost = src.cast();
+        copy.srcPitch = src_pitch;
+        copy.dstDevice = dst.ptr;
+        copy.dstPitch = dst.pitch;
+        self.memcpy2d(&copy, stream)
+    }
+
     unsafe fn download_async(
         &self,
         src: Region,

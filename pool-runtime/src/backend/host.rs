@@ -377,6 +377,27 @@ impl Backend for HostBackend {
         Ok(())
     }
 
+    unsafe fn upload_async(
+        &self,
+        dst: Region,
+        src: *const u8,
+        src_pitch: usize,
+        _stream: &RawStream,
+    ) -> Result<(), PoolError> {
+        for row in 0..dst.rows {
+            // SAFETY: the caller's contract: `src` holds every row; device memory is ours, so
+            // the two never overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.add(row * src_pitch),
+                    row_mut(dst, row).as_mut_ptr(),
+                    dst.width,
+                );
+            }
+        }
+        Ok(())
+    }
+
     unsafe fn download(
         &self,
         src: Region,

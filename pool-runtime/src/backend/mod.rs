@@ -185,6 +185,18 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
         src_pitch: usize,
         stream: &RawStream,
     ) -> Result<(), PoolError>;
+    /// Queues a copy of host rows at `src` (`src_pitch` bytes apart) into `dst` without waiting.
+    ///
+    /// # Safety
+    /// `dst` lies in live memory of this backend; `src` is valid for reads of every row and is
+    /// neither written nor freed until the stream has finished the copy.
+    unsafe fn upload_async(
+        &self,
+        dst: Region,
+        src: *const u8,
+        src_pitch: usize,
+        stream: &RawStream,
+    ) -> Result<(), PoolError>;
     /// Copies `src` into host rows (`dst_pitch` bytes apart) and waits for the copy.
     ///
     /// # Safety
