@@ -190,6 +190,13 @@ mod gpu {
             "{captured:?}"
         );
         drop(captured);
+        // Nor is page-locked memory allocated inside one (the driver would break the capture).
+        let made = stream.capture(|_| HostMem::<u8>::new(&device, 16).map(drop));
+        assert!(
+            matches!(made, Err(PoolError::CaptureAllocates { .. })),
+            "{made:?}"
+        );
+        drop(made);
         // The stream is usable afterwards.
         let mut tmp = BufferPool::new(&stream).get_buffer_1d::<u8>(1024)?;
         tmp.upload_async(&host)?;
