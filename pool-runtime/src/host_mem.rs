@@ -208,41 +208,43 @@ impl<T: Pod> HostMem<T> {
     /// handed out or freed again.
     fn note_copy(&self, stream: &Stream, raw: &crate::backend::RawStream) -> Result<(), PoolError> {
         let backend = self.device.backend();
-        let recorded = backend.record_event(raw);
+        let mut in_flight = self.in_flight.borrow_mut();
+        // The stream's earlier copy comes before this one in its order: its event, recorded
+        // again, marks both (a frame loop makes no new event per copy).
+        let mine = in_flight.iter().position(|(id, _)| *id == stream.id());
+        let recorded = match mine {
+            Some(i) => backend.rerecord(&in_flight[i].1, raw).map(|()| None),
+            None => backend.record_event(raw),
+        };
         let captured = backend.is_capturing(raw).unwrap_or(true);
-        let event = match recorded {
-            Ok(event) if !captured => event,
-            Ok(event) => {
-                event.into_iter().for_each(|e| backend.drop_event(e));
-                self.lost.set(true);
-                return Err(PoolError::CapturedElsewhere {
-                    what: "an asynchronous host copy",
-                    stream: stream.id(),
-                });
-            }
+        match recorded {
             Err(e) => {
                 if stream.synchronize().is_err() {
                     self.lost.set(true);
                 }
                 return Err(e);
             }
-        };
-        let Some(event) = event else {
-            return Ok(()); // the host backend: the copy is done
-        };
-        let mut in_flight = self.in_flight.borrow_mut();
-        // The stream's earlier copy comes before this one in its order: one event covers both;
-        // and copies already done need no event.
-        let mut kept = Vec::with_capacity(in_flight.len() + 1);
-        for (id, older) in in_flight.drain(..) {
-            if id == stream.id() || backend.event_done(&older).unwrap_or(false) {
-                backend.drop_event(older);
+            Ok(_) if captured => {
+                self.lost.set(true);
+                return Err(PoolError::CapturedElsewhere {
+                    what: "an asynchronous host copy",
+                    stream: stream.id(),
+                });
+            }
+            Ok(Some(event)) => in_flight.push((stream.id(), event)),
+            Ok(None) => {} // recorded again, or the host backend (the copy is done)
+        }
+        // Other streams' copies that are done need no event any more.
+        let mut i = 0;
+        while i < in_flight.len() {
+            let (id, event) = &in_flight[i];
+            if *id != stream.id() && backend.event_done(event).unwrap_or(false) {
+                let (_, done) = in_flight.swap_remove(i);
+                backend.drop_event(done);
             } else {
-                kept.push((id, older));
+                i += 1;
             }
         }
-        kept.push((stream.id(), event));
-        *in_flight = kept;
         Ok(())
     }
 

@@ -401,6 +401,16 @@ impl Backend for CudaBackend {
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
+    fn rerecord(&self, event: &RawEvent, stream: &RawStream) -> Result<(), PoolError> {
+        let _guard = self.guard()?;
+        let (RawEvent::Cuda(event), RawStream::Cuda(s)) = (event, stream) else {
+            return Err(self.cu_stream(stream).unwrap_err());
+        };
+        event
+            .record(s)
+            .map_err(|e| driver_error("cuEventRecord", e))
+    }
+
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError> {
         let _guard = self.guard()?;
         let RawStream::Cuda(s) = stream else {

@@ -66,6 +66,11 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn synchronize(&self, stream: &RawStream) -> Result<(), PoolError>;
     /// Marks the work queued on `stream` so far; `None` where streams run synchronously.
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError>;
+    /// Moves `event` to the work queued on `stream` so far (`cuEventRecord` again), instead of
+    /// making a new event; a host stream has no events.
+    fn rerecord(&self, _event: &RawEvent, _stream: &RawStream) -> Result<(), PoolError> {
+        Ok(())
+    }
     /// Makes later work on `stream` wait for `event`, without blocking the host; consumes the event.
     fn wait_event(&self, stream: &RawStream, event: RawEvent) -> Result<(), PoolError>;
     /// Makes later work on `stream` wait for `event`, which stays the caller's to wait on again.
