@@ -11,9 +11,10 @@
 //! - `gpu-pool`: `buffer!`s of a `#[pooled(stream)]` function, from the stream's stack; the
 //!   frames move as in the floor (below);
 //! - `gpu-pool own transfers`: the same `#[pooled(stream)]` frame, with gpu-pool's own frames and
-//!   copies instead: `HostMem` page-locked host frames, pitched `GpuMat` device frames allocated
-//!   once, `upload_async` / `download_async` between them (2D copies, each followed by an event
-//!   that `HostMem` keeps, so the host cannot touch the memory under a copy);
+//!   copies instead: `HostMem` page-locked host frames, packed `GpuMat` device frames allocated
+//!   once (`new_packed`: rows back to back, as the floor's), `upload_async` / `download_async`
+//!   between them (each followed by an event that `HostMem` keeps, so the host cannot touch the
+//!   memory under a copy);
 //! - `cudarc alloc per frame`: `stream.alloc::<u8>` for each, dropped at the end of the frame
 //!   (cudarc's stream-ordered allocation on the device's default pool, release threshold 0);
 //! - `stream-ordered, raised threshold`: `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on a pool
@@ -254,9 +255,10 @@ impl Io<'_> {
 
 /// The way in and out of `gpu-pool own transfers`: gpu-pool's own frames and copies, to set
 /// against cudarc's in `Io`. `HostMem` host frames (page-locked, `cuMemHostAlloc`) and `GpuMat`
-/// device frames (`GpuMat::new`: allocated once, pitched), all of one `size`, with
-/// `upload_async` / `download_async` between them: 2D copies, each followed by an event that the
-/// `HostMem` keeps and waits for before the host touches or frees it.
+/// device frames (`GpuMat::new_packed`: allocated once, rows back to back like cudarc's, so a copy
+/// is one run of bytes rather than a row at a time), all of one `size`, with `upload_async` /
+/// `download_async` between them, each followed by an event that the `HostMem` keeps and waits
+/// for before the host touches or frees it.
 struct OwnIo<'s> {
     host_in: HostMem<u8>,
     host_out: HostMem<u8>,
@@ -535,8 +537,8 @@ fn measure(
     let own = OwnIo {
         host_in: own_in,
         host_out: HostMem::new(device, pixels)?,
-        input: GpuMat::new(stream, size.rows, size.cols)?,
-        output: GpuMat::new(stream, size.rows, size.cols)?,
+        input: GpuMat::new_packed(stream, size.rows, size.cols)?,
+        output: GpuMat::new_packed(stream, size.rows, size.cols)?,
     };
     let once = take_temps(drv, Competitor::MemAlloc, size)?;
     let mut b = Bench {
@@ -660,7 +662,7 @@ fn print_table(
     );
     println!(
         "Upload and download: for `gpu-pool own transfers`, gpu-pool's `upload_async` / \
-         `download_async` between `HostMem` page-locked host frames and pitched `GpuMat` device \
+         `download_async` between `HostMem` page-locked host frames and packed `GpuMat` device \
          frames allocated once; for every other variant, cuMemcpyHtoDAsync / cuMemcpyDtoHAsync \
          between page-locked host buffers (cuMemHostAlloc) and contiguous device frames allocated \
          once. Temporaries: 2 x u8 + 2 x i16, {size}, given back before the frame's synchronize.\n"
