@@ -463,6 +463,11 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
     Ok(())
 }
 
+/// How many of `values` are not `expected`: the wrong bytes a missing wait leaves.
+pub(crate) fn count_not(values: &[u8], expected: u8) -> usize {
+    values.iter().filter(|&&v| v != expected).count()
+}
+
 /// Keeps `stream` busy for about 0.1 s (a spinning kernel on two bytes of `tick`), so work queued
 /// after it is still pending when the host goes on: what makes a missing wait visible.
 pub(crate) fn stall(stream: &Stream, k: &Kernels, tick: &GpuMat<'_, u8>) -> TestResult {

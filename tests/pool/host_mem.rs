@@ -84,14 +84,10 @@ mod gpu {
 
     use crate::common::gpu;
     use crate::common::kernels::Kernels;
-    use crate::cuda::stall;
+    use crate::cuda::{count_not, stall};
 
     type TestResult = Result<(), Box<dyn Error>>;
     const N: usize = 4 << 20;
-
-    fn count_not(values: &[u8], expected: u8) -> usize {
-        values.iter().filter(|&&v| v != expected).count()
-    }
 
     /// An event after the work queued on `stream` so far, to ask later whether it is done.
     fn mark(stream: &Stream) -> Result<CudaEvent, Box<dyn Error>> {

@@ -324,14 +324,10 @@ mod gpu {
 
     use crate::common::gpu;
     use crate::common::kernels::{self, Kernels};
-    use crate::cuda::stall;
+    use crate::cuda::{count_not, stall};
 
     type TestResult = Result<(), Box<dyn Error>>;
     const N: usize = 4 << 20;
-
-    fn count_not(values: &[u8], expected: u8) -> usize {
-        values.iter().filter(|&&v| v != expected).count()
-    }
 
     #[test]
     fn a_read_on_another_stream_waits_for_the_last_write() -> TestResult {
