@@ -13,8 +13,8 @@
 //! - `gpu-pool own transfers`: the same `#[pooled(stream)]` frame, with gpu-pool's own frames and
 //!   copies instead: `HostMem` page-locked host frames, packed `GpuMat` device frames allocated
 //!   once (`new_packed`: rows back to back, as the floor's), `upload_async` / `download_async`
-//!   between them (each followed by an event that `HostMem` keeps, so the host cannot touch the
-//!   memory under a copy);
+//!   between them (`HostMem` notes each copy with a ticket of the stream's clock, which the
+//!   frame's synchronize covers, so the host cannot touch the memory under a copy);
 //! - `cudarc alloc per frame`: `stream.alloc::<u8>` for each, dropped at the end of the frame
 //!   (cudarc's stream-ordered allocation on the device's default pool, release threshold 0);
 //! - `stream-ordered, raised threshold`: `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on a pool
@@ -257,8 +257,8 @@ impl Io<'_> {
 /// against cudarc's in `Io`. `HostMem` host frames (page-locked, `cuMemHostAlloc`) and `GpuMat`
 /// device frames (`GpuMat::new_packed`: allocated once, rows back to back like cudarc's, so a copy
 /// is one run of bytes rather than a row at a time), all of one `size`, with `upload_async` /
-/// `download_async` between them, each followed by an event that the `HostMem` keeps and waits
-/// for before the host touches or frees it.
+/// `download_async` between them, each noted by the `HostMem` (a ticket the frame's synchronize
+/// covers), which waits for it before the host touches or frees the memory.
 struct OwnIo<'s> {
     host_in: HostMem<u8>,
     host_out: HostMem<u8>,

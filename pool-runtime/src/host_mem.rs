@@ -3,10 +3,17 @@
 //!
 //! A copy between page-locked memory and the device runs after the call returns, so the host
 //! memory must not be written (for an upload) or read (for a download) or freed before the copy is
-//! done. `HostMem` keeps the event of each stream's last copy and waits for them wherever the host
+//! done. `HostMem` keeps a mark of each stream's last copy and waits for them wherever the host
 //! touches the memory: [`HostMem::as_slice`], [`HostMem::as_mut_slice`] and its drop. A copy on
-//! one stream is ordered after the others' copies of the same memory on the GPU (an event wait, no
-//! host wait). Pageable slices keep the waiting `upload` and `download`.
+//! one stream is ordered after the others' copies of the same memory. Pageable slices keep the
+//! waiting `upload` and `download`.
+//!
+//! A mark starts as a ticket of the stream's [`SyncClock`]: free to take, and answered without
+//! the driver once the stream has been synchronized, as a frame loop does before it touches its
+//! frames again. A wait that finds its ticket not yet covered synchronizes the whole stream, so
+//! from then on that memory's copies are marked by an event each (`cuEventRecord`, 300-700 ns),
+//! and a later wait is for the copy alone: a program that refills an upload's memory while the
+//! kernels after the upload run keeps that overlap after its first frame.
 //!
 //! Inside a graph capture these copies are refused: every replay would reach the host memory, and
 //! nothing could order the host's own use of it against a replay.
@@ -14,15 +21,16 @@
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::backend::RawEvent;
+use crate::backend::{RawEvent, RawStream};
 use crate::capturing;
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::layout::MAX_ELEMENT_ALIGN;
-use crate::stream::Stream;
+use crate::stream::{Stream, SyncClock};
 use crate::view::{GpuView, GpuViewMut};
 
 /// Page-locked host memory of `len` elements for asynchronous uploads and downloads
@@ -46,18 +54,39 @@ pub struct HostMem<T: Pod> {
     device: Device,
     ptr: NonNull<T>,
     len: usize,
-    /// Each stream's last copy of this memory that may still be in flight: the stream's id and an
-    /// event after the copy.
-    in_flight: RefCell<Vec<(u64, RawEvent)>>,
-    /// A copy may be in flight that no event marks (recording it failed, or another thread's
+    /// Each stream's last copy of this memory that may still be in flight.
+    in_flight: RefCell<Vec<InFlight>>,
+    /// A wait found a copy its ticket could not vouch for: later copies are marked by events.
+    events: Cell<bool>,
+    /// A copy may be in flight that nothing marks (recording it failed, or another thread's
     /// capture took it): the memory is never handed out or freed again.
     lost: Cell<bool>,
     _owns: PhantomData<T>,
 }
 
+/// A stream's last copy of a `HostMem`, and what tells when it is done.
+struct InFlight {
+    /// The pool stream's id.
+    stream: u64,
+    mark: Mark,
+}
+
+enum Mark {
+    /// Done once `clock` covers `ticket`; else done after a synchronize of `raw`, the stream the
+    /// clock counts (held here: the `HostMem` may outlive the pool stream).
+    Ticket {
+        clock: Arc<SyncClock>,
+        ticket: u64,
+        raw: RawStream,
+    },
+    /// An event recorded right after the copy.
+    Event(RawEvent),
+}
+
 // SAFETY: the memory is owned by this value alone (nothing else holds its address but copies in
 // flight, which its methods wait for), so moving it to another thread moves the only handle; the
-// events are driver handles usable from any thread. Not `Sync`: `in_flight` is a `RefCell`.
+// events and streams are driver handles usable from any thread, and the clocks are atomics. Not
+// `Sync`: `in_flight` is a `RefCell`.
 unsafe impl<T: Pod + Send> Send for HostMem<T> {}
 
 impl<T: Pod> std::fmt::Debug for HostMem<T> {
@@ -122,6 +151,7 @@ impl<T: Pod> HostMem<T> {
             ptr,
             len,
             in_flight: RefCell::new(Vec::new()),
+            events: Cell::new(false),
             lost: Cell::new(false),
             _owns: PhantomData,
         })
@@ -169,55 +199,78 @@ impl<T: Pod> HostMem<T> {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
 
-    /// Waits on the host for every copy in flight. On an error the events stay, and the memory is
+    /// Waits on the host for every copy in flight. On an error the marks stay, and the memory is
     /// treated as still in use.
     fn wait_all(&self) -> Result<(), PoolError> {
         if self.lost.get() {
-            return Err(PoolError::Unsupported {
-                device: self.device.id(),
-                what: "host memory with a copy in flight that could not be tracked (see the \
-                       error of the copy that lost it); it is kept, unused, until the process ends",
-            });
+            return Err(lost_error(self.device.id()));
         }
-        let backend = self.device.backend();
         let mut in_flight = self.in_flight.borrow_mut();
-        while let Some((id, event)) = in_flight.pop() {
-            if let Err(e) = backend.wait_host(&event) {
-                in_flight.push((id, event));
-                return Err(e);
-            }
-            backend.drop_event(event);
+        let waited = wait_for_copies(&self.device, &mut in_flight);
+        if waited.as_ref().map_or(true, |&whole_stream| whole_stream) {
+            // The wait took a whole stream (or could not be made): mark copies precisely now.
+            self.events.set(true);
         }
-        Ok(())
+        waited.map(drop)
     }
 
-    /// Makes `stream` wait (on the GPU) for the other streams' copies of this memory, before a
-    /// copy of its own.
+    /// Makes `stream` wait for the other streams' copies of this memory, before a copy of its own:
+    /// on the GPU for a copy an event marks, on the host for one a ticket marks (and the memory's
+    /// copies are marked by events from then on).
     fn order_after_others(&self, stream: &Stream) -> Result<(), PoolError> {
-        for (id, event) in self.in_flight.borrow().iter() {
-            if *id != stream.id() {
-                stream.wait_for(event)?;
+        let backend = self.device.backend();
+        for entry in self.in_flight.borrow().iter() {
+            if entry.stream == stream.id() {
+                continue;
+            }
+            match &entry.mark {
+                Mark::Event(event) => stream.wait_for(event)?,
+                Mark::Ticket { clock, ticket, raw } => {
+                    if !clock.is_done(*ticket) {
+                        self.events.set(true);
+                        clock.synchronize_uncaptured(backend, raw, entry.stream)?;
+                    }
+                }
             }
         }
         Ok(())
     }
 
-    /// Notes the copy just queued on `stream` as that stream's copy in flight, by an event after
-    /// it. If no event can mark it (recording failed, or a capture someone else began took the
-    /// copy), the stream is waited for instead, and failing that the memory is marked lost: never
-    /// handed out or freed again.
-    fn note_copy(&self, stream: &Stream, raw: &crate::backend::RawStream) -> Result<(), PoolError> {
+    /// Notes the copy just queued on `stream` as that stream's copy in flight: by a ticket, or,
+    /// once a wait needed more than a ticket could say, by an event after it. If the copy went
+    /// into a capture someone else began, or no event can mark it, the stream is waited for
+    /// instead, and failing that the memory is marked lost: never handed out or freed again.
+    fn note_copy(&self, stream: &Stream, raw: &RawStream) -> Result<(), PoolError> {
         let backend = self.device.backend();
         let mut in_flight = self.in_flight.borrow_mut();
-        // The stream's earlier copy comes before this one in its order: its event, recorded
-        // again, marks both (a frame loop makes no new event per copy).
-        let mine = in_flight.iter().position(|(id, _)| *id == stream.id());
-        let recorded = match mine {
-            Some(i) => backend.rerecord(&in_flight[i].1, raw).map(|()| None),
-            None => backend.record_event(raw),
+        let mine = in_flight
+            .iter()
+            .position(|entry| entry.stream == stream.id());
+        let marked = if self.events.get() {
+            // The stream's earlier copy comes before this one in its order: its event, recorded
+            // again, marks both (a frame loop makes no new event per copy).
+            match mine.map(|i| &in_flight[i].mark) {
+                Some(Mark::Event(event)) => backend.rerecord(event, raw).map(|()| None),
+                _ => backend
+                    .record_event(raw)
+                    .map(|event| event.map(Mark::Event)),
+            }
+        } else {
+            let ticket = stream.clock().ticket();
+            match mine.map(|i| &mut in_flight[i].mark) {
+                Some(Mark::Ticket { ticket: t, .. }) => {
+                    *t = ticket; // the same stream's clock: a later ticket covers the earlier
+                    Ok(None)
+                }
+                _ => Ok(Some(Mark::Ticket {
+                    clock: Arc::clone(stream.clock()),
+                    ticket,
+                    raw: raw.clone(),
+                })),
+            }
         };
         let captured = backend.is_capturing(raw).unwrap_or(true);
-        match recorded {
+        match marked {
             Err(e) => {
                 if stream.synchronize().is_err() {
                     self.lost.set(true);
@@ -231,21 +284,40 @@ impl<T: Pod> HostMem<T> {
                     stream: stream.id(),
                 });
             }
-            Ok(Some(event)) => in_flight.push((stream.id(), event)),
-            Ok(None) => {} // recorded again, or the host backend (the copy is done)
+            Ok(Some(mark)) => {
+                let entry = InFlight {
+                    stream: stream.id(),
+                    mark,
+                };
+                match mine {
+                    Some(i) => release_mark(backend, std::mem::replace(&mut in_flight[i], entry)),
+                    None => in_flight.push(entry),
+                }
+            }
+            Ok(None) => {} // marked again, or the host backend (the copy is done)
         }
-        // Other streams' copies that are done need no event any more.
+        // Other streams' copies that are done need no mark any more.
         let mut i = 0;
         while i < in_flight.len() {
-            let (id, event) = &in_flight[i];
-            if *id != stream.id() && backend.event_done(event).unwrap_or(false) {
-                let (_, done) = in_flight.swap_remove(i);
-                backend.drop_event(done);
+            let entry = &in_flight[i];
+            let done = match &entry.mark {
+                _ if entry.stream == stream.id() => false,
+                Mark::Ticket { clock, ticket, .. } => clock.is_done(*ticket),
+                Mark::Event(event) => backend.event_done(event).unwrap_or(false),
+            };
+            if done {
+                release_mark(backend, in_flight.swap_remove(i));
             } else {
                 i += 1;
             }
         }
         Ok(())
+    }
+
+    /// Whether copies are marked by events (`testing::host_mem_marks_copies_with_events`).
+    #[cfg(feature = "testing")]
+    pub(crate) fn marks_copies_with_events(&self) -> bool {
+        self.events.get()
     }
 
     /// The memory as bytes, for the backend's copies.
@@ -256,25 +328,75 @@ impl<T: Pod> HostMem<T> {
 
 impl<T: Pod> Drop for HostMem<T> {
     fn drop(&mut self) {
-        if let Err(e) = self.wait_all() {
-            // A copy may still use the memory: leaked rather than freed under it.
-            tracing::error!(error = %e, "waiting for copies of host memory failed: it is leaked");
-            return;
-        }
-        let bytes = self.len * size_of::<T>();
-        if bytes == 0 {
-            return;
-        }
-        let (device, ptr) = (self.device.clone(), PinnedPtr(self.bytes()));
-        // A driver free inside a capture on this thread would break it: after the captures.
+        let (device, lost, bytes) = (
+            self.device.clone(),
+            self.lost.get(),
+            self.len * size_of::<T>(),
+        );
+        let mut in_flight = std::mem::take(self.in_flight.get_mut());
+        let ptr = PinnedPtr(self.bytes());
+        // Waiting may synchronize a stream and freeing is a driver call: inside a capture on this
+        // thread either would break it, so both come after the captures (the memory stays).
         capturing::after_captures(Box::new(move || {
+            let waited = if lost {
+                Err(lost_error(device.id()))
+            } else {
+                wait_for_copies(&device, &mut in_flight)
+            };
+            if let Err(e) = waited {
+                // A copy may still use the memory: leaked rather than freed under it.
+                tracing::error!(error = %e, "waiting for copies of host memory failed: it is leaked");
+                return;
+            }
             let PinnedPtr(ptr) = ptr;
+            if bytes == 0 {
+                return;
+            }
             // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)`, freed once
-            // here, and no copy uses it (every one waited for before).
+            // here, and no copy uses it (every one waited for above).
             if let Err(e) = unsafe { device.backend().free_pinned(ptr, bytes) } {
                 tracing::error!(error = %e, "freeing page-locked memory failed");
             }
         }));
+    }
+}
+
+/// Waits on the host for each copy in `in_flight`, removing it once done; whether a wait had to
+/// synchronize a whole stream (a ticket its clock did not cover). On an error the copies not
+/// waited for stay.
+fn wait_for_copies(device: &Device, in_flight: &mut Vec<InFlight>) -> Result<bool, PoolError> {
+    let backend = device.backend();
+    let mut whole_stream = false;
+    while let Some(entry) = in_flight.pop() {
+        let waited = match &entry.mark {
+            Mark::Ticket { clock, ticket, .. } if clock.is_done(*ticket) => Ok(()),
+            Mark::Ticket { clock, raw, .. } => {
+                whole_stream = true;
+                clock.synchronize_uncaptured(backend, raw, entry.stream)
+            }
+            Mark::Event(event) => backend.wait_host(event),
+        };
+        if let Err(e) = waited {
+            in_flight.push(entry);
+            return Err(e);
+        }
+        release_mark(backend, entry);
+    }
+    Ok(whole_stream)
+}
+
+/// Gives a copy's event back to the backend (a ticket holds nothing to give back).
+fn release_mark(backend: &dyn crate::backend::Backend, entry: InFlight) {
+    if let Mark::Event(event) = entry.mark {
+        backend.drop_event(event);
+    }
+}
+
+fn lost_error(device: crate::id::DeviceId) -> PoolError {
+    PoolError::Unsupported {
+        device,
+        what: "host memory with a copy in flight that could not be tracked (see the error of the \
+               copy that lost it); it is kept, unused, until the process ends",
     }
 }
 

@@ -17,6 +17,7 @@
 //! ```
 
 use crate::device::Device;
+use crate::host_mem::HostMem;
 
 /// A private host device whose allocation call number `fail_at` (1-based, every kind of
 /// allocation counted) fails with out-of-memory: for testing that every failure point is
@@ -52,4 +53,22 @@ pub fn host_with_unmap_fault(fail_at: u64) -> Device {
 #[must_use]
 pub fn host_live_bytes(device: &Device) -> Option<usize> {
     device.backend().live_bytes()
+}
+
+/// Whether `mem`'s copies are marked by an event each rather than by a ticket of their stream's
+/// clock: true once a wait on the host had to synchronize a whole stream (see `HostMem`).
+///
+/// ```
+/// use gpu_pool_runtime::{BufferPool, Device, GpuWrite, HostMem, PoolError, Stream, testing};
+/// let stream = Stream::new(&Device::host())?;
+/// let mut mem = HostMem::<u8>::new(stream.device(), 64)?;
+/// BufferPool::new(&stream).get_buffer_1d::<u8>(64)?.upload_async(&mem)?;
+/// stream.synchronize()?; // vouches for the copy
+/// mem.as_mut_slice()?.fill(1);
+/// assert!(!testing::host_mem_marks_copies_with_events(&mem));
+/// # Ok::<(), PoolError>(())
+/// ```
+#[must_use]
+pub fn host_mem_marks_copies_with_events<T: bytemuck::Pod>(mem: &HostMem<T>) -> bool {
+    mem.marks_copies_with_events()
 }

@@ -74,6 +74,47 @@ fn a_frame_loop_with_async_copies_leaks_nothing() -> Result<(), PoolError> {
     Ok(())
 }
 
+#[test]
+fn a_synchronize_vouches_for_copies_and_a_wait_without_one_switches_to_events()
+-> Result<(), PoolError> {
+    use gpu_pool::testing::host_mem_marks_copies_with_events as events;
+    let device = Device::private_host();
+    let (stream, other) = (Stream::new(&device)?, Stream::new(&device)?);
+    let mut gpu = BufferPool::new(&stream).get_buffer_1d::<u8>(256)?;
+    // Synchronized before the host touches it: the stream's clock answers, no event is made.
+    let mut host = HostMem::from_slice(&device, &[4u8; 256])?;
+    gpu.upload_async(&host)?;
+    gpu.download_async(&mut host)?;
+    stream.synchronize()?;
+    assert_eq!(host.as_mut_slice()?, &[4; 256]);
+    assert!(!events(&host));
+    // Another stream's synchronize vouches for nothing of this one.
+    gpu.upload_async(&host)?;
+    other.synchronize()?;
+    assert_eq!(host.as_slice()?, &[4; 256]); // waits for `stream` as a whole
+    assert!(
+        events(&host),
+        "a whole-stream wait switches the memory to events"
+    );
+    gpu.upload_async(&host)?; // marked by an event now (none on the host backend: done at once)
+    assert_eq!(host.as_slice()?, &[4; 256]);
+    // A copy on another stream after one a ticket marks: ordered by a host wait, then events.
+    let mut shared = HostMem::<u8>::new(&device, 256)?;
+    gpu.download_async(&mut shared)?;
+    let mut theirs = BufferPool::new(&other).get_buffer_1d::<u8>(256)?;
+    theirs.upload_async(&shared)?;
+    assert!(events(&shared));
+    assert_eq!(theirs.to_vec()?, vec![4; 256]);
+    // The memory outlives both streams: a ticket holds the CUDA stream it waits on, not the
+    // pool stream.
+    theirs.download_async(&mut host)?;
+    drop(theirs);
+    drop(other);
+    assert_eq!(shared.as_slice()?, &[4; 256]);
+    assert_eq!(host.as_slice()?, &[4; 256]);
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 mod gpu {
     use std::error::Error;
@@ -166,6 +207,128 @@ mod gpu {
         dst.upload_async(&host)?; // on b: must read after a's download
         let stale = count_not(&dst.to_vec()?, 9);
         println!("hostmem_cross_stream: {stale} of {N} bytes read before the download landed");
+        assert_eq!(stale, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn after_one_whole_stream_wait_a_refill_waits_for_its_upload_alone() -> TestResult {
+        use gpu_pool::testing::host_mem_marks_copies_with_events as events;
+        let Some((device, _lock)) = gpu("hostmem_refill_overlap") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
+        let mut host = HostMem::<u8>::new(&device, N)?;
+        let mut gpu = GpuMat::<u8>::new(&stream, 1, N)?;
+        let mut overlapped = Vec::new();
+        for value in 1..=3u8 {
+            // Refill, upload, then a long kernel; the next refill comes while it runs.
+            host.as_mut_slice()?.fill(value);
+            gpu.upload_async(&host)?;
+            stall(&stream, &k, &tick)?;
+            let stalled = mark(&stream)?;
+            host.as_mut_slice()?.fill(0xee); // waits for the upload
+            overlapped.push(!stalled.is_complete());
+            let clobbered = count_not(&gpu.to_vec()?, value);
+            assert_eq!(clobbered, 0, "frame {value}: the refill reached the upload");
+        }
+        println!(
+            "hostmem_refill_overlap: refill overlapped the kernel after the upload: {overlapped:?}, \
+             events: {}",
+            events(&host)
+        );
+        // The first refill's ticket could not tell: the whole stream was waited for. From then on
+        // each upload has an event, and the refill waits for it alone.
+        assert_eq!(overlapped, [false, true, true]);
+        assert!(events(&host));
+        Ok(())
+    }
+
+    #[test]
+    fn a_frame_loop_that_synchronizes_makes_no_event() -> TestResult {
+        use gpu_pool::testing::host_mem_marks_copies_with_events as events;
+        let Some((device, _lock)) = gpu("hostmem_frame_tickets") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        let mut input = HostMem::<u8>::new(&device, N)?;
+        let mut output = HostMem::<u8>::new(&device, N)?;
+        let mut frame = GpuMat::<u8>::new_packed(&stream, 1, N)?;
+        let mut wrong = 0;
+        for value in 0..5u8 {
+            input.as_mut_slice()?.fill(value);
+            frame.upload_async(&input)?;
+            frame.download_async(&mut output)?;
+            stream.synchronize()?;
+            wrong += count_not(output.as_slice()?, value);
+        }
+        println!(
+            "hostmem_frame_tickets: {wrong} wrong bytes over 5 frames; events: ({}, {})",
+            events(&input),
+            events(&output)
+        );
+        assert_eq!(wrong, 0);
+        assert!(
+            !events(&input) && !events(&output),
+            "a synchronized loop needs no event"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_wait_refused_by_a_foreign_capture_loses_nothing() -> TestResult {
+        use gpu_pool::cudarc::driver::sys;
+        let Some((device, _lock)) = gpu("hostmem_foreign_capture") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
+        let mut host = HostMem::<u8>::new(&device, N)?;
+        host.as_mut_slice()?.fill(5);
+        let mut gpu = GpuMat::<u8>::new(&stream, 1, N)?;
+        stall(&stream, &k, &tick)?;
+        gpu.upload_async(&host)?; // a ticket, not covered: only a synchronize could vouch for it
+        let cuda = stream.cuda_stream().expect("CUDA").clone();
+        cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        let refused = host.as_mut_slice().map(drop);
+        let ended = cuda.end_capture(sys::CUgraphInstantiate_flags(0));
+        println!(
+            "hostmem_foreign_capture: {refused:?}; capture ended: {:?}",
+            ended.is_ok()
+        );
+        assert!(
+            matches!(refused, Err(PoolError::CapturedElsewhere { .. })),
+            "{refused:?}"
+        );
+        // After the capture the wait is made, and the upload read the bytes it was given.
+        host.as_mut_slice()?.fill(6);
+        assert_eq!(count_not(&gpu.to_vec()?, 5), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn host_memory_dropped_inside_a_capture_is_freed_after_it() -> TestResult {
+        let Some((device, _lock)) = gpu("hostmem_drop_in_capture") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
+        let host = HostMem::<u8>::new(&device, N)?;
+        let mut gpu = GpuMat::<u8>::new(&stream, 1, N)?;
+        gpu.set_to(9)?;
+        stall(&stream, &k, &tick)?;
+        gpu.upload_async(&host)?; // zeros, behind the stall; nothing vouches for it yet
+        let graph = stream.capture(move |s| {
+            drop(host); // a synchronize here would break the capture: after it
+            BufferPool::new(s).get_buffer_1d::<u8>(64)?.set_to(1)
+        })?;
+        graph.launch()?;
+        let stale = count_not(&gpu.to_vec()?, 0);
+        println!("hostmem_drop_in_capture: capture and replay fine; {stale} of {N} bytes stale");
         assert_eq!(stale, 0);
         Ok(())
     }

@@ -6,6 +6,7 @@
 //! or give each thread its own.
 
 mod capture;
+mod clock;
 mod lease;
 mod sharing;
 mod sizing;
@@ -31,6 +32,7 @@ use crate::stats::{StreamCounters, StreamStats};
 use capture::Graphs;
 #[cfg(feature = "cuda")]
 pub(crate) use capture::SharedAccesses;
+pub(crate) use clock::SyncClock;
 pub(crate) use lease::Lease;
 pub(crate) use sharing::{Access, SharedMemory};
 pub use sizing::Sizing;
@@ -74,6 +76,8 @@ pub struct Stream {
     release_hooks: Cell<bool>,
     waits: Waits,
     graphs: Graphs,
+    /// Tickets of the host copies queued here, and which are done (`HostMem`).
+    clock: Arc<SyncClock>,
     /// This pool stream's claim on its CUDA stream: no other pool stream may wrap it.
     #[cfg(feature = "cuda")]
     _wrapped: Option<capturing::Wrapped>,
@@ -196,6 +200,7 @@ impl Stream {
             release_hooks: Cell::new(record > 0),
             waits: Waits::default(),
             graphs: Graphs::default(),
+            clock: Arc::default(),
             #[cfg(feature = "cuda")]
             _wrapped: wrapped,
         })
@@ -280,9 +285,10 @@ impl Stream {
         freed
     }
 
-    /// Waits until all work queued on the stream is done.
+    /// Waits until all work queued on the stream is done. [`HostMem`](crate::HostMem) copies
+    /// queued before it are then known done, with no driver call to ask.
     pub fn synchronize(&self) -> Result<(), PoolError> {
-        self.device.backend().synchronize(&self.raw)
+        self.clock.synchronize(self.device.backend(), &self.raw)
     }
 
     /// A snapshot of this stream's counters.
