@@ -38,6 +38,12 @@ use crate::view::{GpuView, GpuViewMut};
 /// [`GpuRead::download_async`](crate::GpuRead::download_async)): OpenCV's `HostMem`, with the
 /// copies in flight tracked, so the host can neither touch nor free the memory under them.
 ///
+/// A copy costs no event while its stream is synchronized ([`Stream::synchronize`]) before the
+/// memory is touched again; memory touched before that costs one wait for the whole stream, and
+/// its later copies an event each (a wait for the copy alone). Touched or dropped while code
+/// outside gpu-pool captures the stream of a copy nothing vouches for, it cannot wait: the touch
+/// returns `PoolError::CapturedElsewhere`, and the drop leaks the memory (logged).
+///
 /// ```
 /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
 /// let stream = Stream::new(&Device::host())?;
