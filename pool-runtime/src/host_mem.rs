@@ -349,9 +349,13 @@ impl<T: Pod> Drop for HostMem<T> {
             } else {
                 wait_for_copies(&device, &mut in_flight)
             };
+            let backend = device.backend();
             if let Err(e) = waited {
                 // A copy may still use the memory: leaked rather than freed under it.
                 tracing::error!(error = %e, "waiting for copies of host memory failed: it is leaked");
+                in_flight
+                    .into_iter()
+                    .for_each(|entry| release_mark(backend, entry));
                 return;
             }
             let PinnedPtr(ptr) = ptr;
@@ -360,7 +364,7 @@ impl<T: Pod> Drop for HostMem<T> {
             }
             // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)`, freed once
             // here, and no copy uses it (every one waited for above).
-            if let Err(e) = unsafe { device.backend().free_pinned(ptr, bytes) } {
+            if let Err(e) = unsafe { backend.free_pinned(ptr, bytes) } {
                 tracing::error!(error = %e, "freeing page-locked memory failed");
             }
         }));
@@ -391,10 +395,12 @@ fn wait_for_copies(device: &Device, in_flight: &mut Vec<InFlight>) -> Result<boo
     Ok(whole_stream)
 }
 
-/// Gives a copy's event back to the backend (a ticket holds nothing to give back).
+/// Gives a copy's event, or the stream handle its ticket holds, back to the backend: the last
+/// handle of a CUDA stream binds its context to destroy it, and the caller's must stay current.
 fn release_mark(backend: &dyn crate::backend::Backend, entry: InFlight) {
-    if let Mark::Event(event) = entry.mark {
-        backend.drop_event(event);
+    match entry.mark {
+        Mark::Event(event) => backend.drop_event(event),
+        Mark::Ticket { raw, .. } => backend.drop_stream(raw),
     }
 }
 

@@ -334,6 +334,29 @@ mod gpu {
     }
 
     #[test]
+    fn host_memory_outliving_its_stream_keeps_the_callers_context() -> TestResult {
+        use gpu_pool::cudarc::driver::{CudaContext, result};
+        let Some((device, _lock)) = gpu("hostmem_context") else {
+            return Ok(());
+        };
+        let other = CudaContext::new_non_primary(0, 0)?;
+        let stream = Stream::new(&device)?;
+        let host = HostMem::<u8>::new(&device, N)?;
+        let mut gpu = GpuMat::<u8>::new(&stream, 1, N)?;
+        gpu.upload_async(&host)?;
+        stream.synchronize()?;
+        drop(gpu);
+        drop(stream); // the ticket now holds the last handle of the CUDA stream
+        other.bind_to_thread()?;
+        let before = result::ctx::get_current()?;
+        drop(host);
+        let after = result::ctx::get_current()?;
+        println!("hostmem_context: current before the drop {before:?}, after {after:?}");
+        assert_eq!(after, before, "the drop left another context current");
+        Ok(())
+    }
+
+    #[test]
     fn async_host_copies_are_refused_inside_a_capture() -> TestResult {
         let Some((device, _lock)) = gpu("hostmem_capture") else {
             return Ok(());
