@@ -441,6 +441,24 @@ pub enum PoolError {
         stream: u64,
     },
 
+    /// A graph replay would access [`SharedMat`](crate::SharedMat) memory while a conflicting
+    /// access of it through a guard is still open on another stream (a write, for a replay that
+    /// reads; any access, for a replay that writes). The guard's work is not all queued yet, so
+    /// nothing can order the replay after it; nothing was queued.
+    #[error(
+        "{what} would {replay} shared memory while a {open} of it is open on stream {stream}: the          replay cannot be ordered after work not queued yet; drop that guard before launching          (hold the lock that guards the SharedMat, e.g. its RwLock's read lock, across the          launch), or end a forgotten guard's access with an eager access of the SharedMat"
+    )]
+    SharedAccessOpen {
+        /// The operation refused.
+        what: &'static str,
+        /// `"read"` or `"write"`: what the replay does to the memory.
+        replay: &'static str,
+        /// `"read"` or `"write"`: the open access.
+        open: &'static str,
+        /// The id of the pool stream the open access is on.
+        stream: u64,
+    },
+
     /// A pool stream already wraps this CUDA stream: two pool streams over one CUDA stream would
     /// have two stacks whose work is ordered as one, which graph capture cannot keep apart.
     #[error(

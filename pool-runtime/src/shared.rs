@@ -38,7 +38,12 @@
 //! wait on outside work), and every replay of the graph is an access of its own, ordered on the
 //! graph's stream like one made outside a capture: a replay waits for the writes queued before
 //! it, and later accesses wait for the replay, also while the graph lives (a capture that took
-//! the memory through an `RwLock` lets writers in between replays).
+//! the memory through an `RwLock` lets writers in between replays). A replay borrows no
+//! `SharedMat`, so it can be launched while another thread holds a guard whose work is not all
+//! queued yet: such a replay is refused with `PoolError::SharedAccessOpen` (a write guard open,
+//! for a graph that reads; any guard, for one that writes), and nothing is queued. Hold the lock
+//! that guards the `SharedMat` (its `RwLock`'s read lock, for a graph that reads) across the
+//! launch, and the refusal cannot happen.
 
 use std::fmt;
 use std::marker::PhantomData;

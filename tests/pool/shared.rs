@@ -600,6 +600,150 @@ mod gpu {
         Ok(())
     }
 
+    /// The guide's `RwLock<SharedMat>` pattern with a write guard still open (its kernel queued
+    /// behind a stall) when a graph that captured a read of the same matrix is launched: the
+    /// replay borrows no `SharedMat`, so nothing can order it after work not yet queued. It is
+    /// refused, queues nothing, and runs in order once the guard is dropped. Plain graphs and
+    /// family members take the same path.
+    #[test]
+    fn a_replay_is_refused_while_a_conflicting_guard_is_open() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_replay_open_write") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (s, w) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&w, 1, 2)?;
+        let weights = std::sync::RwLock::new(SharedMat::<u8>::new(&device, 1, N)?);
+        weights.write().unwrap().write(&w)?.set_to(1)?;
+        let mut out = GpuMat::<u8>::new(&s, 1, N)?;
+        let mut out_f = GpuMat::<u8>::new(&s, 1, N)?;
+        let graph = s.capture(|s| out.copy_from(&weights.read().unwrap().read(s)?))?;
+        let family = s.graph_family()?;
+        let member = family.capture(|s| out_f.copy_from(&weights.read().unwrap().read(s)?))?;
+        let launches: [(&str, &dyn Fn() -> Result<(), PoolError>); 2] = [
+            ("graph", &|| graph.launch()),
+            ("family member", &|| member.launch()),
+        ];
+        for (name, launch) in launches {
+            let mut lock = weights.write().unwrap();
+            let mut write = lock.write(&w)?;
+            stall(&w, &k, &tick)?;
+            write.set_to(2)?; // queued behind the stall: half-done for about 0.1 s
+            let refused = launch();
+            println!("{name} replay reading while a write is open: {refused:?}");
+            assert!(
+                matches!(
+                    refused,
+                    Err(PoolError::SharedAccessOpen {
+                        replay: "read",
+                        open: "write",
+                        ..
+                    })
+                ),
+                "{name}: a replay overtook an open write"
+            );
+            drop(write);
+            drop(lock);
+            launch()?; // after the write ended: ordered after it
+            s.synchronize()?;
+            weights.write().unwrap().write(&w)?.set_to(1)?;
+        }
+        drop((graph, member));
+        drop(family);
+        let (stale, stale_f) = (count_not(&out.to_vec()?, 2), count_not(&out_f.to_vec()?, 2));
+        println!("replays after the write ended: {stale} and {stale_f} of {N} bytes stale");
+        assert_eq!((stale, stale_f), (0, 0));
+
+        // The control: the replay's copy queued with nothing ordering it after the open write
+        // reads the half-done state, or the test shows nothing.
+        let mut lock = weights.write().unwrap();
+        let mut write = lock.write(&w)?;
+        stall(&w, &k, &tick)?;
+        write.set_to(3)?;
+        let address = write.view().device_ptr();
+        let cs = s.cuda_stream().expect("a CUDA stream");
+        // SAFETY: both ranges are N live bytes of this context (`out` and the shared matrix,
+        // which outlive the synchronize below); the race on the shared bytes is the point, and
+        // this only reads them.
+        unsafe {
+            gpu_pool::cudarc::driver::result::memcpy_dtod_async(
+                out.device_ptr(),
+                address,
+                N,
+                cs.cu_stream(),
+            )?
+        };
+        s.synchronize()?;
+        drop(write);
+        drop(lock);
+        let unordered = count_not(&out.to_vec()?, 3);
+        println!("the replay's read with nothing ordering it: {unordered} of {N} bytes stale");
+        assert!(
+            unordered > 0,
+            "the stall did not hold the write back: the test proves nothing"
+        );
+        w.synchronize()?;
+        Ok(())
+    }
+
+    /// A read guard forgotten with its copy queued, then a graph that writes the memory: the
+    /// replay is refused (it cannot tell a forgotten guard from a live one), where an eager write
+    /// in its place waits for the forgotten read's stream; after that write the replay runs, in
+    /// order.
+    #[test]
+    fn a_writing_replay_never_overtakes_a_forgotten_read() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_replay_forgotten_read") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (s, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&b, 1, 2)?;
+        let shared = std::sync::RwLock::new(SharedMat::<u8>::new(&device, 1, N)?);
+        shared.write().unwrap().write(&s)?.set_to(1)?;
+        s.synchronize()?;
+        let graph = s.capture(|s| shared.write().unwrap().write(s)?.set_to(7))?;
+        let mut copy = GpuMat::<u8>::new(&b, 1, N)?;
+        stall(&b, &k, &tick)?;
+        let lock = shared.read().unwrap();
+        let read = lock.read(&b)?;
+        copy.copy_from(&read)?; // behind b's stall
+        std::mem::forget(read);
+        drop(lock);
+        let refused = graph.launch();
+        println!("writing replay after a forgotten read: {refused:?}");
+        assert!(matches!(
+            refused,
+            Err(PoolError::SharedAccessOpen {
+                replay: "write",
+                open: "read",
+                ..
+            })
+        ));
+        let clobbered = count_not(&copy.to_vec()?, 1);
+        println!("the forgotten read's copy: {clobbered} of {N} bytes clobbered");
+        assert_eq!(clobbered, 0);
+
+        // An eager write in the replay's place waits for the forgotten read's stream, and ends
+        // that access: the replay then runs, after it.
+        stall(&b, &k, &tick)?;
+        let lock = shared.read().unwrap();
+        let read = lock.read(&b)?;
+        copy.copy_from(&read)?;
+        std::mem::forget(read);
+        drop(lock);
+        shared.write().unwrap().write(&s)?.set_to(5)?;
+        let clobbered = count_not(&copy.to_vec()?, 1);
+        graph.launch()?;
+        s.synchronize()?;
+        let replayed = count_not(&shared.read().unwrap().read(&s)?.to_vec()?, 7);
+        println!(
+            "an eager write after a forgotten read: {clobbered} of {N} bytes clobbered; the replay \
+             after it: {replayed} bytes not written"
+        );
+        assert_eq!((clobbered, replayed), (0, 0));
+        Ok(())
+    }
+
     /// A graph's replays are accesses of their own: writes made while the graph lives (through an
     /// `RwLock`, which the capture held only while it recorded) wait for the replays queued
     /// before them, and replays wait for the writes queued before them.

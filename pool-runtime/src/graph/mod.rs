@@ -107,7 +107,9 @@ impl Graph<'_> {
     /// Replays the captured work on its stream: one launch, no allocation.
     ///
     /// `PoolError::CapturedElsewhere` if the stream is being captured by anything else: that
-    /// graph would replay this one's memory after it is given back.
+    /// graph would replay this one's memory after it is given back. `PoolError::SharedAccessOpen`
+    /// if the graph accesses a [`SharedMat`](crate::SharedMat) that a guard on another stream
+    /// still accesses in a conflicting way (see [`crate::shared`]): nothing is queued.
     pub fn launch(&self) -> Result<(), PoolError> {
         self.stream.work_stream("Graph::launch")?;
         if let Some(region) = self.family {
@@ -122,14 +124,13 @@ impl Graph<'_> {
         }
         // Each replay is an access of the shared memory the capture accessed: ordered after the
         // accesses it conflicts with, and before later ones.
-        self.shared.before_replay(self.stream)?;
-        let _guard = ContextGuard::bind(&self.exec.ctx)?;
-        // SAFETY: `exec` is a live executable graph of this context (owned by `self`), and the
-        // stream is the graph's own, alive while it is borrowed.
-        unsafe { result::graph::launch(self.exec.exec, self.cu_stream) }
-            .map_err(|e| driver_error("cuGraphLaunch", e))?;
-        self.shared.after_replay(self.stream);
-        Ok(())
+        self.shared.replay(self.stream, || {
+            let _guard = ContextGuard::bind(&self.exec.ctx)?;
+            // SAFETY: `exec` is a live executable graph of this context (owned by `self`), and
+            // the stream is the graph's own, alive while it is borrowed.
+            unsafe { result::graph::launch(self.exec.exec, self.cu_stream) }
+                .map_err(|e| driver_error("cuGraphLaunch", e))
+        })
     }
 
     /// What the graph is made of: its nodes counted by kind. A graph of pooled work has no

@@ -319,31 +319,24 @@ pub(crate) struct SharedAccesses(Vec<(Arc<SharedMemory>, Access)>);
 
 #[cfg(feature = "cuda")]
 impl SharedAccesses {
-    /// Makes `stream` wait for the accesses a replay conflicts with; inside a capture of
-    /// `stream`, notes the accesses for that capture's graph instead.
-    pub(crate) fn before_replay(&self, stream: &Stream) -> Result<(), PoolError> {
-        for (memory, access) in &self.0 {
-            if stream.in_own_capture() {
-                stream.note_shared_access(memory, *access);
-            } else {
-                memory.wait_conflicts(stream, *access)?;
-            }
+    /// Queues `launch`, a replay on `stream`, ordered as an access of the shared memory the
+    /// capture accessed ([`SharedMemory::replay`]); inside a capture of `stream`, notes the
+    /// accesses for that capture's graph instead.
+    pub(crate) fn replay(
+        &self,
+        stream: &Stream,
+        launch: impl FnOnce() -> Result<(), PoolError>,
+    ) -> Result<(), PoolError> {
+        if self.0.is_empty() {
+            return launch();
         }
-        Ok(())
-    }
-
-    /// Marks the end of the replay just queued on `stream`, for later accesses to wait on.
-    pub(crate) fn after_replay(&self, stream: &Stream) {
         if stream.in_own_capture() {
-            return;
-        }
-        for (memory, access) in &self.0 {
-            if let Err(e) = memory.ended_on(stream, *access) {
-                // The host then waits for the stream: later accesses cannot race the replay.
-                tracing::error!(stream = stream.id(), error = %e, "ordering shared memory after a graph replay failed; waiting for the stream");
-                let _ = stream.synchronize();
+            for (memory, access) in &self.0 {
+                stream.note_shared_access(memory, *access);
             }
+            return launch();
         }
+        SharedMemory::replay(&self.0, stream, launch)
     }
 }
 

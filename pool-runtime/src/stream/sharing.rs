@@ -22,10 +22,22 @@ use super::Stream;
 const PRUNE_AT: usize = 8;
 
 /// How an access uses the memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// (`Read < Write`: a graph that does both makes the stronger access.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Access {
     Read,
     Write,
+}
+
+impl Access {
+    /// For messages.
+    #[cfg(feature = "cuda")]
+    fn name(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+        }
+    }
 }
 
 /// A device allocation that no stream owns, and the events that order the work on it.
@@ -145,12 +157,66 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// Makes `stream` wait, on the GPU, for the accesses on other streams that an `access` there
-    /// conflicts with: what a graph replay needs before it is queued.
+    /// Queues `launch`, a graph replay on `stream` that makes each of `accesses`, as one access
+    /// of each memory: ordered after the accesses it conflicts with, and marked for later ones to
+    /// wait on. The memories stay locked from the check to the marks, so no access can begin in
+    /// between and miss the replay.
+    ///
+    /// A conflicting access still open on another stream is refused
+    /// (`PoolError::SharedAccessOpen`): unlike an eager access, a replay borrows no `SharedMat`,
+    /// so an open guard may be alive (another thread's, under an `RwLock`) with its work not all
+    /// queued, and nothing can order the replay after that.
     #[cfg(feature = "cuda")]
-    pub(crate) fn wait_conflicts(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
-        let uses = lock(&self.uses);
-        Self::wait_for_conflicts(&uses, stream, access, false)
+    pub(crate) fn replay(
+        accesses: &[(Arc<SharedMemory>, Access)],
+        stream: &Stream,
+        launch: impl FnOnce() -> Result<(), PoolError>,
+    ) -> Result<(), PoolError> {
+        // One lock a memory, taken in address order so that two replays cannot deadlock.
+        let mut each: Vec<(&Arc<SharedMemory>, Access)> = Vec::with_capacity(accesses.len());
+        for (memory, access) in accesses {
+            match each.iter_mut().find(|(m, _)| Arc::ptr_eq(m, memory)) {
+                Some((_, a)) => *a = (*a).max(*access),
+                None => each.push((memory, *access)),
+            }
+        }
+        each.sort_by_key(|(m, _)| Arc::as_ptr(m));
+        let mut locked: Vec<_> = each.iter().map(|(m, _)| lock(&m.uses)).collect();
+        let me = stream.id();
+        for (uses, (_, access)) in locked.iter().zip(&each) {
+            let open = uses.open.iter().find(|o| {
+                o.stream != me && (*access == Access::Write || o.access == Access::Write)
+            });
+            if let Some(open) = open {
+                return Err(PoolError::SharedAccessOpen {
+                    what: "Graph::launch",
+                    replay: access.name(),
+                    open: open.access.name(),
+                    stream: open.stream,
+                });
+            }
+            Self::wait_for_conflicts(uses, stream, *access, false)?;
+        }
+        launch()?;
+        let mut stale = Vec::new();
+        let mut failed = None;
+        for (uses, (memory, access)) in locked.iter_mut().zip(&each) {
+            match memory.mark_end(uses, stream, *access) {
+                Ok(done) => stale.extend(done),
+                Err(e) => failed = Some(e),
+            }
+        }
+        drop(locked);
+        let backend = stream.device.backend();
+        for e in stale {
+            backend.drop_event(e);
+        }
+        if let Some(e) = failed {
+            // No event marks the replay: the host waits for it, so later accesses cannot race it.
+            tracing::error!(stream = me, error = %e, "ordering shared memory after a graph replay failed; waiting for the stream");
+            stream.synchronize()?;
+        }
+        Ok(())
     }
 
     /// The last write, and for a write every read since, on streams other than `stream`: waited
@@ -206,18 +272,36 @@ impl SharedMemory {
         self.ended_on(stream, access)
     }
 
-    /// Records the end of an access on `stream` (a graph replay's, or one of [`end`](Self::end)).
+    /// Records the end of an access on `stream` (one of [`end`](Self::end)).
+    fn ended_on(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
+        let mut uses = lock(&self.uses);
+        let stale = self.mark_end(&mut uses, stream, access)?;
+        drop(uses);
+        for e in stale {
+            self.device.backend().drop_event(e);
+        }
+        Ok(())
+    }
+
+    /// Marks in `uses` (this memory's, locked) the end of an access whose work is queued on
+    /// `stream`; returns the events it makes stale, for the caller to drop once unlocked.
     // Without the `cuda` feature there are no events: what handles one never runs.
     #[cfg_attr(not(feature = "cuda"), allow(unreachable_code))]
-    pub(crate) fn ended_on(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
+    fn mark_end(
+        &self,
+        uses: &mut Uses,
+        stream: &Stream,
+        access: Access,
+    ) -> Result<Vec<RawEvent>, PoolError> {
         let backend = self.device.backend();
         let event = backend.record_event(&stream.raw)?;
         let me = stream.id();
-        let mut uses = lock(&self.uses);
         let mut stale = Vec::new();
         match access {
             Access::Write => {
-                // Every read since the last write was waited for when this write began.
+                // Every read since the last write was waited for when this write began: none was
+                // on another stream while the write was open (eager reads need the `&SharedMat` the
+                // write borrows mutably; replays are refused), and this stream's are before it.
                 stale.extend(uses.reads.drain(..).map(|(_, e)| e));
                 stale.extend(uses.write.take().map(|(_, e)| e));
                 uses.write = event.map(|e| (me, e));
@@ -240,11 +324,7 @@ impl SharedMemory {
                 }
             }
         }
-        drop(uses);
-        for e in stale {
-            backend.drop_event(e);
-        }
-        Ok(())
+        Ok(stale)
     }
 }
 
