@@ -1079,15 +1079,14 @@ impl RankGraphs<'_> {
                     .into(),
             });
         }
-        for (i, graph) in self.graphs.iter().enumerate() {
-            if let Err(e) = graph.launch() {
-                if i > 0 {
-                    self.comms.out_of_step.set(true);
-                }
-                return Err(e);
+        // Every rank's checks (a refused shared-memory access among them) come before any rank
+        // is queued: only a failure part-way puts the ranks out of step.
+        Graph::launch_together(&self.graphs).map_err(|(i, e)| {
+            if i > 0 {
+                self.comms.out_of_step.set(true);
             }
-        }
-        Ok(())
+            e
+        })
     }
 
     /// Each rank's graph's nodes, rank order not guaranteed.

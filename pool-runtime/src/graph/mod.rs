@@ -66,7 +66,7 @@ use crate::backend::cuda::{ContextGuard, driver_error};
 use crate::capturing::{self, ThreadCapture};
 use crate::error::PoolError;
 use crate::stack::Block;
-use crate::stream::{SharedAccesses, Stream};
+use crate::stream::{SharedAccesses, SharedMemory, Stream};
 
 pub use family::GraphFamily;
 
@@ -111,6 +111,27 @@ impl Graph<'_> {
     /// if the graph accesses a [`SharedMat`](crate::SharedMat) that a guard on another stream
     /// still accesses in a conflicting way (see [`crate::shared`]): nothing is queued.
     pub fn launch(&self) -> Result<(), PoolError> {
+        Graph::launch_together(std::slice::from_ref(self)).map_err(|(_, e)| e)
+    }
+
+    /// Replays `graphs` in order, each on its stream, as one step for their shared memory: every
+    /// graph's checks (and a refusal) come before any is queued. An error comes with how many
+    /// graphs were queued before it.
+    pub(crate) fn launch_together(graphs: &[Graph<'_>]) -> Result<(), (usize, PoolError)> {
+        for graph in graphs {
+            graph.ready().map_err(|e| (0, e))?;
+        }
+        let parts: Vec<_> = graphs
+            .iter()
+            .map(|g| (g.stream, g.shared.accesses()))
+            .collect();
+        // Each replay is an access of the shared memory its capture accessed: ordered after the
+        // accesses it conflicts with, and before later ones.
+        SharedMemory::replay(&parts, |i| graphs[i].queue())
+    }
+
+    /// What must hold before a replay is queued.
+    fn ready(&self) -> Result<(), PoolError> {
         self.stream.work_stream("Graph::launch")?;
         if let Some(region) = self.family {
             if self.stream.in_own_capture() {
@@ -122,15 +143,16 @@ impl Graph<'_> {
             }
             region.cover(self.stream)?;
         }
-        // Each replay is an access of the shared memory the capture accessed: ordered after the
-        // accesses it conflicts with, and before later ones.
-        self.shared.replay(self.stream, || {
-            let _guard = ContextGuard::bind(&self.exec.ctx)?;
-            // SAFETY: `exec` is a live executable graph of this context (owned by `self`), and
-            // the stream is the graph's own, alive while it is borrowed.
-            unsafe { result::graph::launch(self.exec.exec, self.cu_stream) }
-                .map_err(|e| driver_error("cuGraphLaunch", e))
-        })
+        Ok(())
+    }
+
+    /// Queues one replay.
+    fn queue(&self) -> Result<(), PoolError> {
+        let _guard = ContextGuard::bind(&self.exec.ctx)?;
+        // SAFETY: `exec` is a live executable graph of this context (owned by `self`), and the
+        // stream is the graph's own, alive while it is borrowed.
+        unsafe { result::graph::launch(self.exec.exec, self.cu_stream) }
+            .map_err(|e| driver_error("cuGraphLaunch", e))
     }
 
     /// What the graph is made of: its nodes counted by kind. A graph of pooled work has no

@@ -14,7 +14,7 @@ use crate::error::PoolError;
 use crate::stack::{Block, Release, Stack};
 
 use super::Stream;
-use super::sharing::{Access, SharedMemory};
+use super::sharing::{Access, SharedMemory, SharedUse};
 
 /// A stream's graph state.
 #[derive(Default)]
@@ -312,31 +312,16 @@ impl Stream {
 }
 
 /// The shared memory a graph's replays access: each replay is an access, ordered on the graph's
-/// stream like one outside a capture.
+/// stream like one outside a capture ([`SharedMemory::replay`]).
 #[cfg(feature = "cuda")]
 #[derive(Default)]
 pub(crate) struct SharedAccesses(Vec<(Arc<SharedMemory>, Access)>);
 
 #[cfg(feature = "cuda")]
 impl SharedAccesses {
-    /// Queues `launch`, a replay on `stream`, ordered as an access of the shared memory the
-    /// capture accessed ([`SharedMemory::replay`]); inside a capture of `stream`, notes the
-    /// accesses for that capture's graph instead.
-    pub(crate) fn replay(
-        &self,
-        stream: &Stream,
-        launch: impl FnOnce() -> Result<(), PoolError>,
-    ) -> Result<(), PoolError> {
-        if self.0.is_empty() {
-            return launch();
-        }
-        if stream.in_own_capture() {
-            for (memory, access) in &self.0 {
-                stream.note_shared_access(memory, *access);
-            }
-            return launch();
-        }
-        SharedMemory::replay(&self.0, stream, launch)
+    /// The accesses, for [`SharedMemory::replay`].
+    pub(crate) fn accesses(&self) -> &[SharedUse] {
+        &self.0
     }
 }
 

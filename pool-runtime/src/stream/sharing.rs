@@ -40,6 +40,9 @@ impl Access {
     }
 }
 
+/// One memory a graph accesses, and how.
+pub(crate) type SharedUse = (Arc<SharedMemory>, Access);
+
 /// A device allocation that no stream owns, and the events that order the work on it.
 ///
 /// Freed when the last holder drops it (the `SharedMat` and the graphs that recorded an access),
@@ -157,66 +160,94 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// Queues `launch`, a graph replay on `stream` that makes each of `accesses`, as one access
-    /// of each memory: ordered after the accesses it conflicts with, and marked for later ones to
-    /// wait on. The memories stay locked from the check to the marks, so no access can begin in
-    /// between and miss the replay.
+    /// Queues replays of graphs, `launch(i)` for each of `parts` in order, where part `i` is the
+    /// stream replay `i` is queued on and the accesses it makes: each replay is an access of each
+    /// of its memories, ordered after the accesses it conflicts with and marked for later ones to
+    /// wait on. The memories stay locked from the first check to the last mark, so no access can
+    /// begin in between and miss a replay, and a refusal comes before anything is queued (what
+    /// NCCL's rank graphs, replayed together, need to stay in step).
     ///
     /// A conflicting access still open on another stream is refused
     /// (`PoolError::SharedAccessOpen`): unlike an eager access, a replay borrows no `SharedMat`,
     /// so an open guard may be alive (another thread's, under an `RwLock`) with its work not all
-    /// queued, and nothing can order the replay after that.
+    /// queued, and nothing can order the replay after that. Parts on a stream inside its own
+    /// capture are noted for that capture's graph instead. If `launch(i)` fails, the replays
+    /// before it are marked, and its error returned with `i`.
     #[cfg(feature = "cuda")]
     pub(crate) fn replay(
-        accesses: &[(Arc<SharedMemory>, Access)],
-        stream: &Stream,
-        launch: impl FnOnce() -> Result<(), PoolError>,
-    ) -> Result<(), PoolError> {
+        parts: &[(&Stream, &[SharedUse])],
+        mut launch: impl FnMut(usize) -> Result<(), PoolError>,
+    ) -> Result<(), (usize, PoolError)> {
+        let eager = |stream: &Stream| !stream.in_own_capture();
         // One lock a memory, taken in address order so that two replays cannot deadlock.
-        let mut each: Vec<(&Arc<SharedMemory>, Access)> = Vec::with_capacity(accesses.len());
-        for (memory, access) in accesses {
-            match each.iter_mut().find(|(m, _)| Arc::ptr_eq(m, memory)) {
-                Some((_, a)) => *a = (*a).max(*access),
-                None => each.push((memory, *access)),
+        let mut memories: Vec<&Arc<SharedMemory>> = parts
+            .iter()
+            .filter(|(stream, _)| eager(stream))
+            .flat_map(|(_, accesses)| accesses.iter().map(|(m, _)| m))
+            .collect();
+        memories.sort_by_key(|m| Arc::as_ptr(m));
+        memories.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        let mut locked: Vec<_> = memories.iter().map(|m| lock(&m.uses)).collect();
+        let slot = |memory: &Arc<SharedMemory>| {
+            memories
+                .binary_search_by_key(&Arc::as_ptr(memory), |m| Arc::as_ptr(m))
+                .expect("every memory of an eager part was locked")
+        };
+        for (stream, accesses) in parts {
+            if !eager(stream) {
+                for (memory, access) in *accesses {
+                    stream.note_shared_access(memory, *access);
+                }
+                continue;
             }
-        }
-        each.sort_by_key(|(m, _)| Arc::as_ptr(m));
-        let mut locked: Vec<_> = each.iter().map(|(m, _)| lock(&m.uses)).collect();
-        let me = stream.id();
-        for (uses, (_, access)) in locked.iter().zip(&each) {
-            let open = uses.open.iter().find(|o| {
-                o.stream != me && (*access == Access::Write || o.access == Access::Write)
-            });
-            if let Some(open) = open {
-                return Err(PoolError::SharedAccessOpen {
-                    what: "Graph::launch",
-                    replay: access.name(),
-                    open: open.access.name(),
-                    stream: open.stream,
+            for (memory, access) in *accesses {
+                let uses = &locked[slot(memory)];
+                let me = stream.id();
+                let open = uses.open.iter().find(|o| {
+                    o.stream != me && (*access == Access::Write || o.access == Access::Write)
                 });
+                if let Some(open) = open {
+                    return Err((
+                        0,
+                        PoolError::SharedAccessOpen {
+                            what: "Graph::launch",
+                            replay: access.name(),
+                            open: open.access.name(),
+                            stream: open.stream,
+                        },
+                    ));
+                }
+                Self::wait_for_conflicts(uses, stream, *access, false).map_err(|e| (0, e))?;
             }
-            Self::wait_for_conflicts(uses, stream, *access, false)?;
         }
-        launch()?;
-        let mut stale = Vec::new();
         let mut failed = None;
-        for (uses, (memory, access)) in locked.iter_mut().zip(&each) {
-            match memory.mark_end(uses, stream, *access) {
-                Ok(done) => stale.extend(done),
-                Err(e) => failed = Some(e),
+        for i in 0..parts.len() {
+            if let Err(e) = launch(i) {
+                failed = Some((i, e));
+                break;
+            }
+        }
+        let launched = failed.as_ref().map_or(parts.len(), |(i, _)| *i);
+        let mut stale = Vec::new();
+        let mut unmarked = Vec::new();
+        for (stream, accesses) in parts[..launched].iter().filter(|(s, _)| eager(s)) {
+            for (memory, access) in *accesses {
+                match memory.mark_end(&mut locked[slot(memory)], stream, *access) {
+                    Ok(done) => stale.extend(done.into_iter().map(|e| (memory, e))),
+                    Err(e) => unmarked.push((*stream, e)),
+                }
             }
         }
         drop(locked);
-        let backend = stream.device.backend();
-        for e in stale {
-            backend.drop_event(e);
+        for (memory, e) in stale {
+            memory.device.backend().drop_event(e);
         }
-        if let Some(e) = failed {
+        for (stream, e) in unmarked {
             // No event marks the replay: the host waits for it, so later accesses cannot race it.
-            tracing::error!(stream = me, error = %e, "ordering shared memory after a graph replay failed; waiting for the stream");
-            stream.synchronize()?;
+            tracing::error!(stream = stream.id(), error = %e, "ordering shared memory after a graph replay failed; waiting for the stream");
+            stream.synchronize().map_err(|e| (launched, e))?;
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// The last write, and for a write every read since, on streams other than `stream`: waited
