@@ -8,20 +8,32 @@
 //!
 //! Names are resolved as Rust does for locals, closely enough never to refuse a call that drops
 //! something else: a `let` (or a closure parameter, a `match` arm, an `if let`/`while let`/`for`
-//! pattern) shadows a buffer's name, and a name bound in a block ends with the block. The walk
-//! goes where [`Rewriter`] goes, so into closures, and also into the body of a nested `gpu_scope!`:
-//! a drop there, of its buffers or of the enclosing ones, is reported by the outermost macro, which
-//! then does not expand the nested one, so each is reported once and all in one build. It stops at
-//! nested items, which cannot name the body's locals, and at other macros.
+//! pattern) shadows a buffer's name, and a name bound in a block ends with the block. An item of a
+//! block (`const`, `static`, `fn`, a `use`, any item) hides a buffer of an enclosing block in the
+//! whole block, before its declaration too; a `let` of the block itself still wins over it, as in
+//! Rust. A glob `use` may bring in any name, so it hides every buffer of enclosing blocks.
+//!
+//! Where the check cannot tell, it does not refuse. Another macro given a name may bind it: a
+//! `macro_rules!` such as `pin_mut!(x)` expands to `let x = ..;`, one in statement position may
+//! also expand to an item. So after a macro whose tokens mention a name, that name is not known to
+//! be a buffer in the macro's scope, nor anywhere in the block of a statement macro (as for an
+//! item). A macro that does not mention the name (`println!("done")`) changes nothing.
+//!
+//! The walk goes where [`Rewriter`] goes, so into closures, and also into the body of a nested
+//! `gpu_scope!`: a drop there, of its buffers or of the enclosing ones, is reported by the
+//! outermost macro, which then does not expand the nested one, so each is reported once and all
+//! in one build. It stops at nested items, which cannot name the body's locals, and at other
+//! macros, whose tokens it cannot read as Rust.
 //!
 //! [`Rewriter`]: crate::rewrite::Rewriter
 
+use proc_macro2::{TokenStream, TokenTree};
 use syn::visit::{self, Visit};
-use syn::{Block, Expr, ExprCall, Ident, Macro, Pat};
+use syn::{Block, Expr, ExprCall, Ident, Item, Macro, Pat, Stmt, UseTree};
 
 use crate::args::ScopeArgs;
 use crate::error::Errors;
-use crate::rewrite::{declares_buffer, is_gpu_scope};
+use crate::rewrite::{declares_buffer, is_buffer, is_gpu_scope};
 
 /// Every `drop(NAME)` in `block` whose `NAME` is a `buffer!` handle declared by this expansion.
 pub(crate) fn check(block: &Block) -> Errors {
@@ -34,8 +46,8 @@ pub(crate) fn check(block: &Block) -> Errors {
 }
 
 struct Binding {
-    /// Unraw, so `r#type` and `type` are one name.
-    name: String,
+    /// Unraw, so `r#type` and `type` are one name; `None` for every name (a glob `use`).
+    name: Option<String>,
     /// Declared by `let name = buffer!(..)?;`.
     buffer: bool,
 }
@@ -54,7 +66,8 @@ impl DropCheck {
     }
 
     /// Binds every name of `pat` in the innermost scope. A name that is in fact a constant or a
-    /// unit struct (`None`) is bound too: it can only hide a buffer, never make one up.
+    /// unit struct (`None`) is bound too: it can only hide a buffer, never make one up. So is every
+    /// name given to a macro in the pattern, which may bind it.
     fn bind(&mut self, pat: &Pat, buffer: bool) {
         struct Names<'a>(&'a mut Vec<String>);
         impl<'ast> Visit<'ast> for Names<'_> {
@@ -62,14 +75,38 @@ impl DropCheck {
                 self.0.push(unraw(&p.ident));
                 visit::visit_pat_ident(self, p);
             }
+
+            fn visit_macro(&mut self, mac: &'ast Macro) {
+                mentioned(mac.tokens.clone(), self.0);
+            }
         }
         let mut names = Vec::new();
         Names(&mut names).visit_pat(pat);
+        self.bind_names(names.into_iter().map(Some), buffer);
+    }
+
+    fn bind_names(&mut self, names: impl IntoIterator<Item = Option<String>>, buffer: bool) {
         if self.scopes.is_empty() {
             self.scopes.push(Vec::new());
         }
         let scope = self.scopes.last_mut().expect("a scope is open");
         scope.extend(names.into_iter().map(|name| Binding { name, buffer }));
+    }
+
+    /// Binds what the items of a block declare, before its first statement: an item is visible
+    /// in its whole block, but the block's own `let`s, bound after, still win over it. A macro in
+    /// statement position may expand to items, so the names it is given count as declared too.
+    fn declare_items(&mut self, stmts: &[Stmt]) {
+        let mut names = Vec::new();
+        for stmt in stmts {
+            match stmt {
+                Stmt::Item(item) => item_names(item, &mut names),
+                Stmt::Macro(m) => macro_names(&m.mac, &mut names),
+                Stmt::Expr(Expr::Macro(m), _) => macro_names(&m.mac, &mut names),
+                Stmt::Local(_) | Stmt::Expr(..) => {}
+            }
+        }
+        self.bind_names(names, false);
     }
 
     /// The binding `name` refers to here, if the body declares it.
@@ -79,13 +116,20 @@ impl DropCheck {
             .iter()
             .rev()
             .flat_map(|scope| scope.iter().rev())
-            .find(|b| b.name == name)
+            .find(|b| b.name.as_ref().is_none_or(|n| *n == name))
     }
 
     fn check_call(&mut self, call: &ExprCall) {
         let Some(callee) = drop_fn(&call.func) else {
             return;
         };
+        // A `drop` or `mem` bound in the body (`fn drop`, `let drop = |..| ..`) is the user's own.
+        if let Expr::Path(p) = &*call.func
+            && p.path.leading_colon.is_none()
+            && self.resolve(&p.path.segments[0].ident).is_some()
+        {
+            return;
+        }
         let [arg] = call.args.iter().collect::<Vec<_>>()[..] else {
             return;
         };
@@ -117,7 +161,10 @@ impl DropCheck {
 
 impl<'ast> Visit<'ast> for DropCheck {
     fn visit_block(&mut self, block: &'ast Block) {
-        self.scoped(|this| visit::visit_block(this, block));
+        self.scoped(|this| {
+            this.declare_items(&block.stmts);
+            visit::visit_block(this, block);
+        });
     }
 
     fn visit_local(&mut self, local: &'ast syn::Local) {
@@ -198,11 +245,114 @@ impl<'ast> Visit<'ast> for DropCheck {
     }
 
     fn visit_macro(&mut self, mac: &'ast Macro) {
-        self.nested_scope(mac);
+        if is_gpu_scope(mac) {
+            self.nested_scope(mac);
+        } else if !is_buffer(mac) {
+            // `pin_mut!(x)` expands to `let x = ..;`: after it, `x` may be something else.
+            let mut names = Vec::new();
+            mentioned(mac.tokens.clone(), &mut names);
+            self.bind_names(names.into_iter().map(Some), false);
+        }
     }
 
     fn visit_item(&mut self, _: &'ast syn::Item) {
         // A nested item cannot name the body's locals.
+    }
+}
+
+/// Every name a block item declares, in any namespace: one that is a type or a module cannot be
+/// what `drop(x)` drops, but counting it keeps the rule simple and costs nothing a program would
+/// write. `None` stands for every name, for what cannot be read: a glob `use`, an item given as
+/// tokens.
+fn item_names(item: &Item, out: &mut Vec<Option<String>>) {
+    let ident = match item {
+        Item::Const(i) => &i.ident,
+        Item::Enum(i) => &i.ident,
+        Item::ExternCrate(i) => i.rename.as_ref().map_or(&i.ident, |(_, rename)| rename),
+        Item::Fn(i) => &i.sig.ident,
+        Item::Mod(i) => &i.ident,
+        Item::Static(i) => &i.ident,
+        Item::Struct(i) => &i.ident,
+        Item::Trait(i) => &i.ident,
+        Item::TraitAlias(i) => &i.ident,
+        Item::Type(i) => &i.ident,
+        Item::Union(i) => &i.ident,
+        Item::ForeignMod(m) => {
+            for item in &m.items {
+                match item {
+                    syn::ForeignItem::Fn(f) => out.push(Some(unraw(&f.sig.ident))),
+                    syn::ForeignItem::Static(s) => out.push(Some(unraw(&s.ident))),
+                    syn::ForeignItem::Type(t) => out.push(Some(unraw(&t.ident))),
+                    syn::ForeignItem::Macro(m) => macro_names(&m.mac, out),
+                    _ => out.push(None),
+                }
+            }
+            return;
+        }
+        Item::Use(u) => return use_names(&u.tree, &mut Vec::new(), out),
+        // `macro_rules! name` declares a macro, which `drop(name)` cannot name.
+        Item::Macro(m) if m.ident.is_some() => return,
+        Item::Macro(m) => return macro_names(&m.mac, out),
+        // An `impl` declares nothing in the block's scope.
+        Item::Impl(_) => return,
+        _ => return out.push(None),
+    };
+    out.push(Some(unraw(ident)));
+}
+
+/// The names a `use` brings into scope. Importing gpu-pool's own spelling of `drop` (`use
+/// std::mem;`, `use core::mem::drop;`) hides nothing: `drop(x)` and `mem::drop(x)` still mean it.
+fn use_names(tree: &UseTree, path: &mut Vec<String>, out: &mut Vec<Option<String>>) {
+    let std_drop = |path: &[String], leaf: &str| {
+        let mut full: Vec<&str> = path.iter().map(String::as_str).collect();
+        full.push(leaf);
+        matches!(
+            full[..],
+            ["std" | "core", "mem"] | ["std" | "core", "mem", "drop"]
+        )
+    };
+    match tree {
+        UseTree::Path(p) => {
+            path.push(unraw(&p.ident));
+            use_names(&p.tree, path, out);
+            path.pop();
+        }
+        // `use a::b::{self}` brings in `b`.
+        UseTree::Name(n) if n.ident == "self" => {
+            if let Some((leaf, prefix)) = path.split_last()
+                && !std_drop(prefix, leaf)
+            {
+                out.push(Some(leaf.clone()));
+            }
+        }
+        UseTree::Name(n) if std_drop(path, &unraw(&n.ident)) => {}
+        UseTree::Name(n) => out.push(Some(unraw(&n.ident))),
+        UseTree::Rename(r) if r.rename == "_" => {}
+        UseTree::Rename(r) if std_drop(path, &unraw(&r.ident)) && r.rename == r.ident => {}
+        UseTree::Rename(r) => out.push(Some(unraw(&r.rename))),
+        UseTree::Glob(_) => out.push(None),
+        UseTree::Group(g) => g.items.iter().for_each(|tree| use_names(tree, path, out)),
+    }
+}
+
+/// What a macro other than gpu-pool's own may declare: every name it is given.
+fn macro_names(mac: &Macro, out: &mut Vec<Option<String>>) {
+    if is_buffer(mac) || is_gpu_scope(mac) {
+        return;
+    }
+    let mut names = Vec::new();
+    mentioned(mac.tokens.clone(), &mut names);
+    out.extend(names.into_iter().map(Some));
+}
+
+/// Every identifier in `tokens`, unraw, in groups too.
+fn mentioned(tokens: TokenStream, out: &mut Vec<String>) {
+    for token in tokens {
+        match token {
+            TokenTree::Ident(ident) => out.push(unraw(&ident)),
+            TokenTree::Group(group) => mentioned(group.stream(), out),
+            TokenTree::Punct(_) | TokenTree::Literal(_) => {}
+        }
     }
 }
 
@@ -390,5 +540,95 @@ mod tests {
             drop(y);
         }));
         assert!(found.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_macro_given_the_name_may_rebind_it_from_there_on() {
+        let found = messages(quote::quote!({
+            let x = buffer!(8; u8)?;
+            rebind!(x); // `let x = something_else;`, as `pin_mut!` expands
+            drop(x);
+            let y = buffer!(8; u8)?;
+            let n = format!("{}", other);
+            println!("done");
+            drop(y); // refused: no macro was given `y`
+            let z = buffer!(8; u8)?;
+            drop(z); // refused: the macro comes after, and a `let` of this block beats its items
+            pin_mut!(z);
+            let w = buffer!(8; u8)?;
+            {
+                rebind!(w);
+            }
+            drop(w); // refused: what the macro bound ended with its block
+            let v = buffer!(8; u8)?;
+            let len = take!(v.len());
+            drop(v);
+            let u = buffer!(8; u8)?;
+            if let some!(u) = opt {
+                drop(u); // `some!(u)` may bind `u`
+            }
+        }));
+        let refused: Vec<_> = found.iter().map(|m| &m[..9]).collect();
+        assert_eq!(
+            refused,
+            ["`drop(y)`", "`drop(z)`", "`drop(w)`"],
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn an_item_of_a_block_hides_outer_buffers_in_the_whole_block() {
+        let found = messages(quote::quote!({
+            let x = buffer!(8; u8)?;
+            {
+                const x: u32 = 3;
+                drop(x);
+            }
+            {
+                static r#x: u32 = 3;
+                drop(x);
+            }
+            {
+                drop(x);
+                fn x() {}
+            }
+            {
+                drop(x);
+                declare!(x); // may expand to `fn x() {}`
+            }
+            {
+                use values::*;
+                drop(x);
+            }
+            {
+                use values::{other, y as x};
+                drop(x);
+            }
+            {
+                extern "C" {
+                    fn x();
+                }
+                drop(x);
+            }
+            {
+                fn drop<T>(_: T) {}
+                drop(x); // the user's own `drop`
+            }
+            {
+                use std::mem::{self, drop};
+                drop(x); // refused: still std's
+                mem::drop(x); // refused
+            }
+            drop(x); // refused: every item ended with its block
+            let y = buffer!(8; u8)?;
+            fn y() {}
+            drop(y); // refused: a `let` beats an item of its own block
+        }));
+        let refused: Vec<_> = found.iter().map(|m| m.split(' ').next().unwrap()).collect();
+        assert_eq!(
+            refused,
+            ["`drop(x)`", "`mem::drop(x)`", "`drop(x)`", "`drop(y)`"],
+            "{found:?}"
+        );
     }
 }

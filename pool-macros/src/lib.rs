@@ -74,8 +74,11 @@ use proc_macro::TokenStream;
 /// release nothing (the handle only borrows the owner), so it is a compile error that says so,
 /// spelled `drop`, `mem::drop`, `std::mem::drop` or `core::mem::drop`, wherever `name` still
 /// names the buffer: in inner blocks, closures and nested `gpu_scope!`s, not once a later `let`,
-/// a closure parameter or a pattern shadows it. `std::mem::forget(name)` and `let _ = name;` are
-/// harmless: the owner still gives the memory back.
+/// a closure parameter or a pattern shadows it, nor in a block with an item of that name (`const`,
+/// `static`, `fn`, `use`, declared before or after the call). Where it cannot tell, it does not
+/// refuse: after another macro given the name (`pin_mut!(name)` rebinds it), and in a block with a
+/// glob `use`. `std::mem::forget(name)` and `let _ = name;` are harmless: the owner still gives
+/// the memory back.
 ///
 /// ```compile_fail
 /// use gpu_pool::prelude::*;

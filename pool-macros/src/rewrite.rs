@@ -128,7 +128,7 @@ impl Postfix {
 }
 
 /// gpu-pool's `buffer!` (see [`is_ours`]).
-fn is_buffer(mac: &Macro) -> bool {
+pub(crate) fn is_buffer(mac: &Macro) -> bool {
     is_ours(mac, "buffer")
 }
 
