@@ -111,7 +111,11 @@ impl Graph<'_> {
     /// if the graph accesses a [`SharedMat`](crate::SharedMat) that a guard on another stream
     /// still accesses in a conflicting way (see [`crate::shared`]): nothing is queued.
     pub fn launch(&self) -> Result<(), PoolError> {
-        Graph::launch_together(std::slice::from_ref(self)).map_err(|(_, e)| e)
+        self.ready()?;
+        // Each replay is an access of the shared memory its capture accessed: ordered after the
+        // accesses it conflicts with, and before later ones.
+        SharedMemory::replay(&[(self.stream, self.shared.accesses())], |_| self.queue())
+            .map_err(|(_, e)| e)
     }
 
     /// Replays `graphs` in order, each on its stream, as one step for their shared memory: every
@@ -125,8 +129,6 @@ impl Graph<'_> {
             .iter()
             .map(|g| (g.stream, g.shared.accesses()))
             .collect();
-        // Each replay is an access of the shared memory its capture accessed: ordered after the
-        // accesses it conflicts with, and before later ones.
         SharedMemory::replay(&parts, |i| graphs[i].queue())
     }
 

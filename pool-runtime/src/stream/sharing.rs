@@ -178,6 +178,10 @@ impl SharedMemory {
         parts: &[(&Stream, &[SharedUse])],
         mut launch: impl FnMut(usize) -> Result<(), PoolError>,
     ) -> Result<(), (usize, PoolError)> {
+        if parts.iter().all(|(_, accesses)| accesses.is_empty()) {
+            // Graphs of stream-owned memory only: nothing to order, nothing to allocate.
+            return (0..parts.len()).try_for_each(|i| launch(i).map_err(|e| (i, e)));
+        }
         let eager = |stream: &Stream| !stream.in_own_capture();
         // One lock a memory, taken in address order so that two replays cannot deadlock.
         let mut memories: Vec<&Arc<SharedMemory>> = parts
