@@ -302,7 +302,7 @@ impl Stream {
     /// to measure one phase of a program: afterwards
     /// [`stack_high_water`](StreamStats::stack_high_water) equals `stack_in_use`,
     /// [`peak_demand`](StreamStats::peak_demand) equals the stack in use plus the live fallback
-    /// buffers it would have held, and [`peak_at`](StreamStats::peak_at) is `None` until a take
+    /// buffers it would have held (placed, padding included, as it would have placed them), and [`peak_at`](StreamStats::peak_at) is `None` until a take
     /// raises the mark again. Counts (allocations, fallbacks, driver calls, violations) and the
     /// fallback sites are totals, not peaks, and are kept.
     ///
