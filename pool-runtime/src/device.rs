@@ -480,7 +480,8 @@ impl Device {
     /// afterwards [`peak_streams_wanting_stack`](DeviceStats::peak_streams_wanting_stack) is the
     /// number of streams that hold or want a stack now, and
     /// [`peak_stream_demand`](DeviceStats::peak_stream_demand) the largest demand of a live stream
-    /// now (its stack in use plus the live fallback buffers the stack would have held), so
+    /// now (its stack in use plus the live fallback buffers the stack would have held, padding
+    /// included), so
     /// [`recommended_config`](DeviceStats::recommended_config) covers what comes next. Dropped
     /// streams use nothing, so their peaks are forgotten; counts and fallback sites are totals and
     /// are kept.

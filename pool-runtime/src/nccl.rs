@@ -381,9 +381,9 @@ impl<'s> Communicators<'s> {
         }
         let streams: Vec<&'a Stream> = self.ranks.iter().map(|r| r.stream).collect();
         let made = Rc::new(RefCell::new(Vec::new()));
-        self.capturing.set(true);
+        let marked = Marked::set(&self.capturing);
         let captured = nested_captures(streams, Box::new(work), made.clone());
-        self.capturing.set(false);
+        drop(marked);
         captured?;
         let graphs = Rc::try_unwrap(made)
             .map_err(|_| PoolError::Unsupported {
@@ -558,6 +558,23 @@ impl Drop for Communicators<'_> {
                 tracing::error!(error = %failed("ncclCommDestroy")(e), "destroying an NCCL communicator failed");
             }
         }
+    }
+}
+
+/// A flag set for as long as this lives: cleared when dropped, by a panic in the work it marks too
+/// (a flag left set would refuse every later capture and registration).
+struct Marked<'a>(&'a Cell<bool>);
+
+impl<'a> Marked<'a> {
+    fn set(flag: &'a Cell<bool>) -> Marked<'a> {
+        flag.set(true);
+        Marked(flag)
+    }
+}
+
+impl Drop for Marked<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
     }
 }
 

@@ -324,11 +324,8 @@ impl Stack {
     pub(crate) fn take_aligned(&self, bytes: usize, align: usize) -> Option<(usize, Block)> {
         debug_assert!(align.is_power_of_two() && align <= self.align.max(MAX_ELEMENT_ALIGN));
         let prev_top = self.top.get();
-        // No overflow: prev_top <= size <= usize::MAX - max(self.align, MAX_ELEMENT_ALIGN).
-        let offset = (prev_top + align - 1) & !(align - 1);
-        let end = offset
-            .checked_add(bytes)
-            .filter(|&end| end <= self.limit.get())?;
+        let (offset, end) =
+            Stack::place(prev_top, bytes, align).filter(|&(_, end)| end <= self.limit.get())?;
         self.top.set(end);
         #[cfg(debug_assertions)]
         {
@@ -338,6 +335,16 @@ impl Stack {
             self.trace.set((takes + 1, digest));
         }
         Some((offset, Block { end, prev_top }))
+    }
+
+    /// Where a block of `bytes` taken with the top at `top` lies, starting on the next multiple of
+    /// `align` (a power of two): its offset and its end, or `None` past `usize::MAX`. The one
+    /// placement rule, of every stack and of the unlimited stack a stream's demand is measured on
+    /// (`stream/sizing.rs`), so the two agree to the byte.
+    #[inline(always)]
+    pub(crate) fn place(top: usize, bytes: usize, align: usize) -> Option<(usize, usize)> {
+        let offset = top.checked_add(align - 1)? & !(align - 1);
+        Some((offset, offset.checked_add(bytes)?))
     }
 
     /// Gives `block` back. Reclaims it at once if it is topmost, else once everything above it is

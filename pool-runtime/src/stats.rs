@@ -44,16 +44,13 @@ pub(crate) struct StreamCounters {
     pub(crate) fallback: [Counter; FallbackReason::ALL.len()],
     /// Bytes the stack would have held with unlimited room: stack use plus live overflow buffers.
     pub(crate) demand_peak: Counter,
-    /// Bytes of live fallback buffers that a large enough stack would have held (the stream's own
-    /// copy, for readers on other threads: what a demand peak is reset to).
-    pub(crate) overflow_live: Counter,
+    /// How far the stream's demand is above its stack's top now: the top of the stack it would
+    /// have with unlimited room (`stream/sizing.rs`) less the real one. Kept by the stream for
+    /// readers on other threads: a demand peak is reset to the top plus this.
+    pub(crate) demand_over_top: Counter,
     pub(crate) driver_alloc_calls: Counter,
     pub(crate) driver_free_calls: Counter,
     pub(crate) lifo_violations: Counter,
-    /// `Stream::measure` calls under way on the stream (nested ones included).
-    pub(crate) measuring: Counter,
-    /// While one is: the demand peaks that resets lowered, kept for the measurement.
-    pub(crate) measured_peak: Counter,
     /// Bytes of memory behind the stream's stack: a fixed stack's size, or what a growable one
     /// has mapped.
     pub(crate) stack_mapped: Counter,
@@ -79,20 +76,18 @@ impl StreamCounters {
         }
     }
 
-    /// The stack bytes plus the live fallback bytes the stack would have held, now.
+    /// The bytes the stack would hold now with unlimited room.
     pub(crate) fn demand_now(&self) -> u64 {
         self.stack_in_use
             .get()
-            .saturating_add(self.overflow_live.get())
+            .saturating_add(self.demand_over_top.get())
     }
 
     /// Sets the peaks to what is in use now: the stack's high-water mark to `stack` where given
     /// (the stream's own thread decides, as a capture may be measuring with it), and the demand
-    /// peak to `demand`.
+    /// peak to `demand`. A measurement under way (`Stream::measure`) keeps a mark of its own,
+    /// which this does not touch.
     pub(crate) fn reset_peaks(&self, stack: Option<usize>, demand: u64) {
-        if self.measuring.get() > 0 {
-            self.measured_peak.raise_to(self.demand_peak.get());
-        }
         if let Some(top) = stack {
             self.stack_high_water.set(top as u64);
         }
@@ -161,7 +156,8 @@ pub struct StreamStats {
     pub stack_allocations: u64,
     /// Buffers served by the fallback allocator, by reason.
     pub fallback_allocations: FallbackCounts,
-    /// The most bytes the stack would have held at once had it been large enough: the stack size
+    /// The most bytes the stack would have held at once had it been large enough (fallback buffers
+    /// counted where it would have placed them, alignment padding included): the stack size
     /// that avoids every `StackFull` and `TooLarge` fallback of this stream. Since the stream was
     /// made or the last [`Stream::reset_peak`](crate::Stream::reset_peak) or
     /// [`Device::reset_peak`](crate::Device::reset_peak).

@@ -820,6 +820,104 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
     Ok(())
 }
 
+/// A capture's work: a temporary filled with `value`, copied into `out`.
+fn fill_work<'a>(
+    value: u32,
+    out: &'a mut GpuMat<'_, u32>,
+) -> impl FnOnce(&Stream) -> Result<(), PoolError> + 'a {
+    move |s| {
+        let mut t = BufferPool::new(s).get_buffer::<u32>(out.rows(), out.cols())?;
+        t.set_to(value)?;
+        out.copy_from(&t)
+    }
+}
+
+/// A panic inside each kind of capture (`Stream::capture`, `capture_with`, a family's) ends the
+/// driver's capture, discards its graph and leaves nothing set: the stream is not capturing, its
+/// stack is empty and its high-water mark as it was, and the same capture works right after.
+#[test]
+fn a_panic_inside_any_capture_leaves_the_same_capture_working() -> TestResult {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let Some((gpu, _lock)) = gpu("capture_panics") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 4 * MIB, 1)?;
+    let stream = Stream::new(&gpu)?;
+    let mut out = GpuMat::<u32>::new(&stream, 64, 64)?;
+    drop(BufferPool::new(&stream).get_buffer::<u32>(256, 256)?); // a high-water mark to keep
+    let mark = stream.stats().stack_high_water;
+    let clean = |stream: &Stream, what: &str| -> TestResult {
+        let status = stream.cuda_stream().expect("CUDA").capture_status()?;
+        let stats = stream.stats();
+        println!(
+            "capture_panics: after a panic in {what}: capture status {status:?}, {} stack bytes \
+             in use, high-water mark {} (was {mark})",
+            stats.stack_in_use, stats.stack_high_water
+        );
+        assert_eq!(
+            status,
+            gpu_pool::cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        );
+        assert_eq!(stats.stack_in_use, 0);
+        assert_eq!(stats.stack_high_water, mark);
+        Ok(())
+    };
+    let boom = |s: &Stream| -> Result<(), PoolError> {
+        let _t = BufferPool::new(s).get_buffer::<u32>(64, 64)?;
+        panic!("a kernel launch went wrong")
+    };
+
+    let panicked = catch_unwind(AssertUnwindSafe(|| drop(stream.capture(boom))));
+    assert!(panicked.is_err());
+    clean(&stream, "Stream::capture")?;
+    stream.capture(fill_work(1, &mut out))?.launch()?;
+    assert!(out.to_vec()?.iter().all(|&v| v == 1));
+
+    let panicked = catch_unwind(AssertUnwindSafe(|| {
+        drop(stream.capture_with::<Box<dyn Error>>(|s| Ok(boom(s)?)));
+    }));
+    assert!(panicked.is_err());
+    clean(&stream, "Stream::capture_with")?;
+    stream
+        .capture_with::<Box<dyn Error>>(|s| Ok(fill_work(2, &mut out)(s)?))?
+        .launch()?;
+    assert!(out.to_vec()?.iter().all(|&v| v == 2));
+
+    {
+        let family = stream.graph_family()?;
+        let panicked = catch_unwind(AssertUnwindSafe(|| drop(family.capture(boom))));
+        assert!(panicked.is_err());
+        let status = stream.cuda_stream().expect("CUDA").capture_status()?;
+        println!("capture_panics: after a panic in GraphFamily::capture: {status:?}");
+        family.capture(fill_work(3, &mut out))?.launch()?;
+    }
+    assert!(out.to_vec()?.iter().all(|&v| v == 3));
+    clean(&stream, "GraphFamily::capture (family dropped)")?;
+    Ok(())
+}
+
+/// A panic inside `with_blas_workspace` gives the handle its default workspace back (the guard
+/// runs on unwind): the same call works right after.
+#[cfg(feature = "cublas")]
+#[test]
+fn a_panic_inside_with_blas_workspace_leaves_it_working() -> TestResult {
+    use gpu_pool::with_blas_workspace;
+    let Some((gpu, _lock)) = gpu("blas_workspace_panic") else {
+        return Ok(());
+    };
+    let stream = Stream::new(&gpu)?;
+    let mut blas = stream.cublas()?;
+    let mut room = BufferPool::new(&stream).get_buffer_1d::<u8>(MIB)?;
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = with_blas_workspace(&mut blas, room.view_mut(), |_| panic!("a GEMM went wrong"));
+    }));
+    assert!(panicked.is_err());
+    let again = with_blas_workspace(&mut blas, room.view_mut(), |_| 7);
+    println!("blas_workspace_panic: the call after the panic: {again:?}");
+    assert_eq!(again?, 7);
+    Ok(())
+}
+
 #[cfg(feature = "cublas")]
 #[test]
 fn a_pooled_dense_layer_runs_its_gemm_in_cublas_on_a_stack_buffer() -> TestResult {

@@ -571,3 +571,61 @@ fn one_rank_on_one_gpu_registers_once_and_never_a_growable_stack() -> TestResult
     );
     Ok(())
 }
+
+/// A panic inside `Communicators::capture` leaves the communicators as they were: the same capture
+/// works right after, and so does a registration (the flag the capture sets was left set before,
+/// refusing both for good). One rank is enough: the flag is the communicators'.
+#[test]
+fn a_panic_inside_an_nccl_capture_leaves_captures_and_registrations_working() -> TestResult {
+    let Some((gpu0, _lock)) = gpu("nccl_capture_panic") else {
+        return Ok(());
+    };
+    if !nccl_loads("nccl_capture_panic") {
+        return Ok(());
+    }
+    struct Back<'a>(&'a Device);
+    impl Drop for Back<'_> {
+        fn drop(&mut self) {
+            let _ = gpu_pool::nccl::use_driver_memory(self.0);
+            let _ = self.0.set_pool_config(PoolConfig::default());
+        }
+    }
+    let _back = Back(&gpu0);
+    set_buffer_pool_config(&gpu0, 16 * MIB, 1)?;
+    gpu_pool::nccl::use_nccl_memory(&gpu0)?;
+    let s = Stream::new(&gpu0)?;
+    let rank = Communicators::new(&[&s])?;
+    let mut x = BufferPool::new(&s).get_buffer_1d::<f32>(4096)?;
+    x.set_to(2.5)?;
+    rank.group(|g| g.all_reduce_in_place(0, &mut x, Reduce::Sum))?; // NCCL connects on first use
+
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = rank.capture(|| panic!("a training step went wrong"));
+    }));
+    assert!(panicked.is_err());
+    let status = s.cuda_stream().expect("CUDA").capture_status()?;
+    assert_eq!(
+        status,
+        cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        "the panic ended the driver's capture"
+    );
+
+    let captured = rank
+        .capture(|| rank.group(|g| g.all_reduce_in_place(0, &mut x, Reduce::Sum)))
+        .map(|graphs| {
+            let launched = graphs.launch();
+            (graphs.nodes().map(|n| n.len()), launched)
+        });
+    println!("nccl_capture_panic: the capture after the panic: {captured:?}");
+    let (ranks, launched) = captured?;
+    launched?;
+    assert_eq!(ranks?, 1);
+    let registered = rank.register_stacks(false);
+    println!(
+        "nccl_capture_panic: a registration after the panic: {:?}",
+        registered.as_ref().map(|r| r.is_window())
+    );
+    drop(registered?);
+    assert!(x.to_vec()?.iter().all(|&v| v == 2.5), "a sum over one rank");
+    Ok(())
+}

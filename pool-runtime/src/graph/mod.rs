@@ -316,8 +316,9 @@ struct Capturing<'s> {
     fence_end: usize,
     /// The stream's capture count when this capture began (the graph's epoch).
     epoch: u64,
-    /// The stream's stack high-water mark before the capture, restored after it.
-    high_water: u64,
+    /// The stream's stack high-water mark before the capture, restored after it (taken by
+    /// whichever comes first: the capture's end, or the guard's drop where it never began).
+    high_water: Option<u64>,
     /// The highest stack offset the captured buffers reached.
     peak: usize,
     /// Marks the capture on this thread until it ends.
@@ -362,7 +363,9 @@ impl Capturing<'_> {
         self.stream.set_own_capture(false);
         self.shared = self.stream.take_shared_accesses();
         self.thread = None;
-        self.peak = self.stream.end_high_water(self.high_water);
+        if let Some(before) = self.high_water.take() {
+            self.peak = self.stream.end_high_water(before);
+        }
         let refused = capturing::take_refused();
         let made = (|| {
             if refused {
@@ -442,6 +445,10 @@ impl Drop for Capturing<'_> {
     fn drop(&mut self) {
         if self.stream.in_own_capture() {
             drop(self.end());
+        }
+        if let Some(before) = self.high_water.take() {
+            // The driver refused to begin: the stream's mark is what it was.
+            self.stream.end_high_water(before);
         }
         if let Some(fence) = self.fence.take() {
             self.stream.release_reserved(fence);
@@ -603,7 +610,7 @@ impl Stream {
             fence,
             fence_end,
             epoch,
-            high_water: self.start_high_water(fence_end),
+            high_water: Some(self.start_high_water(fence_end)),
             peak: fence_end,
             thread: None,
             shared: SharedAccesses::default(),

@@ -20,6 +20,7 @@ use crate::stack::{Block, Release, Stack};
 
 use super::Stream;
 use super::capture::Kept;
+use super::sizing::DemandBlock;
 
 /// Memory a buffer holds and how it goes back: its address, shape and pitch, where it came from,
 /// and the stream it goes back to.
@@ -58,6 +59,9 @@ struct FallbackHeld {
     reason: FallbackReason,
     bytes: usize,
     epoch: u64,
+    /// Its block of the stream's unlimited stack (`stream/sizing.rs`), unless the stream uses no
+    /// stack by choice.
+    demand: Option<DemandBlock>,
 }
 
 impl<'s> Lease<'s> {
@@ -258,8 +262,12 @@ impl Stream {
                 Some(site),
             );
         }
-        c.demand_peak
-            .raise_to((block.end() + self.overflow_live.get()) as u64);
+        if self.demand.hooked() {
+            self.stack_demand(block.end(), layout);
+        } else {
+            // The unlimited stack is the real one: the demand is the top.
+            c.demand_peak.raise_to(block.end() as u64);
+        }
         let ptr = stack.base + offset as DevPtr;
         Ok((ptr, layout.pitch, Held::Stack(block)))
     }
@@ -278,7 +286,7 @@ impl Stream {
         if !stack.is_growable() {
             return None;
         }
-        let end = ((stack.top() + align - 1) & !(align - 1)).checked_add(bytes)?;
+        let (_, end) = Stack::place(stack.top(), bytes, align)?;
         match stack.map_to(end, self.device.storage(), Some(self.counters())) {
             Ok(true) => {
                 self.counters().stack_mapped.set(stack.mapped() as u64);
@@ -349,15 +357,8 @@ impl Stream {
                 return Err(e.at(context));
             }
         };
-        let c = self.counters();
-        c.fallback[reason as usize].add(1);
-        if reason != FallbackReason::Disabled {
-            let overflow = self.overflow_live.get().saturating_add(layout.bytes);
-            self.overflow_live.set(overflow);
-            c.overflow_live.set(overflow as u64);
-            let top = self.stack.get().map_or(0, Stack::top);
-            c.demand_peak.raise_to(top.saturating_add(overflow) as u64);
-        }
+        self.counters().fallback[reason as usize].add(1);
+        let demand = (reason != FallbackReason::Disabled).then(|| self.fallback_demand(layout));
         if self.recording {
             let source = Source::Fallback(reason);
             self.record(EventKind::Take, source, (0, layout.bytes), Some(site));
@@ -367,6 +368,7 @@ impl Stream {
             reason,
             bytes: layout.bytes,
             epoch: self.capture_epoch(),
+            demand,
         }));
         Ok((ptr, allocation.pitch, held))
     }
@@ -469,6 +471,7 @@ impl Stream {
             self.issue_deferred_waits()?;
         }
         let released = self.release_block(ptr, block);
+        self.release_demand(DemandBlock::stack(block));
         if self.recording
             && let Some(stack) = self.stack.get()
         {
@@ -487,18 +490,21 @@ impl Stream {
         match held {
             Held::Nothing => Ok(()),
             // `Lease::give_back` sends stack blocks to `give_back_block`; released all the same.
-            Held::Stack(block) => self.release_block(ptr, &block),
+            Held::Stack(block) => {
+                let released = self.release_block(ptr, &block);
+                self.release_demand(DemandBlock::stack(&block));
+                released
+            }
             Held::Fallback(f) => {
                 let FallbackHeld {
                     allocation,
                     reason,
                     bytes,
                     epoch,
+                    demand,
                 } = *f;
-                if reason != FallbackReason::Disabled {
-                    let overflow = self.overflow_live.get().saturating_sub(bytes);
-                    self.overflow_live.set(overflow);
-                    self.counters().overflow_live.set(overflow as u64);
+                if let Some(block) = demand {
+                    self.release_demand(block);
                 }
                 if self.recording {
                     self.record(

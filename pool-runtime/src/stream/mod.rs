@@ -35,6 +35,7 @@ pub(crate) use capture::SharedAccesses;
 pub(crate) use clock::SyncClock;
 pub(crate) use lease::Lease;
 pub(crate) use sharing::{Access, SharedMemory};
+use sizing::Demand;
 pub use sizing::Sizing;
 use work::Waits;
 
@@ -68,8 +69,8 @@ pub struct Stream {
     /// The device had no memory for the stacks when this stream first asked: it does not ask
     /// again (a driver call on every take), and its buffers fall back.
     no_stack_memory: Cell<bool>,
-    /// Bytes of live fallback buffers that a large enough stack would have held.
-    overflow_live: Cell<usize>,
+    /// The stack it would have with unlimited room, where its demand is measured.
+    demand: Demand,
     /// Whether this stream records its takes and releases (`ledger.recorder` is set).
     recording: bool,
     /// `waits.any() || recording`: whether a release has more to do than release.
@@ -195,7 +196,7 @@ impl Stream {
             strict_lifo: device.strict_lifo()?,
             wants_stack: Cell::new(false),
             no_stack_memory: Cell::new(false),
-            overflow_live: Cell::new(0),
+            demand: Demand::default(),
             recording: record > 0,
             release_hooks: Cell::new(record > 0),
             waits: Waits::default(),
@@ -301,7 +302,7 @@ impl Stream {
     /// to measure one phase of a program: afterwards
     /// [`stack_high_water`](StreamStats::stack_high_water) equals `stack_in_use`,
     /// [`peak_demand`](StreamStats::peak_demand) equals the stack in use plus the live fallback
-    /// buffers it would have held, and [`peak_at`](StreamStats::peak_at) is `None` until a take
+    /// buffers it would have held (placed, padding included, as it would have placed them), and [`peak_at`](StreamStats::peak_at) is `None` until a take
     /// raises the mark again. Counts (allocations, fallbacks, driver calls, violations) and the
     /// fallback sites are totals, not peaks, and are kept.
     ///
@@ -327,8 +328,7 @@ impl Stream {
         // A capture's reservation is its high-water mark: lowering it mid-capture would leave
         // memory its replays write to later buffers.
         let stack = (!self.in_own_capture()).then_some(top);
-        let demand = top.saturating_add(self.overflow_live.get());
-        self.ledger.reset_peaks(stack, demand);
+        self.ledger.reset_peaks(stack, self.demand_now());
     }
 
     /// The allocator behind the stack (or the only one, for a stream made with

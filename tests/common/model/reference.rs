@@ -127,8 +127,6 @@ pub(super) struct StreamModel {
     pub counts: Counts,
     pub high_water: usize,
     pub peak_demand: usize,
-    /// Bytes of live fallback buffers a large enough stack would have held.
-    pub overflow: usize,
     pub driver_allocs: u64,
     pub driver_frees: u64,
 }
@@ -244,6 +242,11 @@ pub(super) struct BufModel {
     /// `None` where the driver chooses it (a pitched driver allocation on a GPU).
     pub pitch: Option<usize>,
     pub content: Content,
+    /// Where its block ends on the stack its stream would have with unlimited room, which the
+    /// demand is measured on: every buffer a stack would hold, fallbacks too, placed by the
+    /// stack's rule on top of the highest live one. `None` for an empty buffer and for a stream
+    /// that uses no stack by choice.
+    pub demand_end: Option<usize>,
 }
 
 #[derive(Default)]
@@ -473,7 +476,6 @@ impl Model {
             counts: Counts::default(),
             high_water: 0,
             peak_demand: 0,
-            overflow: 0,
             driver_allocs: 0,
             driver_frees: 0,
         });
@@ -541,6 +543,12 @@ impl Model {
         let driver_pitch = self.streams[s].allocator == Allocator::Driver
             && matches!(source, Source::Fallback(_))
             && layout.pitched;
+        let stack_would_hold = match source {
+            Source::Stack => true,
+            Source::Fallback(reason) => reason != FallbackReason::Disabled,
+            _ => false,
+        };
+        let demand_end = stack_would_hold.then(|| self.demand_take(s, &layout));
         self.live.push(BufModel {
             stream: s,
             layout,
@@ -548,8 +556,27 @@ impl Model {
             memory,
             pitch: (!driver_pitch || self.device.host).then_some(layout.pitch),
             content,
+            demand_end,
         });
         Ok(())
+    }
+
+    /// A block for `l` on stream `s`'s unlimited stack, above its highest live one: its end.
+    fn demand_take(&mut self, s: usize, l: &Layout) -> usize {
+        let top = self
+            .live
+            .iter()
+            .filter(|b| b.stream == s)
+            .filter_map(|b| b.demand_end)
+            .max()
+            .unwrap_or(0);
+        let end = top
+            .checked_next_multiple_of(l.align)
+            .and_then(|offset| offset.checked_add(l.bytes))
+            .unwrap_or(usize::MAX);
+        let st = &mut self.streams[s];
+        st.peak_demand = st.peak_demand.max(end);
+        end
     }
 
     /// The stack when the block fits above its top, else the stream's allocator.
@@ -571,7 +598,6 @@ impl Model {
                         stack.top = end;
                         st.counts.stack += 1;
                         st.high_water = st.high_water.max(end);
-                        st.peak_demand = st.peak_demand.max(end + st.overflow);
                         return Ok((Source::Stack, Memory::Stack { offset, end }));
                     }
                     None if l.bytes > stack.size => FallbackReason::TooLarge,
@@ -585,10 +611,6 @@ impl Model {
         let memory = self.fallback(s, l, reason)?;
         let st = &mut self.streams[s];
         st.counts.fallback[reason_index(reason)] += 1;
-        if reason != FallbackReason::Disabled {
-            st.overflow = st.overflow.saturating_add(l.bytes);
-            st.peak_demand = st.peak_demand.max(st.top().saturating_add(st.overflow));
-        }
         Ok((Source::Fallback(reason), memory))
     }
 
@@ -688,11 +710,6 @@ impl Model {
             .max()
             .unwrap_or(0);
         let st = &mut self.streams[s];
-        if let Source::Fallback(reason) = b.source
-            && reason != FallbackReason::Disabled
-        {
-            st.overflow = st.overflow.saturating_sub(b.layout.bytes);
-        }
         match b.memory {
             Memory::None => {}
             Memory::Stack { offset, end } => {
