@@ -27,6 +27,26 @@ pub fn host_with_fault(fail_at: u64) -> Device {
     Device::new_private_host(None, fail_at)
 }
 
+/// A private host device whose allocation calls `fail_at` to `fail_at + count - 1` fail with
+/// out-of-memory. With `count` 2 a failure survives the one retry an out-of-memory gets after the
+/// device's idle memory went back, so it reaches the caller.
+///
+/// ```
+/// use gpu_pool_runtime::{Device, Fallback, GpuMat, PoolError, Stream, set_buffer_pool_config, testing};
+/// for (count, fails) in [(1, false), (2, true)] {
+///     let device = testing::host_with_faults(2, count);
+///     device.set_fallback(Fallback::Driver);
+///     set_buffer_pool_config(&device, 1 << 20, 1)?;
+///     let stream = Stream::new(&device)?; // call 1: the stacks
+///     assert_eq!(GpuMat::<u8>::new(&stream, 4, 4).is_err(), fails); // call 2, and its retry
+/// }
+/// # Ok::<(), PoolError>(())
+/// ```
+#[must_use]
+pub fn host_with_faults(fail_at: u64, count: u64) -> Device {
+    Device::new_private_host_faults(fail_at, count)
+}
+
 /// A private host device whose unmap or unreserve call number `fail_at` (1-based; growable
 /// stacks' `Stream::trim` and the end of a stream make them) fails: for testing that a failed
 /// give-back leaves the stack usable. 0 never fails.
