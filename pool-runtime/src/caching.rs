@@ -551,7 +551,7 @@ mod tests {
         // A block the backend never handed out: its free is refused.
         let (bin, size) = CachingPool::bin_of(5000, cache.leading_bits);
         {
-            let mut state = cache.lock();
+            let mut state = cache.cache.lock();
             state.bins.entry(bin).or_default().push(Held {
                 ptr: 0xdead_0000,
                 size,
@@ -575,7 +575,7 @@ mod tests {
             Some(0),
             "the good one was freed"
         );
-        cache.lock().bins.clear(); // the forged block is no memory: forget it before drop
+        cache.cache.lock().bins.clear(); // the forged block is no memory: forget it before drop
         Ok(())
     }
 

@@ -3,9 +3,10 @@
 //! `testing` feature (off by default): enable it in `[dev-dependencies]`.
 //!
 //! ```
-//! use gpu_pool_runtime::testing::{host_live_bytes, host_with_fault};
+//! use gpu_pool_runtime::testing::{host_live_bytes, host_with_faults};
 //! use gpu_pool_runtime::{BufferPool, FallbackReason, PoolError, Source, Stream};
-//! let device = host_with_fault(1); // the stack memory itself fails: the stream goes without
+//! // The stack memory itself fails, and its retry: the stream goes without.
+//! let device = host_with_faults(1, 2);
 //! let stream = Stream::new(&device)?;
 //! assert_eq!(stream.stack_index(), None);
 //! let b = BufferPool::new(&stream).get_buffer_1d::<u8>(64)?;
@@ -56,11 +57,11 @@ pub fn host_with_faults(fail_at: u64, count: u64) -> Device {
 /// let device = testing::host_with_unmap_fault(1);
 /// device.set_growable_stacks(true)?;
 /// let stream = Stream::new(&device)?;
-/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 20)?);
+/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(16 << 20)?);
 /// assert!(stream.trim().is_err()); // the injected failure
-/// assert_eq!(stream.stats().stack_mapped, 1 << 20); // still mapped, still usable
-/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 20)?);
-/// assert_eq!(stream.trim()?, 1 << 20);
+/// assert_eq!(stream.stats().stack_mapped, 16 << 20); // still mapped, still usable
+/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(16 << 20)?);
+/// assert_eq!(stream.trim()?, 16 << 20);
 /// # Ok::<(), PoolError>(())
 /// ```
 #[must_use]

@@ -242,3 +242,151 @@ fn work_within_the_configured_size_makes_no_driver_call_after_stream_new() -> Re
     assert!(device.stats().driver_alloc_calls > after.driver_alloc_calls);
     Ok(())
 }
+
+/// The GPU's free memory now (`cuMemGetInfo`), bound to `device`'s context.
+#[cfg(feature = "cuda")]
+fn gpu_free(device: &Device) -> Result<usize, Box<dyn std::error::Error>> {
+    device.cuda_context().expect("CUDA").bind_to_thread()?;
+    Ok(gpu_pool::cudarc::driver::result::mem_get_info()?.0)
+}
+
+/// 60% of the GPU's free memory, in whole MiB: two of them do not fit at once.
+#[cfg(feature = "cuda")]
+fn most_of_free(device: &Device) -> Result<usize, Box<dyn std::error::Error>> {
+    Ok(gpu_free(device)? / 10 * 6 / MIB * MIB)
+}
+
+/// The issue's H200 scenario: a stream's growable stack keeps a peak of most of the device
+/// mapped; `GpuMat::new` on it, and another stream's buffer as large, then ran out of memory
+/// until `Stream::trim()`.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_the_gpu_a_stack_peak_of_most_of_the_device_goes_back_when_memory_runs_out()
+-> Result<(), Box<dyn std::error::Error>> {
+    let Some((device, _lock)) = crate::common::gpu("holders_gpu_stack") else {
+        return Ok(());
+    };
+    if let Err(e) = device.set_growable_stacks(true) {
+        crate::common::skipped(&format!("holders_gpu_stack: skipped: {e}"));
+        return Ok(());
+    }
+    let a = Stream::new(&device)?;
+    let b = Stream::new(&device)?;
+    device.set_growable_stacks(false)?; // other tests' streams get fixed stacks
+    let big = most_of_free(&device)?;
+    let free_before = gpu_free(&device)?;
+    drop(BufferPool::new(&a).get_buffer_1d::<u8>(big)?);
+    let kept = a.stats().stack_mapped;
+    let free_kept = gpu_free(&device)?;
+    let mat = GpuMat::<u8>::new(&a, 1, big)?; // OutOfMemory before
+    let after_mat = a.stats().stack_mapped;
+    drop(mat);
+    // `b` on the same thread: `a`'s stack is asked, and gives back at its next synchronize.
+    let first = BufferPool::new(&b).get_buffer_1d::<u8>(big).map(|_| ());
+    a.synchronize()?;
+    let second = BufferPool::new(&b).get_buffer_1d::<u8>(big)?;
+    eprintln!(
+        "holders_gpu_stack: {} MiB asked, free {} MiB before, {} MiB with the peak kept ({} MiB \
+         mapped); GpuMat::new of as much: ok, stack then {} MiB mapped; b's buffer before a \
+         synchronized: {:?}; after: {:?}",
+        big >> 20,
+        free_before >> 20,
+        free_kept >> 20,
+        kept >> 20,
+        after_mat >> 20,
+        first.as_ref().map_err(ToString::to_string),
+        second.source()
+    );
+    assert!(kept >= big);
+    assert!(after_mat < big, "the stack gave its peak back");
+    assert_eq!(second.source(), Source::Stack);
+    Ok(())
+}
+
+/// With `Fallback::Caching`, `GpuMat::new` failed while the caching pool held a freed block,
+/// until `free_held()`.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_the_gpu_a_caching_pools_held_block_goes_back_for_gpumat_new()
+-> Result<(), Box<dyn std::error::Error>> {
+    let Some((device, _lock)) = crate::common::gpu("holders_gpu_caching") else {
+        return Ok(());
+    };
+    device.set_fallback(Fallback::Caching);
+    let stream = Stream::new(&device)?;
+    device.set_fallback(Fallback::Driver);
+    let big = most_of_free(&device)?;
+    drop(BufferPool::new(&stream).get_buffer_1d::<u8>(big)?);
+    let held = device.caching_pool().stats().held_bytes;
+    let mat = GpuMat::<u8>::new(&stream, 1, big)?; // OutOfMemory before
+    eprintln!(
+        "holders_gpu_caching: {} MiB held by the caching pool; GpuMat::new of {} MiB: ok, {} MiB \
+         held after",
+        held >> 20,
+        big >> 20,
+        device.caching_pool().stats().held_bytes >> 20
+    );
+    assert!(held >= big);
+    assert_eq!(device.caching_pool().stats().held_bytes, 0);
+    drop(mat);
+    Ok(())
+}
+
+/// The stream-ordered fallback: its pool's reserve goes back when memory runs out, and a failed
+/// request leaves the device's free memory where it was (the issue saw 71 GiB become 9 MiB with
+/// no counter moving: the pool's release threshold keeps everything).
+#[cfg(feature = "cuda")]
+#[test]
+fn on_the_gpu_the_stream_ordered_pools_reserve_goes_back_and_a_failed_request_keeps_nothing()
+-> Result<(), Box<dyn std::error::Error>> {
+    let Some((device, _lock)) = crate::common::gpu("holders_gpu_stream_ordered") else {
+        return Ok(());
+    };
+    if !device.supports_stream_ordered() {
+        crate::common::skipped("holders_gpu_stream_ordered: skipped: no memory pools");
+        return Ok(());
+    }
+    device.set_fallback(Fallback::StreamOrdered);
+    let stream = Stream::new(&device)?;
+    device.set_fallback(Fallback::Driver);
+    let free_start = gpu_free(&device)?;
+    let big = most_of_free(&device)?;
+    drop(BufferPool::new(&stream).get_buffer_1d::<u8>(big)?);
+    stream.synchronize()?;
+    let pool_idle = device
+        .stats()
+        .idle_holders
+        .iter()
+        .find(|h| h.holder == "the stream-ordered pool")
+        .map_or(0, |h| h.idle_bytes);
+    let free_reserved = gpu_free(&device)?;
+    let mat = GpuMat::<u8>::new(&stream, 1, big)?; // the pool's reserve is trimmed first
+    drop(mat);
+    let free_mid = gpu_free(&device)?;
+    // A request the device cannot hold at all, through the stream-ordered fallback.
+    let err = BufferPool::new(&stream)
+        .get_buffer_1d::<u8>(free_mid + free_mid / 2)
+        .unwrap_err();
+    stream.synchronize()?;
+    let free_after = gpu_free(&device)?;
+    eprintln!(
+        "holders_gpu_stream_ordered: {} MiB via the pool; free {} MiB at start, {} MiB with the \
+         reserve ({} MiB idle in the pool), GpuMat::new of as much: ok; free {} MiB before a \
+         failed request of 1.5x free, {} MiB after; error: {err}",
+        big >> 20,
+        free_start >> 20,
+        free_reserved >> 20,
+        pool_idle >> 20,
+        free_mid >> 20,
+        free_after >> 20,
+    );
+    assert!(pool_idle >= big, "the stats show the pool's reserve");
+    assert!(matches!(err, PoolError::OutOfMemory { .. }), "{err}");
+    assert!(
+        free_after + 64 * MIB >= free_mid,
+        "a failed request leaves the free memory: {} MiB -> {} MiB",
+        free_mid >> 20,
+        free_after >> 20
+    );
+    Ok(())
+}

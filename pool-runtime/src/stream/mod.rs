@@ -362,10 +362,11 @@ impl Stream {
         let held = before.saturating_sub(stack.top());
         // Memory above the top may still be in use by queued work of released buffers: wait for
         // it, unless a capture elsewhere records this stream (a wait would break it).
-        if held > 0 && matches!(self.device.backend().is_capturing(&self.raw), Ok(false)) {
-            if let Err(e) = self.synchronize().and_then(|()| self.unmap_idle()) {
-                tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
-            }
+        if held > 0
+            && matches!(self.device.backend().is_capturing(&self.raw), Ok(false))
+            && let Err(e) = self.synchronize().and_then(|()| self.unmap_idle())
+        {
+            tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
         }
         Some(ReclaimedFrom {
             holder: self.ledger.holder(),
