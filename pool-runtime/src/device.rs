@@ -329,13 +329,18 @@ impl Device {
     /// (`false`, what [`set_buffer_pool_config`](crate::set_buffer_pool_config) also chooses).
     ///
     /// A growable stack is a range of addresses as large as the device's memory, reserved when its
-    /// stream takes its first buffer (`cuMemAddressReserve`); memory is mapped into it in granules
-    /// (`cuMemCreate` + `cuMemMap`, 2 MiB on the H100) only when the top passes the mapped end.
+    /// stream is made (`cuMemAddressReserve`), with the configured stack size
+    /// ([`pool_config`](Self::pool_config)) mapped at once, so work that fits it makes no driver
+    /// call after `Stream::new`; more memory is mapped in granules (`cuMemCreate` + `cuMemMap`,
+    /// 2 MiB on the H100) only when the top passes the mapped end.
     /// Below the mapped end a take is the same bump as on a fixed stack, with no driver call;
     /// buffers never move; a stream never runs out of stack while the device has memory, and there
     /// is no count of stacks (every stream gets one). Memory stays mapped until
     /// [`Stream::trim`](crate::Stream::trim) or the stream's drop, so a loop that rises to a peak and falls back maps
-    /// once. Every reservation, map and unmap is a counted driver call.
+    /// once, unless memory runs out elsewhere on the device: then the stack gives back what lies
+    /// above its top (at once for the stream that ran out, at its next
+    /// [`synchronize`](crate::Stream::synchronize) for another). Every reservation, map and unmap
+    /// is a counted driver call.
     ///
     /// The default on a CUDA device with virtual memory management, unless `GPU_POOL_CONF` sets a
     /// stack size or count; fixed stacks on the host backend and elsewhere. Streams keep the
