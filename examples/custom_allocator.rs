@@ -61,7 +61,8 @@ unsafe impl GpuAllocator for Budgeted {
             return Err(PoolError::OutOfMemory {
                 device: ctx.device_id(),
                 requested: bytes,
-                context: None, // the stream attaches the request that needed it
+                context: None,   // the stream attaches the request that needed it
+                reclaimed: None, // and what the device gave back before it
             });
         }
         let ptr = if ctx.supports_stream_ordered() {

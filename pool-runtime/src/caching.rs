@@ -16,6 +16,7 @@ use crate::allocator::{AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent};
 use crate::device::Device;
 use crate::error::PoolError;
+use crate::holders::{GaveBack, IdleMemory};
 use crate::id::DeviceId;
 use crate::storage::Storage;
 
@@ -132,17 +133,24 @@ impl State {
 /// # Ok::<(), PoolError>(())
 /// ```
 pub struct CachingPool {
+    leading_bits: u32,
+    /// The blocks and counters, shared with the device as a holder of idle memory.
+    cache: Arc<Cache>,
+}
+
+/// What a [`CachingPool`] holds: registered with its device, which asks it to free its held
+/// blocks after an out-of-memory anywhere on the device.
+struct Cache {
     /// The device's memory; weak, so a pool kept past its device frees nothing twice.
     storage: Weak<Storage>,
     id: DeviceId,
-    leading_bits: u32,
     state: Mutex<State>,
 }
 
 impl std::fmt::Debug for CachingPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachingPool")
-            .field("device", &self.id)
+            .field("device", &self.cache.id)
             .field("leading_bits", &self.leading_bits)
             .field("stats", &self.stats())
             .finish()
@@ -221,23 +229,27 @@ impl CachingPool {
 
     /// A pool over `storage` whose bins are named by `leading_bits` bits (checked by the callers).
     fn on_storage(storage: &Arc<Storage>, leading_bits: u32) -> CachingPool {
-        CachingPool {
+        let cache = Arc::new(Cache {
             storage: Arc::downgrade(storage),
             id: storage.id,
-            leading_bits,
             state: Mutex::new(State {
                 bins: BTreeMap::new(),
                 active: HashMap::new(),
                 holding: true,
                 stats: CachingStats::default(),
             }),
+        });
+        storage.register_holder(Arc::downgrade(&cache) as Weak<dyn IdleMemory>);
+        CachingPool {
+            leading_bits,
+            cache,
         }
     }
 
     /// A snapshot of the counters.
     #[must_use]
     pub fn stats(&self) -> CachingStats {
-        self.lock().stats
+        self.cache.lock().stats
     }
 
     /// Starts the peaks over from what is in use now (PyTorch's `reset_peak_memory_stats`):
@@ -263,11 +275,26 @@ impl CachingPool {
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn reset_peak(&self) {
-        let stats = &mut self.lock().stats;
+        let stats = &mut self.cache.lock().stats;
         stats.peak_active_requested_bytes = stats.active_requested_bytes;
         stats.peak_active_rounded_bytes = stats.active_rounded_bytes;
     }
 
+    /// Frees every held block (`cuMemFree`, which waits for the device) and returns the bytes
+    /// freed. If the driver refuses a free, that block stays held (and counted in
+    /// [`stats`](Self::stats)), the others are still freed, and the first error is returned.
+    pub fn free_held(&self) -> Result<usize, PoolError> {
+        self.cache.free_held()
+    }
+
+    /// Stops holding: frees what is held, and frees blocks at once from now on.
+    pub fn stop_holding(&self) -> Result<(), PoolError> {
+        self.cache.lock().holding = false;
+        self.cache.free_held().map(|_| ())
+    }
+}
+
+impl Cache {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // Every update below leaves the state consistent before any step that can panic.
         crate::sync::lock(&self.state)
@@ -276,7 +303,7 @@ impl CachingPool {
     /// Frees every held block (`cuMemFree`, which waits for the device) and returns the bytes
     /// freed. If the driver refuses a free, that block stays held (and counted in
     /// [`stats`](Self::stats)), the others are still freed, and the first error is returned.
-    pub fn free_held(&self) -> Result<usize, PoolError> {
+    fn free_held(&self) -> Result<usize, PoolError> {
         let held: Vec<(u64, Held)> = {
             let mut state = self.lock();
             std::mem::take(&mut state.bins)
@@ -315,12 +342,6 @@ impl CachingPool {
         first_error.map_or(Ok(freed), Err)
     }
 
-    /// Stops holding: frees what is held, and frees blocks at once from now on.
-    pub fn stop_holding(&self) -> Result<(), PoolError> {
-        self.lock().holding = false;
-        self.free_held().map(|_| ())
-    }
-
     /// A held block of `bin` this stream may use now: one it freed itself, else one whose freeing
     /// stream has finished.
     fn take_held(&self, state: &mut State, bin: u64, ctx: &AllocContext<'_>) -> Option<Held> {
@@ -343,6 +364,28 @@ impl CachingPool {
     }
 }
 
+impl IdleMemory for Cache {
+    fn holder(&self) -> String {
+        "the caching pool".into()
+    }
+
+    fn idle_bytes(&self) -> usize {
+        self.lock().stats.held_bytes
+    }
+
+    fn give_back_idle(&self) -> GaveBack {
+        // `cuMemFree` waits for the work that may still use a held block: none is in flight after.
+        let bytes = self.free_held().unwrap_or_else(|e| {
+            tracing::warn!(device = %self.id, error = %e, "freeing the caching pool's blocks failed");
+            0
+        });
+        GaveBack {
+            bytes,
+            deferred: false,
+        }
+    }
+}
+
 // SAFETY: a hit hands out a block that was allocated for this bin's size (at least the request's
 // bytes), is held by no one else (removed from the bin under the lock), and whose previous user's
 // work is ordered before (same stream) or finished (event). A miss hands out a fresh driver
@@ -354,9 +397,9 @@ unsafe impl GpuAllocator for CachingPool {
         req: &AllocRequest,
     ) -> Result<Allocation, PoolError> {
         // Devices, not ids, are compared: memory must never cross to another device's buffers.
-        if !std::ptr::eq(ctx.storage, self.storage.as_ptr()) {
+        if !std::ptr::eq(ctx.storage, self.cache.storage.as_ptr()) {
             return Err(PoolError::DeviceMismatch {
-                expected: self.id,
+                expected: self.cache.id,
                 actual: ctx.device_id(),
             });
         }
@@ -366,8 +409,8 @@ unsafe impl GpuAllocator for CachingPool {
             size,
             requested: req.bytes,
         };
-        let mut state = self.lock();
-        if let Some(held) = self.take_held(&mut state, bin, ctx) {
+        let mut state = self.cache.lock();
+        if let Some(held) = self.cache.take_held(&mut state, bin, ctx) {
             state.stats.hits += 1;
             state.stats.held_blocks -= 1;
             state.stats.held_bytes -= size;
@@ -384,14 +427,14 @@ unsafe impl GpuAllocator for CachingPool {
         state.stats.misses += 1;
         drop(state);
         let ptr = match ctx.alloc(size) {
-            Err(PoolError::OutOfMemory { .. }) if self.lock().stats.held_blocks > 0 => {
-                self.lock().stats.oom_retries += 1;
-                self.free_held()?;
+            Err(PoolError::OutOfMemory { .. }) if self.cache.lock().stats.held_blocks > 0 => {
+                self.cache.lock().stats.oom_retries += 1;
+                self.cache.free_held()?;
                 ctx.alloc(size)?
             }
             other => other?,
         };
-        self.lock().activate(ptr, block);
+        self.cache.lock().activate(ptr, block);
         Ok(Allocation {
             ptr,
             pitch: req.pitch,
@@ -399,7 +442,7 @@ unsafe impl GpuAllocator for CachingPool {
     }
 
     unsafe fn deallocate(&self, ctx: &AllocContext<'_>, a: Allocation) -> Result<(), PoolError> {
-        let mut state = self.lock();
+        let mut state = self.cache.lock();
         let Some(Active {
             bin,
             size,
@@ -408,7 +451,7 @@ unsafe impl GpuAllocator for CachingPool {
         else {
             return Err(PoolError::UnknownBlock {
                 address: a.ptr,
-                owner: format!("the caching pool of {}", self.id),
+                owner: format!("the caching pool of {}", self.cache.id),
             });
         };
         state.stats.active_blocks -= 1;
@@ -421,7 +464,7 @@ unsafe impl GpuAllocator for CachingPool {
         }
         drop(state);
         let ready = ctx.storage.backend.record_event(ctx.stream)?;
-        let mut state = self.lock();
+        let mut state = self.cache.lock();
         state.stats.held_blocks += 1;
         state.stats.held_bytes += size;
         state.bins.entry(bin).or_default().push(Held {
@@ -436,8 +479,8 @@ unsafe impl GpuAllocator for CachingPool {
 
 impl Drop for CachingPool {
     fn drop(&mut self) {
-        if let Err(e) = self.free_held() {
-            tracing::error!(device = %self.id, error = %e, "freeing the caching pool's blocks failed");
+        if let Err(e) = self.cache.free_held() {
+            tracing::error!(device = %self.cache.id, error = %e, "freeing the caching pool's blocks failed");
         }
     }
 }
@@ -508,7 +551,7 @@ mod tests {
         // A block the backend never handed out: its free is refused.
         let (bin, size) = CachingPool::bin_of(5000, cache.leading_bits);
         {
-            let mut state = cache.lock();
+            let mut state = cache.cache.lock();
             state.bins.entry(bin).or_default().push(Held {
                 ptr: 0xdead_0000,
                 size,
@@ -532,7 +575,7 @@ mod tests {
             Some(0),
             "the good one was freed"
         );
-        cache.lock().bins.clear(); // the forged block is no memory: forget it before drop
+        cache.cache.lock().bins.clear(); // the forged block is no memory: forget it before drop
         Ok(())
     }
 

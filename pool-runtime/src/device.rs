@@ -12,8 +12,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use crate::arena::{Arena, StackMemory};
 use crate::backend::host::HostBackend;
 use crate::backend::{Backend, RawEvent};
+use crate::capturing;
 use crate::config::{self, Fallback, PoolConfig};
 use crate::error::PoolError;
+use crate::holders::Reclaimed;
 use crate::id::DeviceId;
 use crate::layout::{Footprint, Layout};
 use crate::ledger::Ledger;
@@ -155,6 +157,13 @@ impl Device {
     pub(crate) fn new_private_host_unmap_fault(fail_at: u64) -> Device {
         let id = DeviceId::Host(HOST_IDS.next());
         Device::from_backend(id, Box::new(HostBackend::with_unmap_fault(id, fail_at)))
+    }
+
+    /// A private host device whose allocation calls `fail_at..fail_at + count` fail.
+    #[cfg(feature = "testing")]
+    pub(crate) fn new_private_host_faults(fail_at: u64, count: u64) -> Device {
+        let id = DeviceId::Host(HOST_IDS.next());
+        Device::from_backend(id, Box::new(HostBackend::with_faults(id, fail_at, count)))
     }
 
     pub(crate) fn new_private_host(limit: Option<usize>, fail_at: u64) -> Device {
@@ -320,13 +329,18 @@ impl Device {
     /// (`false`, what [`set_buffer_pool_config`](crate::set_buffer_pool_config) also chooses).
     ///
     /// A growable stack is a range of addresses as large as the device's memory, reserved when its
-    /// stream takes its first buffer (`cuMemAddressReserve`); memory is mapped into it in granules
-    /// (`cuMemCreate` + `cuMemMap`, 2 MiB on the H100) only when the top passes the mapped end.
+    /// stream is made (`cuMemAddressReserve`), with the configured stack size
+    /// ([`pool_config`](Self::pool_config)) mapped at once, so work that fits it makes no driver
+    /// call after `Stream::new`; more memory is mapped in granules (`cuMemCreate` + `cuMemMap`,
+    /// 2 MiB on the H100) only when the top passes the mapped end.
     /// Below the mapped end a take is the same bump as on a fixed stack, with no driver call;
     /// buffers never move; a stream never runs out of stack while the device has memory, and there
     /// is no count of stacks (every stream gets one). Memory stays mapped until
     /// [`Stream::trim`](crate::Stream::trim) or the stream's drop, so a loop that rises to a peak and falls back maps
-    /// once. Every reservation, map and unmap is a counted driver call.
+    /// once, unless memory runs out elsewhere on the device: then the stack gives back what lies
+    /// above its top (at once for the stream that ran out, at its next
+    /// [`synchronize`](crate::Stream::synchronize) for another). Every reservation, map and unmap
+    /// is a counted driver call.
     ///
     /// The default on a CUDA device with virtual memory management, unless `GPU_POOL_CONF` sets a
     /// stack size or count; fixed stacks on the host backend and elsewhere. Streams keep the
@@ -470,6 +484,75 @@ impl Device {
         all
     }
 
+    /// `attempt`, and where it runs out of memory, once more after every holder of the device's
+    /// idle memory gave it back; the final error says what was held and given back. For the
+    /// allocations no stream makes (`SharedMat`, `HostMem`). Inside a capture on this thread there
+    /// is no second attempt: giving memory back waits for the device.
+    pub(crate) fn or_reclaim<T>(
+        &self,
+        mut attempt: impl FnMut() -> Result<T, PoolError>,
+    ) -> Result<T, PoolError> {
+        match attempt() {
+            Err(PoolError::OutOfMemory { .. }) if !capturing::on_this_thread() => {
+                self.inner.storage.retry_reclaimed(None, None, &mut attempt)
+            }
+            other => other,
+        }
+    }
+
+    /// Asks every holder of this device's idle memory to give it back now (PyTorch's
+    /// `empty_cache`): the caching pools free their held blocks, the stream-ordered pool is
+    /// trimmed, and each stream's growable stack is asked to unmap what lies above its top at its
+    /// next [`synchronize`](crate::Stream::synchronize) (a stack is its stream's thread's alone; a
+    /// stream's own out-of-memory, or [`Stream::trim`](crate::Stream::trim), gives it back at once).
+    /// What is in use or in flight stays. An out-of-memory anywhere on the device does this and
+    /// tries once more by itself.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+    /// let device = Device::private_host();
+    /// device.set_fallback(Fallback::Caching);
+    /// set_buffer_pool_config(&device, 1 << 20, 1)?;
+    /// let stream = Stream::new(&device)?;
+    /// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(4 << 20)?); // a caching-pool block, held
+    /// assert!(device.stats().idle_bytes() >= 4 << 20);
+    /// let reclaimed = device.reclaim_idle();
+    /// assert!(reclaimed.given_back() >= 4 << 20);
+    /// assert_eq!(device.stats().idle_bytes(), 0);
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn reclaim_idle(&self) -> Reclaimed {
+        self.inner.storage.reclaim(None)
+    }
+
+    /// Caps what this device's pools may hold at once (CuPy's `set_limit`, PyTorch's per-process
+    /// memory fraction, RMM's limiting adaptor), `None` for no cap: every driver allocation made
+    /// through the pools counts against it (stack memory, mapped growable stacks, fallbacks, the
+    /// caching pool's blocks, `GpuMat::new`, `SharedMat`, the stream-ordered pool's reserve). A
+    /// request that would pass it gives idle memory back and tries once more, then is
+    /// `PoolError::OutOfMemory`, whose message says the limit. Memory already held stays.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{Device, Fallback, GpuMat, PoolError, Stream};
+    /// let device = Device::private_host();
+    /// device.set_fallback(Fallback::Driver);
+    /// device.set_memory_limit(Some(64 << 20));
+    /// let stream = Stream::new(&device)?; // 50 MiB of stacks
+    /// let err = GpuMat::<u8>::new(&stream, 1, 32 << 20).unwrap_err();
+    /// assert!(err.to_string().contains("memory limit is 67108864 bytes"), "{err}");
+    /// assert!(GpuMat::<u8>::new(&stream, 1, 8 << 20).is_ok());
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn set_memory_limit(&self, limit: Option<usize>) {
+        self.inner.storage.set_limit(limit);
+    }
+
+    /// The cap [`set_memory_limit`](Self::set_memory_limit) set, if any.
+    #[must_use]
+    pub fn memory_limit(&self) -> Option<usize> {
+        self.inner.storage.limit()
+    }
+
     /// The slot of the device's shared caching pool (see `caching.rs`).
     pub(crate) fn caching_slot(&self) -> &OnceLock<Arc<dyn Any + Send + Sync>> {
         &self.inner.caching
@@ -522,6 +605,8 @@ impl Device {
     /// A snapshot of the device's counters and of each live stream's.
     #[must_use]
     pub fn stats(&self) -> DeviceStats {
+        // Asked before the lock: a holder's answer may take locks of its own.
+        let idle_holders = self.inner.storage.idle_holdings();
         let state = self.inner.lock_state();
         let streams: Vec<StreamStats> = state
             .live_streams
@@ -547,6 +632,9 @@ impl Device {
             peak_stream_demand: peak_demand,
             streams,
             retired_fallback_sites: state.retired.fallback_sites.clone(),
+            idle_holders,
+            memory_limit: self.inner.storage.limit(),
+            memory_counted: self.inner.storage.limited_bytes(),
         }
     }
 }

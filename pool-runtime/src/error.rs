@@ -17,6 +17,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
+use crate::holders::Reclaimed;
 use crate::id::DeviceId;
 use crate::source::{CallSite, FallbackReason};
 
@@ -36,9 +37,10 @@ use crate::source::{CallSite, FallbackReason};
 pub enum PoolError {
     /// The device (or the allocator in use) could not provide the memory.
     #[error(
-        "out of memory on {device}{at}: {requested} bytes requested; release buffers, request \
-         less, or give the pool less memory with set_buffer_pool_config{fix}",
+        "out of memory on {device}{at}: {requested} bytes requested{held}; release buffers, \
+         request less, or give the pool less memory with set_buffer_pool_config{fix}",
         at = request_at(.context),
+        held = reclaimed_text(.reclaimed),
         fix = request_fix(.context)
     )]
     OutOfMemory {
@@ -49,6 +51,10 @@ pub enum PoolError {
         /// The buffer request that needed the memory, where a buffer asked (the stream attaches it
         /// as the error leaves the take; allocators and backends leave it `None`).
         context: Option<RequestContext>,
+        /// What the device's holders of idle memory held and gave back before the request was
+        /// tried again and failed, and the device's memory limit if that refused it (the pool
+        /// attaches it; allocators and backends leave it `None`).
+        reclaimed: Option<Box<Reclaimed>>,
     },
 
     /// A size computation (rows x cols x element size, pitch x rows, alignment) would wrap.
@@ -565,6 +571,17 @@ impl PoolError {
         }
     }
 
+    /// An out-of-memory with what the device's holders gave back (`reclaimed`, the limit it
+    /// already carries kept); other errors as they are.
+    #[cold]
+    pub(crate) fn with_reclaimed(mut self, mut reclaimed: Reclaimed) -> PoolError {
+        if let PoolError::OutOfMemory { reclaimed: r, .. } = &mut self {
+            reclaimed.limit = reclaimed.limit.or(r.as_ref().and_then(|r| r.limit));
+            *r = Some(Box::new(reclaimed));
+        }
+        self
+    }
+
     /// The error with `context` as its request context, where it is a memory error and has none
     /// yet: the one way a request context is attached (by the stream, as the error leaves the take).
     #[cold]
@@ -763,6 +780,14 @@ impl From<cudarc::nccl::result::NcclError> for PoolError {
             source: NcclFailure(error).into(),
         }
     }
+}
+
+/// What the device held idle and gave back before an out-of-memory, or nothing.
+fn reclaimed_text(reclaimed: &Option<Box<Reclaimed>>) -> String {
+    reclaimed
+        .as_ref()
+        .map(|r| r.to_string())
+        .unwrap_or_default()
 }
 
 /// ", stream N at `name` at file:line" for a memory error's request, or nothing.

@@ -136,7 +136,9 @@ impl<T: Pod> HostMem<T> {
         let ptr = if bytes == 0 {
             NonNull::dangling()
         } else {
-            let raw = device.backend().alloc_pinned(bytes)?;
+            // Page-locked memory is host memory, yet the driver may need device memory to map
+            // it: the device's idle memory goes back first on a second try.
+            let raw = device.or_reclaim(|| device.backend().alloc_pinned(bytes))?;
             if !(raw as usize).is_multiple_of(align_of::<T>()) {
                 // SAFETY: allocated just above with this size, unused, freed once.
                 let _ = unsafe { device.backend().free_pinned(raw, bytes) };
@@ -150,6 +152,7 @@ impl<T: Pod> HostMem<T> {
                 device: device.id(),
                 requested: bytes,
                 context: None,
+                reclaimed: None,
             })?
         };
         Ok(HostMem {

@@ -4,8 +4,9 @@
 
 use std::panic::Location;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
+use crate::holders::{GaveBack, IdleMemory};
 use crate::id::DeviceId;
 use crate::record::{Event, Ring};
 use crate::source::{CallSite, FallbackReason};
@@ -27,6 +28,12 @@ pub(crate) struct Ledger {
     pub(crate) fallback_sites: Mutex<Vec<SiteFallbacks>>,
     /// The recording, for a stream made while recording was on.
     pub(crate) recorder: Option<Mutex<Ring>>,
+    /// Whether the stream's stack is growable: memory mapped above its top is idle.
+    pub(crate) growable_stack: AtomicBool,
+    /// The device asked for the stack's idle memory back (an out-of-memory elsewhere): the stream
+    /// gives it back on its own thread, at its next `synchronize`, fallback or `trim`. Another
+    /// thread cannot unmap it: the stack's top and mapped end are the stream's thread's alone.
+    pub(crate) trim_requested: AtomicBool,
 }
 
 impl Ledger {
@@ -38,6 +45,8 @@ impl Ledger {
             peak_at: AtomicPtr::new(std::ptr::null_mut()),
             fallback_sites: Mutex::new(Vec::new()),
             recorder: (record > 0).then(|| Mutex::new(Ring::new(record))),
+            growable_stack: AtomicBool::new(false),
+            trim_requested: AtomicBool::new(false),
         }
     }
 
@@ -94,5 +103,28 @@ impl Ledger {
         if let Some(recorder) = &self.recorder {
             sync::lock(recorder).push(event);
         }
+    }
+}
+
+/// A growable stack's memory above its top is idle: its stream gives it back when asked.
+impl IdleMemory for Ledger {
+    fn holder(&self) -> String {
+        format!("stream {}'s stack", self.id)
+    }
+
+    fn idle_bytes(&self) -> usize {
+        if !self.growable_stack.load(Relaxed) {
+            return 0;
+        }
+        let c = &self.counters;
+        c.stack_mapped.get().saturating_sub(c.stack_in_use.get()) as usize
+    }
+
+    fn give_back_idle(&self) -> GaveBack {
+        let deferred = self.idle_bytes() > 0;
+        if deferred {
+            self.trim_requested.store(true, Relaxed);
+        }
+        GaveBack { bytes: 0, deferred }
     }
 }

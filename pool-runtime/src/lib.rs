@@ -32,7 +32,7 @@
 //!
 //! | rank | modules | what they hold |
 //! |---:|---|---|
-//! | 1 | `source`, `id`, `unique`, `sync` | vocabulary: [`Source`], [`DeviceId`], ids, the lock |
+//! | 1 | `source`, `id`, `unique`, `sync`, `holders` | vocabulary: [`Source`], [`DeviceId`], ids, the lock; idle memory and who holds it ([`Reclaimed`]) |
 //! | 2 | `error` | [`PoolError`] |
 //! | 3 | `layout` | how a shape becomes bytes: the pitch and alignment rules |
 //! | 4 | `config` | [`PoolConfig`], `GPU_POOL_CONF`: the one settings lookup |
@@ -94,6 +94,7 @@ mod error;
 mod frame;
 #[cfg(feature = "cuda")]
 pub mod graph;
+mod holders;
 mod host_mem;
 mod id;
 #[cfg(feature = "cuda")]
@@ -142,6 +143,7 @@ pub use error::{Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 #[cfg(feature = "cuda")]
 pub use graph::{Graph, GraphFamily, GraphNodes};
+pub use holders::{IdleHolding, Reclaimed, ReclaimedFrom};
 pub use host_mem::HostMem;
 pub use id::DeviceId;
 #[cfg(feature = "cuda")]

@@ -285,6 +285,7 @@ fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), Poo
             device: pool.device.id(),
             requested: size,
             context: None,
+            reclaimed: None,
         })?;
         pool.blocks.insert(offset, (size, id));
         offset

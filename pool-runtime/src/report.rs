@@ -113,6 +113,23 @@ impl fmt::Display for Report {
                 }
                 write_sites(f, &s.fallback_sites)?;
             }
+            if let Some(limit) = d.memory_limit {
+                writeln!(
+                    f,
+                    "  memory limit {}: {} counted against it",
+                    mib(limit),
+                    mib(d.memory_counted)
+                )?;
+            }
+            for h in &d.idle_holders {
+                writeln!(
+                    f,
+                    "  idle: {} holds {} no buffer uses (given back on out-of-memory, or by \
+                     Device::reclaim_idle)",
+                    h.holder,
+                    mib(h.idle_bytes)
+                )?;
+            }
             if !d.retired_fallback_sites.is_empty() {
                 writeln!(f, "  dropped streams:")?;
                 write_sites(f, &d.retired_fallback_sites)?;

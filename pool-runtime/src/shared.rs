@@ -219,11 +219,13 @@ fn allocate(device: &Device, layout: &Layout) -> Result<(SharedMemory, usize), P
         });
     }
     let storage = device.storage();
-    let (ptr, pitch) = if layout.is_pitched() {
-        storage.alloc_pitch(layout.width_bytes, layout.rows, None)?
-    } else {
-        (storage.alloc(layout.bytes, None)?, layout.pitch)
-    };
+    let (ptr, pitch) = device.or_reclaim(|| {
+        if layout.is_pitched() {
+            storage.alloc_pitch(layout.width_bytes, layout.rows, None)
+        } else {
+            Ok((storage.alloc(layout.bytes, None)?, layout.pitch))
+        }
+    })?;
     // SAFETY: allocated just above from this device's storage, used by no one yet.
     let memory = unsafe { SharedMemory::adopt(device, ptr) };
     if !layout.is_aligned(ptr, pitch) {

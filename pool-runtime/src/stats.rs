@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::config::PoolConfig;
 use crate::error::PoolError;
+use crate::holders::IdleHolding;
 use crate::id::DeviceId;
 use crate::source::{CallSite, FallbackReason};
 
@@ -244,9 +245,26 @@ pub struct DeviceStats {
     pub streams: Vec<StreamStats>,
     /// The call sites that fell back on streams already dropped.
     pub retired_fallback_sites: Vec<SiteFallbacks>,
+    /// Every holder of this device's memory that keeps some of it idle now (mapped or allocated,
+    /// used by no buffer): growable stacks above their tops, the caching pools' held blocks, the
+    /// stream-ordered pool's reserve. An out-of-memory on the device, or
+    /// [`Device::reclaim_idle`](crate::Device::reclaim_idle), gives it back.
+    pub idle_holders: Vec<IdleHolding>,
+    /// The cap [`Device::set_memory_limit`](crate::Device::set_memory_limit) set, if any.
+    pub memory_limit: Option<usize>,
+    /// Bytes the pools hold of the device now, as the memory limit counts them: live driver
+    /// allocations made through the pools, mapped growable stacks and the stream-ordered pool's
+    /// reserve.
+    pub memory_counted: usize,
 }
 
 impl DeviceStats {
+    /// Bytes held idle over all holders ([`idle_holders`](Self::idle_holders)).
+    #[must_use]
+    pub fn idle_bytes(&self) -> usize {
+        self.idle_holders.iter().map(|h| h.idle_bytes).sum()
+    }
+
     /// The config that would have served every stack-eligible request of this device's streams from
     /// a stack: the largest stream demand rounded up to a MiB, and as many stacks as streams wanted
     /// at once. `None` if no stream ever asked for a buffer.

@@ -18,12 +18,16 @@
 //! The driver objects that hold no buffer (streams, events, the stream-ordered memory pool itself)
 //! are not counted either.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::backend::{Backend, DevPtr, RawStream};
 use crate::error::PoolError;
+use crate::holders::{IdleHolding, IdleMemory, Reclaimed, ReclaimedFrom};
 use crate::id::DeviceId;
 use crate::stats::StreamCounters;
+use crate::sync;
 
 /// A device's memory: its backend and the driver calls made on it.
 pub(crate) struct Storage {
@@ -33,6 +37,18 @@ pub(crate) struct Storage {
     free_calls: AtomicU64,
     /// Bytes mapped into growable stacks.
     mapped: AtomicU64,
+    /// Everything that keeps memory of this device idle and gives it back on request (the seam of
+    /// `holders.rs`); dead entries are dropped as they are met.
+    holders: Mutex<Vec<Weak<dyn IdleMemory>>>,
+    /// The device's memory limit in bytes (`usize::MAX`: none), which every allocation through
+    /// here counts against.
+    limit: AtomicUsize,
+    /// Sizes of the live allocations of `alloc`, `alloc_pitch` (and `alloc_async` where the
+    /// backend has no memory pool, whose reserve is counted instead), for the limit: their frees
+    /// name only the address.
+    sizes: Mutex<HashMap<DevPtr, usize>>,
+    /// Their sum.
+    allocated: AtomicU64,
 }
 
 impl Storage {
@@ -43,6 +59,163 @@ impl Storage {
             alloc_calls: AtomicU64::new(0),
             free_calls: AtomicU64::new(0),
             mapped: AtomicU64::new(0),
+            holders: Mutex::new(Vec::new()),
+            limit: AtomicUsize::new(usize::MAX),
+            sizes: Mutex::new(HashMap::new()),
+            allocated: AtomicU64::new(0),
+        }
+    }
+
+    /// Registers a holder of idle memory, asked by [`reclaim`](Self::reclaim) and the stats for as
+    /// long as it lives.
+    pub(crate) fn register_holder(&self, holder: Weak<dyn IdleMemory>) {
+        let mut holders = sync::lock(&self.holders);
+        holders.retain(|h| h.strong_count() > 0);
+        holders.push(holder);
+    }
+
+    /// The live holders, taken out of the lock: a holder's answer may allocate or free through
+    /// here.
+    fn live_holders(&self) -> Vec<Arc<dyn IdleMemory>> {
+        sync::lock(&self.holders)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// What each holder keeps idle now, the stream-ordered pool's reserve included; holders with
+    /// nothing idle are left out.
+    pub(crate) fn idle_holdings(&self) -> Vec<IdleHolding> {
+        let mut all: Vec<IdleHolding> = self
+            .live_holders()
+            .iter()
+            .map(|h| IdleHolding {
+                holder: h.holder(),
+                idle_bytes: h.idle_bytes(),
+            })
+            .collect();
+        all.push(IdleHolding {
+            holder: STREAM_ORDERED_POOL.into(),
+            idle_bytes: self.backend.pool_idle_bytes(),
+        });
+        all.retain(|h| h.idle_bytes > 0);
+        all
+    }
+
+    /// Asks every holder but `skip` (the caller's own, which it gave back itself) to give back its
+    /// idle memory, and trims the stream-ordered pool to what its live allocations use: what each
+    /// held and gave back. Never memory in use or in flight: each holder answers for its own.
+    #[cold]
+    pub(crate) fn reclaim(&self, skip: Option<*const ()>) -> Reclaimed {
+        let mut reclaimed = Reclaimed::default();
+        for holder in self.live_holders() {
+            if skip.is_some_and(|s| std::ptr::addr_eq(Arc::as_ptr(&holder), s)) {
+                continue;
+            }
+            let held = holder.idle_bytes();
+            let gave = holder.give_back_idle();
+            reclaimed.holders.push(ReclaimedFrom {
+                holder: holder.holder(),
+                held,
+                given_back: gave.bytes,
+                deferred: gave.deferred,
+            });
+        }
+        let held = self.backend.pool_idle_bytes();
+        // The driver releases only memory no allocation holds, and waits for pending frees.
+        let given_back = self.backend.trim_pool().unwrap_or_else(|e| {
+            tracing::warn!(device = %self.id, error = %e, "trimming the stream-ordered pool failed");
+            0
+        });
+        reclaimed.holders.push(ReclaimedFrom {
+            holder: STREAM_ORDERED_POOL.into(),
+            held,
+            given_back,
+            deferred: false,
+        });
+        reclaimed
+    }
+
+    /// The second attempt of an out-of-memory, after `own` (what the caller gave back itself) and
+    /// every holder but `skip` (the caller's own) gave back their idle memory; its error says what
+    /// was held and given back. The caller is not inside a capture on this thread (giving memory
+    /// back waits for the device).
+    #[cold]
+    pub(crate) fn retry_reclaimed<T>(
+        &self,
+        skip: Option<*const ()>,
+        own: Option<ReclaimedFrom>,
+        attempt: &mut dyn FnMut() -> Result<T, PoolError>,
+    ) -> Result<T, PoolError> {
+        let mut reclaimed = self.reclaim(skip);
+        if let Some(own) = own {
+            reclaimed.holders.insert(0, own);
+        }
+        attempt().map_err(|e| {
+            if matches!(e, PoolError::OutOfMemory { .. }) {
+                // A failed stream-ordered request may leave the pool holding what it reserved
+                // trying (the issue saw 71 GiB of free memory become 9 MiB): none of it is used.
+                let trimmed = self.backend.trim_pool().unwrap_or(0);
+                if let Some(pool) = reclaimed
+                    .holders
+                    .iter_mut()
+                    .find(|h| h.holder == STREAM_ORDERED_POOL)
+                {
+                    pool.given_back += trimmed;
+                }
+            }
+            e.with_reclaimed(reclaimed)
+        })
+    }
+
+    /// Sets the device's memory limit (`None`: none).
+    pub(crate) fn set_limit(&self, limit: Option<usize>) {
+        self.limit.store(limit.unwrap_or(usize::MAX), Relaxed);
+    }
+
+    /// The device's memory limit, if one is set.
+    pub(crate) fn limit(&self) -> Option<usize> {
+        Some(self.limit.load(Relaxed)).filter(|&l| l != usize::MAX)
+    }
+
+    /// Bytes counted against the limit: live allocations made here, memory mapped into growable
+    /// stacks, and the stream-ordered pool's reserve (its idle memory included).
+    pub(crate) fn limited_bytes(&self) -> usize {
+        (self.allocated.load(Relaxed) as usize)
+            .saturating_add(self.mapped.load(Relaxed) as usize)
+            .saturating_add(self.backend.pool_reserved_bytes().unwrap_or(0))
+    }
+
+    /// `Err(OutOfMemory)` if `bytes` more would pass the device's memory limit.
+    fn check_limit(&self, bytes: usize) -> Result<(), PoolError> {
+        let Some(limit) = self.limit() else {
+            return Ok(());
+        };
+        let counted = self.limited_bytes();
+        if counted.saturating_add(bytes) <= limit {
+            return Ok(());
+        }
+        Err(PoolError::OutOfMemory {
+            device: self.id,
+            requested: bytes,
+            context: None,
+            reclaimed: Some(Box::new(Reclaimed {
+                holders: Vec::new(),
+                limit: Some((limit, counted)),
+            })),
+        })
+    }
+
+    /// Remembers a live allocation's size, for the limit.
+    fn note_size(&self, ptr: DevPtr, bytes: usize) {
+        sync::lock(&self.sizes).insert(ptr, bytes);
+        self.allocated.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Forgets a freed allocation's size.
+    fn forget_size(&self, ptr: DevPtr) {
+        if let Some(bytes) = sync::lock(&self.sizes).remove(&ptr) {
+            self.allocated.fetch_sub(bytes as u64, Relaxed);
         }
     }
 
@@ -76,8 +249,11 @@ impl Storage {
         bytes: usize,
         stream: Option<&StreamCounters>,
     ) -> Result<DevPtr, PoolError> {
+        self.check_limit(bytes)?;
         self.count_alloc(stream);
-        self.backend.alloc(bytes)
+        let ptr = self.backend.alloc(bytes)?;
+        self.note_size(ptr, bytes);
+        Ok(ptr)
     }
 
     /// `cuMemAllocPitch`, counted.
@@ -87,8 +263,17 @@ impl Storage {
         rows: usize,
         stream: Option<&StreamCounters>,
     ) -> Result<(DevPtr, usize), PoolError> {
+        let align = self.backend.texture_alignment();
+        self.check_limit(
+            width
+                .div_ceil(align)
+                .saturating_mul(align)
+                .saturating_mul(rows),
+        )?;
         self.count_alloc(stream);
-        self.backend.alloc_pitch(width, rows)
+        let (ptr, pitch) = self.backend.alloc_pitch(width, rows)?;
+        self.note_size(ptr, pitch.saturating_mul(rows));
+        Ok((ptr, pitch))
     }
 
     /// `cuMemFree`, counted.
@@ -102,7 +287,9 @@ impl Storage {
     ) -> Result<(), PoolError> {
         self.count_free(stream);
         // SAFETY: forwarded to the caller.
-        unsafe { self.backend.free(ptr) }
+        unsafe { self.backend.free(ptr) }?;
+        self.forget_size(ptr);
+        Ok(())
     }
 
     /// `cuMemAllocFromPoolAsync` (or `cuMemAlloc`, without memory pools), counted.
@@ -112,8 +299,14 @@ impl Storage {
         raw: &RawStream,
         stream: Option<&StreamCounters>,
     ) -> Result<DevPtr, PoolError> {
+        self.check_limit(bytes)?;
         self.count_alloc(stream);
-        self.backend.alloc_async(bytes, raw)
+        let ptr = self.backend.alloc_async(bytes, raw)?;
+        if self.backend.pool_reserved_bytes().is_none() {
+            // No memory pool: the allocation is the driver's own, counted as `alloc`'s.
+            self.note_size(ptr, bytes);
+        }
+        Ok(ptr)
     }
 
     /// `cuMemFreeAsync`, counted.
@@ -128,7 +321,9 @@ impl Storage {
     ) -> Result<(), PoolError> {
         self.count_free(stream);
         // SAFETY: forwarded to the caller.
-        unsafe { self.backend.free_async(ptr, raw) }
+        unsafe { self.backend.free_async(ptr, raw) }?;
+        self.forget_size(ptr);
+        Ok(())
     }
 
     /// `cuMemAddressReserve`, counted as an allocation call.
@@ -155,6 +350,7 @@ impl Storage {
         bytes: usize,
         stream: Option<&StreamCounters>,
     ) -> Result<u64, PoolError> {
+        self.check_limit(bytes)?;
         self.count_alloc(stream);
         let handle = self.backend.map(at, bytes)?;
         self.mapped.fetch_add(bytes as u64, Relaxed);
@@ -185,3 +381,6 @@ impl Storage {
         self.mapped.load(Relaxed)
     }
 }
+
+/// How errors and stats name the backend's stream-ordered memory pool.
+const STREAM_ORDERED_POOL: &str = "the stream-ordered pool";

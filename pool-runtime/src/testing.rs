@@ -3,9 +3,10 @@
 //! `testing` feature (off by default): enable it in `[dev-dependencies]`.
 //!
 //! ```
-//! use gpu_pool_runtime::testing::{host_live_bytes, host_with_fault};
+//! use gpu_pool_runtime::testing::{host_live_bytes, host_with_faults};
 //! use gpu_pool_runtime::{BufferPool, FallbackReason, PoolError, Source, Stream};
-//! let device = host_with_fault(1); // the stack memory itself fails: the stream goes without
+//! // The stack memory itself fails, and its retry: the stream goes without.
+//! let device = host_with_faults(1, 2);
 //! let stream = Stream::new(&device)?;
 //! assert_eq!(stream.stack_index(), None);
 //! let b = BufferPool::new(&stream).get_buffer_1d::<u8>(64)?;
@@ -27,6 +28,26 @@ pub fn host_with_fault(fail_at: u64) -> Device {
     Device::new_private_host(None, fail_at)
 }
 
+/// A private host device whose allocation calls `fail_at` to `fail_at + count - 1` fail with
+/// out-of-memory. With `count` 2 a failure survives the one retry an out-of-memory gets after the
+/// device's idle memory went back, so it reaches the caller.
+///
+/// ```
+/// use gpu_pool_runtime::{Device, Fallback, GpuMat, PoolError, Stream, set_buffer_pool_config, testing};
+/// for (count, fails) in [(1, false), (2, true)] {
+///     let device = testing::host_with_faults(2, count);
+///     device.set_fallback(Fallback::Driver);
+///     set_buffer_pool_config(&device, 1 << 20, 1)?;
+///     let stream = Stream::new(&device)?; // call 1: the stacks
+///     assert_eq!(GpuMat::<u8>::new(&stream, 4, 4).is_err(), fails); // call 2, and its retry
+/// }
+/// # Ok::<(), PoolError>(())
+/// ```
+#[must_use]
+pub fn host_with_faults(fail_at: u64, count: u64) -> Device {
+    Device::new_private_host_faults(fail_at, count)
+}
+
 /// A private host device whose unmap or unreserve call number `fail_at` (1-based; growable
 /// stacks' `Stream::trim` and the end of a stream make them) fails: for testing that a failed
 /// give-back leaves the stack usable. 0 never fails.
@@ -36,11 +57,11 @@ pub fn host_with_fault(fail_at: u64) -> Device {
 /// let device = testing::host_with_unmap_fault(1);
 /// device.set_growable_stacks(true)?;
 /// let stream = Stream::new(&device)?;
-/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 20)?);
+/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(16 << 20)?);
 /// assert!(stream.trim().is_err()); // the injected failure
-/// assert_eq!(stream.stats().stack_mapped, 1 << 20); // still mapped, still usable
-/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 20)?);
-/// assert_eq!(stream.trim()?, 1 << 20);
+/// assert_eq!(stream.stats().stack_mapped, 16 << 20); // still mapped, still usable
+/// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(16 << 20)?);
+/// assert_eq!(stream.trim()?, 16 << 20);
 /// # Ok::<(), PoolError>(())
 /// ```
 #[must_use]

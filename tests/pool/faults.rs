@@ -1,5 +1,6 @@
 //! Every allocation failure point of a workload, for each pool: the allocation call number `k`
-//! fails, for every `k` the workload makes. Each run must end in success or a clean
+//! fails, for every `k` the workload makes, and so does the one retry an out-of-memory gets after
+//! the device's idle memory went back (call `k + 1`), so each failure reaches the caller. Each run must end in success or a clean
 //! `PoolError::OutOfMemory`, leave nothing allocated once its objects are dropped, and leave the
 //! pool's counters consistent.
 
@@ -15,7 +16,7 @@ fn every_failure_point(name: &str, workload: impl Fn(&Device) -> Result<(), Pool
     let mut failed = 0;
     for k in 1.. {
         assert!(k < 500, "{name}: the workload never finished");
-        let device = gpu_pool::testing::host_with_fault(k);
+        let device = gpu_pool::testing::host_with_faults(k, 2);
         let result = workload(&device);
         // Give the stack memory back, so that what is left is a leak.
         set_buffer_pool_config(&device, 1 << 20, 1).expect("no stream is left");
@@ -37,7 +38,7 @@ fn every_failure_point(name: &str, workload: impl Fn(&Device) -> Result<(), Pool
 
 /// Whether the workload makes fewer than `k` allocation calls (so failing call `k` never fires).
 fn ran_out(k: u64, workload: &impl Fn(&Device) -> Result<(), PoolError>) -> bool {
-    (k..k + 4).all(|later| workload(&gpu_pool::testing::host_with_fault(later)).is_ok())
+    (k..k + 4).all(|later| workload(&gpu_pool::testing::host_with_faults(later, 2)).is_ok())
 }
 
 #[test]
@@ -159,11 +160,13 @@ unsafe impl gpu_pool::GpuAllocator for FailAt {
             .calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        if n == self.fail_at {
+        // The call and the one retry the stream makes after the device gave idle memory back.
+        if n == self.fail_at || n == self.fail_at + 1 {
             return Err(PoolError::OutOfMemory {
                 device: ctx.device_id(),
                 requested: req.bytes,
                 context: None, // the stream attaches the request as the error leaves the take
+                reclaimed: None,
             });
         }
         self.inner.allocate(ctx, req)

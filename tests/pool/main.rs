@@ -17,6 +17,7 @@ mod errors;
 mod family;
 mod faults;
 mod growable;
+mod holders;
 mod host_mem;
 mod mix;
 mod model;

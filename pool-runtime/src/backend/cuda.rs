@@ -200,6 +200,7 @@ impl CudaBackend {
                     device,
                     requested,
                     context: None,
+                    reclaimed: None,
                 }
             } else {
                 driver_error(call, e)
@@ -277,6 +278,16 @@ fn create_mem_pool(ordinal: usize) -> Result<sys::CUmemoryPool, PoolError> {
     }
     .map_err(|e| driver_error("cuMemPoolSetAttribute", e))?;
     Ok(pool)
+}
+
+/// A byte count attribute of `pool` (0 if the driver will not say).
+fn pool_attribute(pool: sys::CUmemoryPool, attribute: sys::CUmemPool_attribute) -> usize {
+    let mut value: u64 = 0;
+    // SAFETY: our pool, alive while the backend is; the byte count attributes write a u64.
+    let got = unsafe {
+        result::mem_pool::get_attribute(pool, attribute, (&raw mut value).cast::<c_void>())
+    };
+    got.map_or(0, |()| value as usize)
 }
 
 fn copy2d(width: usize, rows: usize) -> sys::CUDA_MEMCPY2D {
@@ -549,6 +560,49 @@ impl Backend for CudaBackend {
         let _guard = self.guard()?;
         // SAFETY: forwarded contract: a live allocation of this context, freed once.
         unsafe { result::free_sync(ptr) }.map_err(|e| driver_error("cuMemFree", e))
+    }
+
+    fn pool_reserved_bytes(&self) -> Option<usize> {
+        let pool = self.mem_pool?;
+        Some(pool_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        ))
+    }
+
+    fn pool_idle_bytes(&self) -> usize {
+        let Some(pool) = self.mem_pool else {
+            return 0;
+        };
+        let reserved = pool_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        );
+        let used = pool_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        );
+        reserved.saturating_sub(used)
+    }
+
+    fn trim_pool(&self) -> Result<usize, PoolError> {
+        let Some(pool) = self.mem_pool else {
+            return Ok(0);
+        };
+        let _guard = self.guard()?;
+        let before = pool_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        );
+        // SAFETY: our pool, alive until the backend drops. The driver keeps what live allocations
+        // use and what frees still pending in some stream will hand back.
+        unsafe { result::mem_pool::trim_to(pool, 0) }
+            .map_err(|e| driver_error("cuMemPoolTrimTo", e))?;
+        let after = pool_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        );
+        Ok(before.saturating_sub(after))
     }
 
     fn alloc_async(&self, bytes: usize, stream: &RawStream) -> Result<DevPtr, PoolError> {

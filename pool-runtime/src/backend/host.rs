@@ -22,6 +22,8 @@ pub(crate) struct HostBackend {
     limit: usize,
     /// Fault injection: the allocation call with this number (1-based) fails; 0 for none.
     fail_at: u64,
+    /// How many allocation calls from `fail_at` on fail (1 unless a test asks for more).
+    fail_for: u64,
     /// Fault injection: the unmap or unreserve call with this number (1-based) fails; 0 for none.
     fail_unmap_at: u64,
     unmap_calls: std::sync::atomic::AtomicU64,
@@ -60,6 +62,7 @@ impl HostBackend {
             id,
             limit: limit.unwrap_or(usize::MAX),
             fail_at,
+            fail_for: 1,
             fail_unmap_at: 0,
             unmap_calls: std::sync::atomic::AtomicU64::new(0),
             alloc_calls: std::sync::atomic::AtomicU64::new(0),
@@ -68,6 +71,14 @@ impl HostBackend {
     }
 
     /// A backend whose unmap or unreserve call number `fail_unmap_at` fails.
+    /// As [`with_fault`](Self::with_fault), with `count` calls from `fail_at` on failing.
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_faults(id: DeviceId, fail_at: u64, count: u64) -> HostBackend {
+        let mut backend = HostBackend::with_fault(id, None, fail_at);
+        backend.fail_for = count;
+        backend
+    }
+
     #[cfg(feature = "testing")]
     pub(crate) fn with_unmap_fault(id: DeviceId, fail_unmap_at: u64) -> HostBackend {
         let mut backend = HostBackend::with_fault(id, None, 0);
@@ -102,7 +113,7 @@ impl HostBackend {
             .alloc_calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        if call == self.fail_at {
+        if self.fail_at > 0 && (self.fail_at..self.fail_at + self.fail_for).contains(&call) {
             return Err(self.oom(requested));
         }
         Ok(())
@@ -113,6 +124,7 @@ impl HostBackend {
             device: self.id,
             requested,
             context: None,
+            reclaimed: None,
         }
     }
 }

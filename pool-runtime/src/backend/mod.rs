@@ -99,6 +99,22 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn live_bytes(&self) -> Option<usize> {
         None
     }
+    /// Bytes the stream-ordered memory pool reserves (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`), its
+    /// live allocations included; `None` without a memory pool of our own (`alloc_async` is then
+    /// `alloc`).
+    fn pool_reserved_bytes(&self) -> Option<usize> {
+        None
+    }
+    /// Bytes the stream-ordered memory pool reserves that no allocation uses (reserved minus
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`): freed memory its release threshold keeps.
+    fn pool_idle_bytes(&self) -> usize {
+        0
+    }
+    /// Gives the stream-ordered pool's idle memory back to the device (`cuMemPoolTrimTo(pool, 0)`:
+    /// the driver releases only memory no allocation holds): the bytes its reserve shrank by.
+    fn trim_pool(&self) -> Result<usize, PoolError> {
+        Ok(0)
+    }
     /// The cudarc context, on a CUDA device.
     #[cfg(feature = "cuda")]
     fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {

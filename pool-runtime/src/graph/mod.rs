@@ -121,6 +121,7 @@ impl Graph<'_> {
     /// Replays `graphs` in order, each on its stream, as one step for their shared memory: every
     /// graph's checks (and a refusal) come before any is queued. An error comes with how many
     /// graphs were queued before it.
+    #[cfg(feature = "nccl")]
     pub(crate) fn launch_together(graphs: &[Graph<'_>]) -> Result<(), (usize, PoolError)> {
         for graph in graphs {
             graph.ready().map_err(|e| (0, e))?;

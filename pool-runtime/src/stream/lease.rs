@@ -287,7 +287,10 @@ impl Stream {
             return None;
         }
         let (_, end) = Stack::place(stack.top(), bytes, align)?;
-        match stack.map_to(end, self.device.storage(), Some(self.counters())) {
+        let map = || stack.map_to(end, self.device.storage(), Some(self.counters()));
+        // Out of memory, the other holders give theirs back first; this stack's own memory above
+        // its top is what the growth maps on to, so it stays.
+        match map().or_else(|e| self.retry_after_reclaim(e, false, &mut { map })) {
             Ok(true) => {
                 self.counters().stack_mapped.set(stack.mapped() as u64);
                 stack.take_aligned(bytes, align)
@@ -345,9 +348,9 @@ impl Stream {
             stack_size,
             align: layout.elem_align,
         };
-        let allocation = self
-            .allocator
-            .allocate(&self.alloc_context(), &request)
+        let allocate = || self.allocator.allocate(&self.alloc_context(), &request);
+        let allocation = allocate()
+            .or_else(|e| self.retry_after_reclaim(e, true, &mut { allocate }))
             .map_err(|e| e.at(context))?;
         let ptr = match allocator::validate(&allocation, &request, self.device.id()) {
             Ok(ptr) => ptr,
@@ -399,14 +402,18 @@ impl Stream {
         }
         self.free_kept_now();
         let storage = self.device.storage();
-        let (ptr, pitch) = if layout.is_pitched() {
-            storage.alloc_pitch(layout.width_bytes, layout.rows, Some(self.counters()))
-        } else {
-            storage
-                .alloc(layout.bytes, Some(self.counters()))
-                .map(|ptr| (ptr, layout.pitch))
-        }
-        .map_err(|e| e.at(context))?;
+        let allocate = || {
+            if layout.is_pitched() {
+                storage.alloc_pitch(layout.width_bytes, layout.rows, Some(self.counters()))
+            } else {
+                storage
+                    .alloc(layout.bytes, Some(self.counters()))
+                    .map(|ptr| (ptr, layout.pitch))
+            }
+        };
+        let (ptr, pitch) = allocate()
+            .or_else(|e| self.retry_after_reclaim(e, true, &mut { allocate }))
+            .map_err(|e| e.at(context))?;
         if !layout.is_aligned(ptr, pitch) {
             // Not seen on any driver (allocations are 256-aligned, pitches multiples of 256), but
             // host slices of the rows would be misaligned, so it is checked, not assumed.

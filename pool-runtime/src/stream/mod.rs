@@ -14,8 +14,8 @@ mod work;
 
 use std::cell::{Cell, OnceCell};
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
 
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
 use crate::backend::{DevPtr, RawStream};
@@ -23,6 +23,7 @@ use crate::capturing;
 use crate::config::{self, Fallback};
 use crate::device::Device;
 use crate::error::PoolError;
+use crate::holders::{IdleMemory, ReclaimedFrom};
 use crate::ledger::Ledger;
 use crate::record::{Event, EventKind};
 use crate::source::{CallSite, Source};
@@ -185,6 +186,8 @@ impl Stream {
         let wrapped = capturing::Wrapped::claim(&raw, id)?;
         let ledger = Arc::new(Ledger::new(id, record));
         device.inner.register_stream(&ledger);
+        let holder: Weak<dyn IdleMemory> = Arc::downgrade(&ledger) as Weak<Ledger>;
+        device.storage().register_holder(holder);
         Ok(Stream {
             device: device.clone(),
             raw,
@@ -277,9 +280,24 @@ impl Stream {
                 stream: self.id(),
             });
         }
+        let before = stack.mapped();
+        // A trim the device asked for may happen inside the wait.
         self.synchronize()?;
-        // SAFETY: the stream's work is done (waited for above), and memory above the top belongs
-        // to no live buffer or graph: a graph's fence and every live block lie below the top.
+        self.unmap_idle()?;
+        Ok(before - stack.mapped())
+    }
+
+    /// Unmaps what a growable stack has mapped above its top, and clears the device's request for
+    /// it. The caller waited for the stream (`synchronize`) and is not inside a capture.
+    #[cold]
+    fn unmap_idle(&self) -> Result<usize, PoolError> {
+        self.ledger.trim_requested.store(false, Relaxed);
+        let Some(stack) = self.stack.get().filter(|s| s.is_growable()) else {
+            return Ok(0);
+        };
+        // SAFETY: the stream's work is done (the caller waited for it), and memory above the top
+        // belongs to no live buffer or graph: a graph's fence and every live block lie below the
+        // top.
         let freed =
             unsafe { stack.unmap_above(stack.top(), self.device.storage(), Some(self.counters())) };
         self.counters().stack_mapped.set(stack.mapped() as u64);
@@ -288,8 +306,75 @@ impl Stream {
 
     /// Waits until all work queued on the stream is done. [`HostMem`](crate::HostMem) copies
     /// queued before it are then known done, with no driver call to ask.
+    ///
+    /// Where an out-of-memory elsewhere on the device asked for this stream's idle stack memory
+    /// (see [`Device::reclaim_idle`](crate::Device::reclaim_idle)), it is given back here, the
+    /// stream's work being done.
     pub fn synchronize(&self) -> Result<(), PoolError> {
-        self.clock.synchronize(self.device.backend(), &self.raw)
+        self.clock.synchronize(self.device.backend(), &self.raw)?;
+        if self.ledger.trim_requested.load(Relaxed) {
+            self.honour_trim_request();
+        }
+        Ok(())
+    }
+
+    /// Gives back the idle stack memory the device asked for, the stream having just waited.
+    #[cold]
+    fn honour_trim_request(&self) {
+        if self.in_own_capture() || capturing::on_this_thread() {
+            return; // an unmap is a driver call a capture must not see; asked again next time
+        }
+        if let Err(e) = self.unmap_idle() {
+            tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
+        }
+    }
+
+    /// `first`, an error of `attempt`: where it is an out-of-memory (and no capture is under way
+    /// here), `attempt` once more, after this stream gave back its own idle stack memory (with
+    /// `own`: not when the stack itself is growing) and every other holder of the device theirs.
+    /// The final error says what was held where and what was given back.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn retry_after_reclaim<T>(
+        &self,
+        first: PoolError,
+        own: bool,
+        attempt: &mut dyn FnMut() -> Result<T, PoolError>,
+    ) -> Result<T, PoolError> {
+        if !matches!(first, PoolError::OutOfMemory { .. })
+            || self.in_own_capture()
+            || capturing::on_this_thread()
+        {
+            return Err(first);
+        }
+        let mine = own.then(|| self.give_back_own_idle()).flatten();
+        let skip = Arc::as_ptr(&self.ledger).cast::<()>();
+        self.device
+            .storage()
+            .retry_reclaimed(Some(skip), mine, attempt)
+    }
+
+    /// Unmaps this stream's growable stack above its top, once its work is done: what it held and
+    /// gave back. `None` without a growable stack.
+    #[cold]
+    fn give_back_own_idle(&self) -> Option<ReclaimedFrom> {
+        let stack = self.stack.get().filter(|s| s.is_growable())?;
+        let before = stack.mapped();
+        let held = before.saturating_sub(stack.top());
+        // Memory above the top may still be in use by queued work of released buffers: wait for
+        // it, unless a capture elsewhere records this stream (a wait would break it).
+        if held > 0
+            && matches!(self.device.backend().is_capturing(&self.raw), Ok(false))
+            && let Err(e) = self.synchronize().and_then(|()| self.unmap_idle())
+        {
+            tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
+        }
+        Some(ReclaimedFrom {
+            holder: self.ledger.holder(),
+            held,
+            given_back: before - stack.mapped(),
+            deferred: false,
+        })
     }
 
     /// A snapshot of this stream's counters.
@@ -355,13 +440,23 @@ impl Stream {
         if !self.device.inner.has_free_stack() {
             return Ok(None);
         }
-        match self.device.inner.claim_stack(&self.ledger) {
+        let claimed = match self.device.inner.claim_stack(&self.ledger) {
+            Err(e) => self.retry_after_reclaim(e, false, &mut || {
+                self.device.inner.claim_stack(&self.ledger)
+            }),
+            claimed => claimed,
+        };
+        match claimed {
             Ok(Some((stack, after))) => {
                 if let Some(event) = after {
                     // The stack's last stream could not wait for its own work: this one does,
                     // before any of its work can touch the stack.
                     // Unordered use would race that work: on an error the stack stays held, unused.
                     self.device.backend().wait_event(&self.raw, event)?;
+                }
+                if stack.is_growable() {
+                    self.ledger.growable_stack.store(true, Relaxed);
+                    self.map_configured(&stack);
                 }
                 self.counters().stack_mapped.set(stack.mapped() as u64);
                 Ok(Some(self.stack.get_or_init(|| stack)))
@@ -378,6 +473,22 @@ impl Stream {
                 Ok(None)
             }
             Err(e) => Err(e),
+        }
+    }
+}
+
+impl Stream {
+    /// Maps the configured stack size into a new growable stack, so work that fits it makes no
+    /// driver call after `Stream::new` (OpenCV's stacks exist once the stream does); growth past
+    /// it stays on demand. Without the memory now, the stack starts empty and grows on demand.
+    #[cold]
+    fn map_configured(&self, stack: &Stack) {
+        let Ok(config) = self.device.pool_config() else {
+            return;
+        };
+        let size = config.stack_size().min(stack.size());
+        if let Err(e) = stack.map_to(size, self.device.storage(), Some(self.counters())) {
+            tracing::debug!(stream = self.id(), error = %e, "mapping the configured stack size failed: the stack grows on demand");
         }
     }
 }

@@ -504,7 +504,13 @@ impl Model {
         {
             None
         } else {
-            match self.device.claim() {
+            // Out of memory, the device's idle memory (the caching pools' held blocks) goes back
+            // and the claim is tried once more.
+            let claimed = self.device.claim().or_else(|()| {
+                self.reclaim();
+                self.device.claim()
+            });
+            match claimed {
                 Ok(stack) => stack,
                 // OpenCV's rule: no memory for the stacks is no error; the buffers fall back.
                 Err(()) => {
@@ -614,7 +620,32 @@ impl Model {
         Ok((Source::Fallback(reason), memory))
     }
 
+    /// The fallback, tried once more after the device's idle memory (every caching pool's held
+    /// blocks) went back, where it runs out of memory.
     fn fallback(
+        &mut self,
+        s: usize,
+        l: &Layout,
+        reason: FallbackReason,
+    ) -> Result<Memory, Refusal> {
+        match self.fallback_once(s, l, reason) {
+            Err(Refusal::OutOfMemory) => {
+                self.reclaim();
+                self.fallback_once(s, l, reason)
+            }
+            other => other,
+        }
+    }
+
+    /// What `Device::reclaim_idle` gives back on the host backend with fixed stacks: every caching
+    /// pool's held blocks.
+    fn reclaim(&mut self) {
+        for c in 0..self.caches.len() {
+            self.free_held(c);
+        }
+    }
+
+    fn fallback_once(
         &mut self,
         s: usize,
         l: &Layout,
