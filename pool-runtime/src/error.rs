@@ -452,7 +452,12 @@ pub enum PoolError {
     /// reads; any access, for a replay that writes). The guard's work is not all queued yet, so
     /// nothing can order the replay after it; nothing was queued.
     #[error(
-        "{what} would {replay} shared memory while a {open} of it is open on stream {stream}: the          replay cannot be ordered after work not queued yet; drop that guard before launching          (hold the lock that guards the SharedMat, e.g. its RwLock's read lock, across the          launch), or end a forgotten guard's access with an eager access of the SharedMat"
+        "{what} would {replay} shared memory while a {open} of it is open on stream {stream}: the \
+         replay cannot be ordered after work not queued yet; end that access first (drop its \
+         guard: hold the lock that guards the SharedMat across the launch, its read lock for a \
+         graph that reads, its write lock for one that writes). A guard that was forgotten, or \
+         dropped while its stream was captured outside Stream::capture, stays open until an \
+         eager access that conflicts with it (a write, for an open read) waits for its stream"
     )]
     SharedAccessOpen {
         /// The operation refused.

@@ -42,8 +42,12 @@
 //! `SharedMat`, so it can be launched while another thread holds a guard whose work is not all
 //! queued yet: such a replay is refused with `PoolError::SharedAccessOpen` (a write guard open,
 //! for a graph that reads; any guard, for one that writes), and nothing is queued. Hold the lock
-//! that guards the `SharedMat` (its `RwLock`'s read lock, for a graph that reads) across the
-//! launch, and the refusal cannot happen.
+//! that guards the `SharedMat` across the launch (its `RwLock`'s read lock for a graph that reads,
+//! its write lock for one that writes), and only a guard that never ended can refuse it: one that
+//! was forgotten (`mem::forget`), one dropped while its stream was captured outside
+//! `Stream::capture`, or one begun before a capture of its stream and dropped inside it. Such an
+//! access stays open until an eager access that conflicts with it (a write, for an open read)
+//! waits for its stream and closes it.
 
 use std::fmt;
 use std::marker::PhantomData;

@@ -744,6 +744,38 @@ mod gpu {
         Ok(())
     }
 
+    /// A read guard begun before a capture of its stream and dropped inside it: its eager work
+    /// (queued before the capture) has no end event, so the access stays open, and a write on
+    /// another stream waits for the stream instead of overtaking the read.
+    #[test]
+    fn a_guard_begun_before_a_capture_and_dropped_inside_it_stays_ordered() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_guard_into_capture") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (s, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&s, 1, 2)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        shared.write(&b)?.set_to(1)?;
+        b.synchronize()?;
+        let mut copy = GpuMat::<u8>::new(&s, 1, N)?;
+        let read = shared.read(&s)?;
+        stall(&s, &k, &tick)?;
+        copy.copy_from(&read)?; // eager, behind the stall
+        let graph = s.capture(move |_| {
+            drop(read);
+            Ok(())
+        })?;
+        drop(graph);
+        shared.write(&b)?.set_to(2)?;
+        let clobbered = count_not(&copy.to_vec()?, 1);
+        println!(
+            "a write after a read guard dropped inside a capture: {clobbered} of {N} bytes clobbered"
+        );
+        assert_eq!(clobbered, 0);
+        Ok(())
+    }
+
     /// A graph's replays are accesses of their own: writes made while the graph lives (through an
     /// `RwLock`, which the capture held only while it recorded) wait for the replays queued
     /// before them, and replays wait for the writes queued before them.

@@ -114,8 +114,8 @@ impl Graph<'_> {
         self.ready()?;
         // Each replay is an access of the shared memory its capture accessed: ordered after the
         // accesses it conflicts with, and before later ones.
-        SharedMemory::replay(&[(self.stream, self.shared.accesses())], |_| self.queue())
-            .map_err(|(_, e)| e)
+        let parts = [(self.stream, self.shared.accesses())];
+        SharedMemory::replay("Graph::launch", &parts, |_| self.queue()).map_err(|(_, e)| e)
     }
 
     /// Replays `graphs` in order, each on its stream, as one step for their shared memory: every
@@ -124,13 +124,23 @@ impl Graph<'_> {
     #[cfg(feature = "nccl")]
     pub(crate) fn launch_together(graphs: &[Graph<'_>]) -> Result<(), (usize, PoolError)> {
         for graph in graphs {
+            if graph.stream.in_own_capture() {
+                // Its replay would only be captured while the others run: out of step for good.
+                return Err((
+                    0,
+                    PoolError::Unsupported {
+                        device: graph.stream.device().id(),
+                        what: "replaying rank graphs inside a capture of one rank's stream",
+                    },
+                ));
+            }
             graph.ready().map_err(|e| (0, e))?;
         }
         let parts: Vec<_> = graphs
             .iter()
             .map(|g| (g.stream, g.shared.accesses()))
             .collect();
-        SharedMemory::replay(&parts, |i| graphs[i].queue())
+        SharedMemory::replay("RankGraphs::launch", &parts, |i| graphs[i].queue())
     }
 
     /// What must hold before a replay is queued.

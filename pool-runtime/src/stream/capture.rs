@@ -29,7 +29,7 @@ pub(super) struct Graphs {
     /// while a graph that may use it lived: kept until neither is true.
     kept: RefCell<Vec<Kept>>,
     /// Shared memory the capture under way accessed: its graph's replays are ordered as accesses.
-    shared: RefCell<Vec<(Arc<SharedMemory>, Access)>>,
+    shared: RefCell<Vec<SharedUse>>,
 }
 
 /// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
@@ -186,11 +186,13 @@ impl Stream {
         }
     }
 
-    /// The shared memory the capture that just ended accessed, for its graph to end the accesses
-    /// when dropped (reads first, then writes).
+    /// The shared memory the capture that just ended accessed, for its graph's replays to access
+    /// in turn.
     pub(crate) fn take_shared_accesses(&self) -> SharedAccesses {
         let mut accesses = std::mem::take(&mut *self.graphs.shared.borrow_mut());
-        accesses.sort_by_key(|(_, a)| *a == Access::Write);
+        // One access a memory, the stronger where the capture both read and wrote it.
+        accesses.sort_by_key(|(m, a)| (Arc::as_ptr(m), std::cmp::Reverse(*a)));
+        accesses.dedup_by(|later, first| Arc::ptr_eq(&later.0, &first.0));
         SharedAccesses(accesses)
     }
 
@@ -315,7 +317,7 @@ impl Stream {
 /// stream like one outside a capture ([`SharedMemory::replay`]).
 #[cfg(feature = "cuda")]
 #[derive(Default)]
-pub(crate) struct SharedAccesses(Vec<(Arc<SharedMemory>, Access)>);
+pub(crate) struct SharedAccesses(Vec<SharedUse>);
 
 #[cfg(feature = "cuda")]
 impl SharedAccesses {

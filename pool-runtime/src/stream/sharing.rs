@@ -72,6 +72,10 @@ struct Open {
     stream: u64,
     raw: RawStream,
     access: Access,
+    /// Begun inside the stream's own capture: its work is the graph's, ordered at each replay.
+    /// An access begun outside and ended inside a capture has no end event to record (one
+    /// recorded then would join the capture), so it stays open, as a forgotten one does.
+    in_capture: bool,
     count: usize,
 }
 
@@ -143,13 +147,14 @@ impl SharedMemory {
         match uses
             .open
             .iter_mut()
-            .find(|o| o.stream == me && o.access == access)
+            .find(|o| o.stream == me && o.access == access && o.in_capture == capturing)
         {
             Some(open) => open.count += 1,
             None => uses.open.push(Open {
                 stream: me,
                 raw: stream.raw.clone(),
                 access,
+                in_capture: capturing,
                 count: 1,
             }),
         }
@@ -162,19 +167,21 @@ impl SharedMemory {
 
     /// Queues replays of graphs, `launch(i)` for each of `parts` in order, where part `i` is the
     /// stream replay `i` is queued on and the accesses it makes: each replay is an access of each
-    /// of its memories, ordered after the accesses it conflicts with and marked for later ones to
-    /// wait on. The memories stay locked from the first check to the last mark, so no access can
-    /// begin in between and miss a replay, and a refusal comes before anything is queued (what
-    /// NCCL's rank graphs, replayed together, need to stay in step).
+    /// of its memories, ordered after the accesses it conflicts with (earlier parts included) and
+    /// marked for later ones to wait on. The memories stay locked from the first check to the
+    /// last mark, so no access can begin in between and miss a replay, and every refusal comes
+    /// before anything is queued (what NCCL's rank graphs, replayed together, need to stay in
+    /// step).
     ///
     /// A conflicting access still open on another stream is refused
-    /// (`PoolError::SharedAccessOpen`): unlike an eager access, a replay borrows no `SharedMat`,
-    /// so an open guard may be alive (another thread's, under an `RwLock`) with its work not all
-    /// queued, and nothing can order the replay after that. Parts on a stream inside its own
-    /// capture are noted for that capture's graph instead. If `launch(i)` fails, the replays
-    /// before it are marked, and its error returned with `i`.
+    /// (`PoolError::SharedAccessOpen`, for `what`): unlike an eager access, a replay borrows no
+    /// `SharedMat`, so an open guard may be alive (another thread's, under an `RwLock`) with its
+    /// work not all queued, and nothing can order the replay after that. Parts on a stream inside
+    /// its own capture are noted for that capture's graph instead. An error comes with how many
+    /// replays were queued before it.
     #[cfg(feature = "cuda")]
     pub(crate) fn replay(
+        what: &'static str,
         parts: &[(&Stream, &[SharedUse])],
         mut launch: impl FnMut(usize) -> Result<(), PoolError>,
     ) -> Result<(), (usize, PoolError)> {
@@ -197,48 +204,59 @@ impl SharedMemory {
                 .binary_search_by_key(&Arc::as_ptr(memory), |m| Arc::as_ptr(m))
                 .expect("every memory of an eager part was locked")
         };
-        for (stream, accesses) in parts {
+        for (stream, accesses) in parts.iter().filter(|(s, _)| eager(s)) {
+            let me = stream.id();
+            for (memory, access) in *accesses {
+                let open = locked[slot(memory)].open.iter().find(|o| {
+                    o.stream != me && (*access == Access::Write || o.access == Access::Write)
+                });
+                if let Some(open) = open {
+                    let error = PoolError::SharedAccessOpen {
+                        what,
+                        replay: access.name(),
+                        open: open.access.name(),
+                        stream: open.stream,
+                    };
+                    return Err((0, error));
+                }
+            }
+        }
+        let mut stale = Vec::new();
+        let mut outcome = Ok(());
+        for (i, (stream, accesses)) in parts.iter().enumerate() {
             if !eager(stream) {
                 for (memory, access) in *accesses {
                     stream.note_shared_access(memory, *access);
                 }
+                if let Err(e) = launch(i) {
+                    outcome = Err((i, e));
+                    break;
+                }
                 continue;
             }
-            for (memory, access) in *accesses {
-                let uses = &locked[slot(memory)];
-                let me = stream.id();
-                let open = uses.open.iter().find(|o| {
-                    o.stream != me && (*access == Access::Write || o.access == Access::Write)
-                });
-                if let Some(open) = open {
-                    return Err((
-                        0,
-                        PoolError::SharedAccessOpen {
-                            what: "Graph::launch",
-                            replay: access.name(),
-                            open: open.access.name(),
-                            stream: open.stream,
-                        },
-                    ));
-                }
-                Self::wait_for_conflicts(uses, stream, *access, false).map_err(|e| (0, e))?;
-            }
-        }
-        let mut failed = None;
-        for i in 0..parts.len() {
-            if let Err(e) = launch(i) {
-                failed = Some((i, e));
+            let waited = accesses.iter().try_for_each(|(memory, access)| {
+                Self::wait_for_conflicts(&locked[slot(memory)], stream, *access, false)
+            });
+            if let Err(e) = waited.and_then(|()| launch(i)) {
+                outcome = Err((i, e));
                 break;
             }
-        }
-        let launched = failed.as_ref().map_or(parts.len(), |(i, _)| *i);
-        let mut stale = Vec::new();
-        let mut unmarked = Vec::new();
-        for (stream, accesses) in parts[..launched].iter().filter(|(s, _)| eager(s)) {
             for (memory, access) in *accesses {
-                match memory.mark_end(&mut locked[slot(memory)], stream, *access) {
+                let uses = &mut locked[slot(memory)];
+                match memory.mark_end(uses, stream, *access) {
                     Ok(done) => stale.extend(done.into_iter().map(|e| (memory, e))),
-                    Err(e) => unmarked.push((*stream, e)),
+                    Err(e) => {
+                        // No event marks the replay: it stays open, so later accesses treat it
+                        // as a forgotten guard's (an eager one waits for the stream).
+                        tracing::error!(stream = stream.id(), error = %e, "marking the end of a graph replay on shared memory failed; it stays open");
+                        uses.open.push(Open {
+                            stream: stream.id(),
+                            raw: stream.raw.clone(),
+                            access: *access,
+                            in_capture: false,
+                            count: 1,
+                        });
+                    }
                 }
             }
         }
@@ -246,12 +264,7 @@ impl SharedMemory {
         for (memory, e) in stale {
             memory.device.backend().drop_event(e);
         }
-        for (stream, e) in unmarked {
-            // No event marks the replay: the host waits for it, so later accesses cannot race it.
-            tracing::error!(stream = stream.id(), error = %e, "ordering shared memory after a graph replay failed; waiting for the stream");
-            stream.synchronize().map_err(|e| (launched, e))?;
-        }
-        failed.map_or(Ok(()), Err)
+        outcome
     }
 
     /// The last write, and for a write every read since, on streams other than `stream`: waited
@@ -280,40 +293,44 @@ impl SharedMemory {
 
     /// An access on `stream` ends: later conflicting accesses wait for the work it queued. Inside
     /// `stream`'s own capture the graph's replays are ordered instead (see [`begin`](Self::begin)).
+    ///
+    /// The open access is closed and its end marked under one lock: an access or replay that
+    /// begins meanwhile sees one or the other, never neither.
     pub(crate) fn end(self: &Arc<Self>, stream: &Stream, access: Access) -> Result<(), PoolError> {
         let own_capture = stream.in_own_capture();
-        if !own_capture && self.device.backend().is_capturing(&stream.raw)? {
+        let backend = self.device.backend();
+        if !own_capture && backend.is_capturing(&stream.raw)? {
             // Captured by someone else (cudarc): an event recorded now would join that capture.
             // The access stays open, and the next conflicting one waits for the stream.
             return Ok(());
         }
-        let mut uses = lock(&self.uses);
         let me = stream.id();
-        if let Some(i) = uses
+        let mut uses = lock(&self.uses);
+        let open = uses
             .open
             .iter()
-            .position(|o| o.stream == me && o.access == access)
-        {
+            .position(|o| o.stream == me && o.access == access && o.in_capture == own_capture);
+        let mut stale = Vec::new();
+        if own_capture {
+            // The capture's work is ordered at each replay of its graph.
+            stream.note_shared_access(self, access);
+        } else {
+            match self.mark_end(&mut uses, stream, access) {
+                Ok(done) => stale = done,
+                // No event marks the work: the host waits for it, still under the lock, or the
+                // access stays open for later ones to treat as forgotten.
+                Err(e) => backend.synchronize(&stream.raw).map_err(|_| e)?,
+            }
+        }
+        if let Some(i) = open {
             uses.open[i].count -= 1;
             if uses.open[i].count == 0 {
                 uses.open.swap_remove(i);
             }
         }
         drop(uses);
-        if own_capture {
-            stream.note_shared_access(self, access);
-            return Ok(());
-        }
-        self.ended_on(stream, access)
-    }
-
-    /// Records the end of an access on `stream` (one of [`end`](Self::end)).
-    fn ended_on(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
-        let mut uses = lock(&self.uses);
-        let stale = self.mark_end(&mut uses, stream, access)?;
-        drop(uses);
         for e in stale {
-            self.device.backend().drop_event(e);
+            backend.drop_event(e);
         }
         Ok(())
     }
