@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use gpu_pool::{Device, EnvConfig, Fallback, PoolError, Stream};
+use gpu_pool::{Device, EnvConfig, Fallback, Packing, PoolError, Stream};
 
 const CHILD: &str = "child_reports_what_it_sees";
 
@@ -34,15 +34,23 @@ fn child_reports_what_it_sees() {
     let device = Device::private_host();
     match Stream::new(&device) {
         Ok(stream) => {
-            let _b = gpu_pool::BufferPool::new(&stream).get_buffer_1d::<u8>(64);
+            let pool = gpu_pool::BufferPool::new(&stream);
+            let _b = pool.get_buffer_1d::<u8>(64);
             let events: usize = device.recordings().iter().map(|r| r.events.len()).sum();
+            let next = pool.get_buffer_1d::<u8>(64);
+            let gap = match (&_b, &next) {
+                (Ok(a), Ok(b)) => b.device_ptr() - a.device_ptr(),
+                _ => 0,
+            };
             println!(
-                "RESULT config={:?} fallback={:?} usage={:?} stack={:?} record={:?} events={events}",
+                "RESULT config={:?} fallback={:?} usage={:?} stack={:?} record={:?} events={events} \
+                 packing={:?} gap={gap}",
                 device.pool_config(),
                 device.fallback(),
                 gpu_pool::buffer_pool_usage(),
                 stream.stack_index(),
                 device.recording_events_per_stream(),
+                device.packing(),
             )
         }
         Err(e) => println!(
@@ -73,6 +81,14 @@ fn record_in_the_environment_records_every_new_stream() {
 }
 
 #[test]
+fn packing_in_the_environment_chooses_where_blocks_start() {
+    let out = run_child("packing=opencv");
+    assert!(out.contains("packing=Ok(OpenCv) gap=64"), "{out}");
+    let out = run_child("");
+    assert!(out.contains("packing=Ok(Cuda) gap=256"), "{out}");
+}
+
+#[test]
 fn usage_off_in_the_environment_means_no_stack() {
     let out = run_child("usage=off");
     assert!(out.contains("usage=Ok(false) stack=None"), "{out}");
@@ -99,6 +115,14 @@ fn parse_accepts_units_and_spaces_and_refuses_the_rest() -> Result<(), PoolError
     assert_eq!((conf.usage, conf.strict_lifo), (Some(true), Some(false)));
     assert_eq!(EnvConfig::parse("")?, EnvConfig::default());
     assert_eq!(EnvConfig::parse("record=4096")?.record, Some(4096));
+    assert_eq!(
+        EnvConfig::parse("packing=opencv")?.packing,
+        Some(Packing::OpenCv)
+    );
+    assert_eq!(
+        EnvConfig::parse("packing=cuda")?.packing,
+        Some(Packing::Cuda)
+    );
     assert_eq!(EnvConfig::parse("stack_size=1g")?.stack_size, Some(1 << 30));
     assert_eq!(
         EnvConfig::parse("fallback=error")?.fallback,
@@ -117,6 +141,7 @@ fn parse_accepts_units_and_spaces_and_refuses_the_rest() -> Result<(), PoolError
         ),
         ("usage=maybe", "on or off"),
         ("record=lots", "whole number of events"),
+        ("packing=64", "expected cuda or opencv"),
         ("stack_count=1,stack_count=2", "given twice"),
         ("colour=blue", "unknown key"),
     ] {

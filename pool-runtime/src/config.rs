@@ -15,7 +15,8 @@ use crate::layout::align_up;
 ///
 /// Keys: `stack_size` (bytes, or with a `KiB`/`MiB`/`GiB` suffix), `stack_count`, `fallback`
 /// (`driver`, `stream_ordered`, `caching`, `error`), `usage` (`on`/`off`), `strict_lifo` (`on`/`off`),
-/// `record` (events per stream to record, for `timeline`).
+/// `record` (events per stream to record, for `timeline`), `packing` (`cuda`/`opencv`, see
+/// [`Packing`]).
 pub const ENV_VAR: &str = "GPU_POOL_CONF";
 
 const MIB: usize = 1 << 20;
@@ -38,8 +39,9 @@ pub struct PoolConfig {
 impl PoolConfig {
     /// The alignment a stack size is rounded up to. Every stack starts on this boundary, a multiple
     /// of the texture alignment of every CUDA device to date; in a stack, a 2D buffer starts on the
-    /// texture alignment and a row or column at the end of the block below it, rounded up to 64
-    /// bytes (or `align_of::<T>()`), as in OpenCV.
+    /// texture alignment and a row or column at the end of the block below it, rounded up to 256
+    /// bytes, or to 64 as in OpenCV with [`Packing::OpenCv`] (and to `align_of::<T>()` where that
+    /// is more).
     pub const STACK_ALIGN: usize = 4096;
 
     /// Validates a config: both numbers must be non-zero, and `stack_size` is rounded **up** to a
@@ -156,6 +158,62 @@ impl Fallback {
     }
 }
 
+/// Where a row or column block starts on a stack: on 256 bytes, as every `cudaMalloc` and RMM
+/// allocation does (the default), or packed on 64 bytes, as OpenCV's `StackAllocator` packs them.
+///
+/// A 2D block starts on the device's texture alignment (512 bytes on current GPUs and on the host
+/// backend) either way. Libraries that assume `cudaMalloc`'s alignment (vectorized loads, TMA
+/// descriptors, RMM's own tests) need [`Packing::Cuda`]; [`Packing::OpenCv`] saves up to 192
+/// bytes of padding per small row or column (BENCHMARKS.md, section P, measures what that is on
+/// the examples: at most a few KiB).
+///
+/// ```
+/// use gpu_pool_runtime::{BufferPool, Device, Packing, PoolError, Stream};
+/// let device = Device::private_host();
+/// assert_eq!(device.packing()?, Packing::Cuda);
+/// let stream = Stream::new(&device)?;
+/// let pool = BufferPool::new(&stream);
+/// let (a, b) = (pool.get_buffer_1d::<u8>(10)?, pool.get_buffer_1d::<u8>(10)?);
+/// assert_eq!(b.device_ptr() - a.device_ptr(), 256);
+/// # drop((b, a));
+/// device.set_packing(Packing::OpenCv); // streams made from now on
+/// let stream = Stream::new(&device)?;
+/// let pool = BufferPool::new(&stream);
+/// let (a, b) = (pool.get_buffer_1d::<u8>(10)?, pool.get_buffer_1d::<u8>(10)?);
+/// assert_eq!(b.device_ptr() - a.device_ptr(), 64);
+/// # drop((b, a));
+/// # Ok::<(), PoolError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Packing {
+    /// Every block starts on a multiple of 256 bytes, `cudaMalloc`'s guarantee. The default.
+    #[default]
+    Cuda,
+    /// Rows and columns pack on 64 bytes, as in OpenCV (`GPU_POOL_CONF=packing=opencv`).
+    OpenCv,
+}
+
+impl Packing {
+    /// The multiple of which a row or column block starts (a 2D block starts on the larger of
+    /// this and the texture alignment): 256 or 64.
+    #[must_use]
+    pub const fn block_align(self) -> usize {
+        match self {
+            Packing::Cuda => 256,
+            Packing::OpenCv => 64,
+        }
+    }
+
+    fn parse(text: &str) -> Option<Packing> {
+        match text {
+            "cuda" => Some(Packing::Cuda),
+            "opencv" => Some(Packing::OpenCv),
+            _ => None,
+        }
+    }
+}
+
 /// What `GPU_POOL_CONF` says; unset keys are `None`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -173,6 +231,8 @@ pub struct EnvConfig {
     /// `record=`: events per stream to record (see
     /// [`Device::set_recording`](crate::Device::set_recording)).
     pub record: Option<usize>,
+    /// `packing=`: `cuda` or `opencv` (see [`Packing`]).
+    pub packing: Option<Packing>,
 }
 
 impl EnvConfig {
@@ -230,6 +290,13 @@ impl EnvConfig {
                         .replace(events)
                         .map_or(Ok(()), |_| Err(duplicate()))?;
                 }
+                "packing" => {
+                    let packing =
+                        Packing::parse(val).ok_or_else(|| bad("expected cuda or opencv"))?;
+                    conf.packing
+                        .replace(packing)
+                        .map_or(Ok(()), |_| Err(duplicate()))?;
+                }
                 "usage" | "strict_lifo" => {
                     let on = parse_switch(val).ok_or_else(|| bad("expected on or off"))?;
                     let slot = if key == "usage" {
@@ -242,7 +309,7 @@ impl EnvConfig {
                 _ => {
                     return Err(fail(format!(
                         "unknown key `{key}`; expected one of stack_size, stack_count, fallback, \
-                         usage, strict_lifo, record"
+                         usage, strict_lifo, record, packing"
                     )));
                 }
             }

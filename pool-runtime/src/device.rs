@@ -13,7 +13,7 @@ use crate::arena::{Arena, StackMemory};
 use crate::backend::host::HostBackend;
 use crate::backend::{Backend, RawEvent};
 use crate::capturing;
-use crate::config::{self, Fallback, PoolConfig};
+use crate::config::{self, Fallback, Packing, PoolConfig};
 use crate::error::PoolError;
 use crate::holders::Reclaimed;
 use crate::id::DeviceId;
@@ -55,6 +55,7 @@ struct DeviceState {
     explicit_config: Option<PoolConfig>,
     fallback: Option<Fallback>,
     strict_lifo: Option<bool>,
+    packing: Option<Packing>,
     arena: Option<Arena>,
     /// Streams made from now on get growable stacks ([`Device::set_growable_stacks`]).
     growable: bool,
@@ -262,7 +263,7 @@ impl Device {
     /// let image = device.footprint::<[u8; 3]>(480, 640)?;
     /// assert_eq!((image.bytes, image.step, image.align), (480 * 2048, 2048, 512));
     /// let row = device.footprint::<f32>(1, 100)?;
-    /// assert_eq!((row.bytes, row.align), (448, 64)); // 400 bytes, rounded to 64
+    /// assert_eq!((row.bytes, row.align), (448, 256)); // 400 bytes, rounded to 64, on 256
     /// let stream = Stream::new(&device)?;
     /// let buffer = BufferPool::new(&stream).get_buffer::<[u8; 3]>(480, 640)?;
     /// assert_eq!(buffer.step(), image.step);
@@ -271,7 +272,8 @@ impl Device {
     /// # Ok::<(), gpu_pool_runtime::PoolError>(())
     /// ```
     pub fn footprint<T>(&self, rows: usize, cols: usize) -> Result<Footprint, PoolError> {
-        Layout::of::<T>(rows, cols, self.texture_alignment()).map(|l| Footprint::of(&l))
+        let packing = self.packing()?.block_align();
+        Layout::of::<T>(rows, cols, self.texture_alignment(), packing).map(|l| Footprint::of(&l))
     }
 
     /// The cudarc context of a CUDA device, for loading modules and launching kernels.
@@ -439,6 +441,21 @@ impl Device {
     pub fn strict_lifo(&self) -> Result<bool, PoolError> {
         let explicit = self.inner.lock_state().strict_lifo;
         config::setting(explicit, |env| Ok(env.strict_lifo), || false)
+    }
+
+    /// Chooses where row and column blocks start on the stacks of streams made from now on:
+    /// [`Packing::Cuda`] (256 bytes, the default) or [`Packing::OpenCv`] (64, OpenCV's packing).
+    /// See [`Packing`].
+    pub fn set_packing(&self, packing: Packing) {
+        self.inner.lock_state().packing = Some(packing);
+    }
+
+    /// The packing new streams of this device get: the last [`Device::set_packing`], else
+    /// `GPU_POOL_CONF`'s `packing`, else [`Packing::Cuda`]. A malformed `GPU_POOL_CONF` is its
+    /// error unless [`Device::set_packing`] was called.
+    pub fn packing(&self) -> Result<Packing, PoolError> {
+        let explicit = self.inner.lock_state().packing;
+        config::setting(explicit, |env| Ok(env.packing), Packing::default)
     }
 
     /// Records the last `events_per_stream` takes and releases of each stream made from now on (0:

@@ -2,20 +2,23 @@
 //! step checked so that no input can wrap, and where on a stack its block may start.
 //!
 //! OpenCV's `MemoryStack::requestMemory` hands out `tip` and moves it by the block's size, so blocks
-//! follow each other with no gap: 64-byte multiples for rows and columns, pitch x rows for 2D. Here a
-//! row or column block starts where the previous block ended, rounded up to
-//! `max(64, align_of::<T>())` (ten 64-byte rows take 640 bytes, as in OpenCV), and a 2D block
-//! starts on the texture alignment, as its rows do, which OpenCV leaves to chance.
+//! follow each other with no gap: 64-byte multiples for rows and columns, pitch x rows for 2D. Here
+//! the sizes are OpenCV's, but a row or column block starts where the previous block ended, rounded
+//! up to the device's [`Packing`](crate::Packing): 256 bytes by default (`cudaMalloc`'s and RMM's
+//! guarantee, which vectorized loads and TMA descriptors assume), or 64 as in OpenCV with
+//! `Packing::OpenCv` (ten 64-byte rows then take 640 bytes), and to `align_of::<T>()` where that is
+//! more. A 2D block starts on the texture alignment, as its rows do, which OpenCV leaves to chance.
 
 use crate::error::PoolError;
 
-/// Alignment of single-row and single-column buffers (OpenCV rounds their size to 64).
+/// What the size of a single-row or single-column buffer is rounded up to (OpenCV's 64).
 pub(crate) const CONTIGUOUS_ALIGN: usize = 64;
 
 /// The strictest element alignment a buffer supports: what every source of memory guarantees.
 /// CUDA aligns every allocation to at least 256 bytes; a stack block starts on a multiple of
-/// `max(64, align_of::<T>())` (a row or a column) or of the texture alignment (2D, 512 on current
-/// GPUs and on the host backend), and 2D pitches are multiples of the texture alignment. An element
+/// `max(packing, align_of::<T>())` (a row or a column; the packing is 256, or 64 with
+/// `Packing::OpenCv`) or of the texture alignment (2D, 512 on current GPUs and on the host
+/// backend), and 2D pitches are multiples of the texture alignment. An element
 /// type aligned more strictly (`#[repr(align(512))]` and up) gets
 /// `PoolError::UnsupportedAlignment`.
 pub const MAX_ELEMENT_ALIGN: usize = 256;
@@ -24,7 +27,8 @@ pub const MAX_ELEMENT_ALIGN: usize = 256;
 /// stacks before a run ([`Device::footprint`](crate::Device::footprint)).
 ///
 /// A stack holding several buffers needs, for each, `bytes` plus up to `align - 1` bytes of
-/// padding before it (blocks start on `align`; rows and columns pack on 64 bytes, as OpenCV's do).
+/// padding before it (blocks start on `align`: 256 bytes for rows and columns, or 64 as OpenCV packs
+/// them with [`Packing::OpenCv`](crate::Packing::OpenCv)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Footprint {
@@ -73,9 +77,9 @@ pub(crate) struct Layout {
     /// `align_of::<T>()`: the address and the pitch of any memory for it must be multiples of it.
     pub(crate) elem_align: usize,
     /// Where a stack block for it may start: a multiple of this (a power of two). The texture
-    /// alignment for 2D; for a row or a column, 64 (`CONTIGUOUS_ALIGN`, so blocks pack as in
-    /// OpenCV), or `align_of::<T>()` where that is larger. Never above
-    /// `max(texture alignment, MAX_ELEMENT_ALIGN)`.
+    /// alignment for 2D (or the packing, if larger); for a row or a column, the packing (256, or 64
+    /// with `Packing::OpenCv`, so blocks pack as in OpenCV), or `align_of::<T>()` where that is
+    /// larger. Never above `max(texture alignment, MAX_ELEMENT_ALIGN)`.
     pub(crate) block_align: usize,
 }
 
@@ -84,7 +88,12 @@ impl Layout {
     /// alignment is one every source of memory guarantees (a constant test, folded away for every
     /// `T` that passes).
     #[inline]
-    pub(crate) fn of<T>(rows: usize, cols: usize, alignment: usize) -> Result<Layout, PoolError> {
+    pub(crate) fn of<T>(
+        rows: usize,
+        cols: usize,
+        alignment: usize,
+        packing: usize,
+    ) -> Result<Layout, PoolError> {
         if align_of::<T>() > MAX_ELEMENT_ALIGN {
             return Err(PoolError::UnsupportedAlignment {
                 type_name: std::any::type_name::<T>(),
@@ -92,7 +101,7 @@ impl Layout {
                 max: MAX_ELEMENT_ALIGN,
             });
         }
-        let mut layout = Layout::new(rows, cols, size_of::<T>(), alignment)?;
+        let mut layout = Layout::new(rows, cols, size_of::<T>(), alignment, packing)?;
         layout.elem_align = align_of::<T>();
         layout.block_align = layout.block_align.max(align_of::<T>());
         Ok(layout)
@@ -100,14 +109,18 @@ impl Layout {
 
     /// OpenCV's rule: with more than one row and more than one column the pitch is
     /// `align_up(cols * elem_size, alignment)` and the block starts on `alignment`; a single row or
-    /// column is contiguous, its size is rounded up to 64 bytes, and its block starts on 64.
+    /// column is contiguous and its size is rounded up to 64 bytes. Its block starts on `packing`
+    /// (`Packing::block_align`: 256, or OpenCV's 64), as does a 2D block if `packing` is more than
+    /// `alignment`.
     #[inline]
     pub(crate) fn new(
         rows: usize,
         cols: usize,
         elem_size: usize,
         alignment: usize,
+        packing: usize,
     ) -> Result<Layout, PoolError> {
+        debug_assert!(packing.is_power_of_two() && packing <= MAX_ELEMENT_ALIGN);
         // Built only on failure: this runs on every allocation.
         let overflow = || PoolError::SizeOverflow {
             rows,
@@ -124,7 +137,7 @@ impl Layout {
             (
                 pitch,
                 pitch.checked_mul(rows).ok_or_else(overflow)?,
-                alignment,
+                alignment.max(packing),
             )
         } else {
             let total = width_bytes.checked_mul(rows).ok_or_else(overflow)?;
@@ -133,7 +146,7 @@ impl Layout {
             (
                 pitch,
                 align_up(total, CONTIGUOUS_ALIGN).ok_or_else(overflow)?,
-                CONTIGUOUS_ALIGN,
+                packing,
             )
         };
         Ok(Layout {
@@ -187,31 +200,53 @@ mod tests {
 
     #[test]
     fn two_d_is_pitched_to_the_texture_alignment() {
-        let l = Layout::new(4096, 4096, 3, 512).unwrap();
+        let l = Layout::new(4096, 4096, 3, 512, 64).unwrap();
         assert_eq!((l.pitch, l.bytes), (12288, 48 << 20));
-        let l = Layout::new(3, 100, 4, 512).unwrap();
+        let l = Layout::new(3, 100, 4, 512, 64).unwrap();
         assert_eq!((l.pitch, l.width_bytes, l.bytes), (512, 400, 1536));
     }
 
     #[test]
     fn a_row_or_a_column_is_contiguous_and_rounded_to_64() {
-        let row = Layout::new(1, 10, 4, 512).unwrap();
+        let row = Layout::new(1, 10, 4, 512, 64).unwrap();
         assert_eq!((row.pitch, row.bytes), (40, 64));
-        let col = Layout::new(10, 1, 4, 512).unwrap();
+        let col = Layout::new(10, 1, 4, 512, 64).unwrap();
         assert_eq!((col.pitch, col.bytes), (4, 64));
     }
 
     #[test]
-    fn blocks_start_on_64_for_rows_and_columns_and_on_the_texture_alignment_for_2d() {
-        assert_eq!(Layout::new(1, 10, 4, 512).unwrap().block_align, 64);
-        assert_eq!(Layout::new(10, 1, 4, 512).unwrap().block_align, 64);
-        assert_eq!(Layout::new(3, 100, 4, 512).unwrap().block_align, 512);
-        assert_eq!(Layout::of::<f64>(1, 3, 512).unwrap().block_align, 64);
+    fn blocks_start_on_256_for_rows_and_columns_by_default_and_on_the_texture_alignment_for_2d() {
+        assert_eq!(Layout::new(1, 10, 4, 512, 256).unwrap().block_align, 256);
+        assert_eq!(Layout::new(10, 1, 4, 512, 256).unwrap().block_align, 256);
+        assert_eq!(
+            Layout::new(1, 10, 4, 512, 256).unwrap().bytes,
+            64,
+            "sizes stay OpenCV's"
+        );
+        assert_eq!(Layout::new(3, 100, 4, 512, 256).unwrap().block_align, 512);
+        assert_eq!(Layout::new(3, 100, 4, 128, 256).unwrap().block_align, 256);
+    }
+
+    #[test]
+    fn with_opencv_packing_blocks_start_on_64_for_rows_and_columns() {
+        assert_eq!(Layout::new(1, 10, 4, 512, 64).unwrap().block_align, 64);
+        assert_eq!(Layout::new(10, 1, 4, 512, 64).unwrap().block_align, 64);
+        assert_eq!(Layout::new(3, 100, 4, 512, 64).unwrap().block_align, 512);
+        assert_eq!(Layout::of::<f64>(1, 3, 512, 64).unwrap().block_align, 64);
         #[repr(C, align(256))]
         struct Widest([u8; 256]);
-        assert_eq!(Layout::of::<Widest>(1, 3, 512).unwrap().block_align, 256);
-        assert_eq!(Layout::of::<Widest>(3, 3, 512).unwrap().block_align, 512);
-        assert_eq!(Layout::of::<Widest>(3, 3, 128).unwrap().block_align, 256);
+        assert_eq!(
+            Layout::of::<Widest>(1, 3, 512, 64).unwrap().block_align,
+            256
+        );
+        assert_eq!(
+            Layout::of::<Widest>(3, 3, 512, 64).unwrap().block_align,
+            512
+        );
+        assert_eq!(
+            Layout::of::<Widest>(3, 3, 128, 64).unwrap().block_align,
+            256
+        );
     }
 
     #[test]
@@ -219,7 +254,7 @@ mod tests {
         #[repr(C, align(512))]
         struct Wide([u8; 512]);
         assert!(matches!(
-            Layout::of::<Wide>(2, 2, 512),
+            Layout::of::<Wide>(2, 2, 512, 256),
             Err(PoolError::UnsupportedAlignment {
                 align: 512,
                 max: 256,
@@ -228,23 +263,23 @@ mod tests {
         ));
         #[repr(C, align(256))]
         struct Widest([u8; 256]);
-        assert_eq!(Layout::of::<Widest>(2, 2, 512).unwrap().elem_align, 256);
+        assert_eq!(Layout::of::<Widest>(2, 2, 512, 64).unwrap().elem_align, 256);
     }
 
     #[test]
     fn zero_sized_elements_still_count_their_elements() {
         assert!(
-            Layout::new(usize::MAX, 2, 0, 512).is_err(),
+            Layout::new(usize::MAX, 2, 0, 512, 256).is_err(),
             "rows * cols overflows"
         );
-        assert!(Layout::new(usize::MAX, 1, 0, 512).unwrap().is_empty());
+        assert!(Layout::new(usize::MAX, 1, 0, 512, 64).unwrap().is_empty());
     }
 
     #[test]
     fn empty_and_overflowing_requests() {
-        assert!(Layout::new(0, 5, 4, 512).unwrap().is_empty());
-        assert!(Layout::new(5, 0, 4, 512).unwrap().is_empty());
-        assert_eq!(Layout::new(5, 5, 0, 512).unwrap().bytes, 0);
+        assert!(Layout::new(0, 5, 4, 512, 64).unwrap().is_empty());
+        assert!(Layout::new(5, 0, 4, 512, 64).unwrap().is_empty());
+        assert_eq!(Layout::new(5, 5, 0, 512, 64).unwrap().bytes, 0);
         for (r, c, e) in [
             (usize::MAX, 2, 1),
             (2, usize::MAX, 1),
@@ -254,7 +289,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    Layout::new(r, c, e, 512),
+                    Layout::new(r, c, e, 512, 256),
                     Err(PoolError::SizeOverflow { .. })
                 ),
                 "{r}x{c}x{e}"

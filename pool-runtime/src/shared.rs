@@ -62,6 +62,10 @@ use crate::layout::Layout;
 use crate::stream::{Access, SharedMemory, Stream};
 use crate::view::{GpuView, GpuViewMut, Keeper, Window};
 
+/// A shared array's memory is a driver allocation of its own, aligned as the driver aligns it: no
+/// stack block, so no packing to choose.
+const DRIVER: usize = crate::Packing::Cuda.block_align();
+
 /// A 2D array of `T` in device memory that no stream owns: `Send + Sync`, read from any stream on
 /// any thread through [`read`](Self::read), written through [`write`](Self::write) (`&mut`), with
 /// the order across streams kept by the pool. See the [module docs](crate::shared).
@@ -85,7 +89,7 @@ impl<T: Pod> SharedMat<T> {
     ///
     /// `PoolError::CaptureAllocates` while a CUDA graph is captured on this thread.
     pub fn new(device: &Device, rows: usize, cols: usize) -> Result<SharedMat<T>, PoolError> {
-        let layout = Layout::of::<T>(rows, cols, device.backend().texture_alignment())?;
+        let layout = Layout::of::<T>(rows, cols, device.backend().texture_alignment(), DRIVER)?;
         let (memory, pitch) = allocate(device, &layout)?;
         Ok(SharedMat::with(memory, rows, cols, pitch))
     }
@@ -99,7 +103,7 @@ impl<T: Pod> SharedMat<T> {
         cols: usize,
     ) -> Result<SharedMat<T>, PoolError> {
         let len = crate::layout::packed_len::<T>(rows, cols)?;
-        let layout = Layout::of::<T>(1, len, device.backend().texture_alignment())?;
+        let layout = Layout::of::<T>(1, len, device.backend().texture_alignment(), DRIVER)?;
         let (memory, _) = allocate(device, &layout)?;
         Ok(SharedMat::with(memory, rows, cols, cols * size_of::<T>()))
     }

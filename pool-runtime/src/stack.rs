@@ -1,8 +1,8 @@
 //! One stream's stack: a bump pointer over a slice of the device's stack memory.
 //!
-//! Taking is an aligned bump, on the alignment the request's layout asks (`Layout::block_align`: 64
-//! for a row or a column, packed as OpenCV packs them, the texture alignment for 2D); releasing the
-//! topmost block moves the top back. A block released out of
+//! Taking is an aligned bump, on the alignment the request's layout asks (`Layout::block_align`: 256
+//! for a row or a column, or 64 packed as OpenCV packs them with `Packing::OpenCv`, the texture
+//! alignment for 2D); releasing the topmost block moves the top back. A block released out of
 //! order cannot be reclaimed yet (buffers above it are live), so it waits in `pending` until the
 //! blocks above it are gone. That keeps every live block intact whatever order safe code releases in;
 //! `pending` is touched, and may allocate, only on that violation path.

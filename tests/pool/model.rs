@@ -1,11 +1,12 @@
 //! Random take/release sequences on two streams of one device, checked after every step by the
 //! shared model (`tests/common/model/`): every buffer comes from where the model says, starting
-//! where OpenCV's would (packed on 64 bytes, 2D on the texture alignment); live buffers never
+//! where the device's packing puts it (rows and columns on 256 bytes, or packed on 64 as OpenCV's
+//! with `Packing::OpenCv`, both chosen by turns; 2D on the texture alignment); live buffers never
 //! overlap and keep their contents (read back after every step); each stack's use is the end of
 //! its highest live buffer; counters and LIFO violations add up; at the end only the stack memory
 //! is left.
 
-use gpu_pool::{Device, Fallback};
+use gpu_pool::{Device, Fallback, Packing};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -40,6 +41,12 @@ fn run(device: &Device, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let setup = Setup {
         stacks: Some((256 << 10, 2)),
         fallback: Some(Fallback::Driver),
+        // Both packings, by turns (the generated values keep the regression file's shape).
+        packing: Some(if ops.len() % 2 == 0 {
+            Packing::Cuda
+        } else {
+            Packing::OpenCv
+        }),
         contents_every_step: true,
         ..Setup::default()
     };

@@ -5,7 +5,7 @@ use crate::common::each_device;
 use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, GpuMat, PoolError, Source, Stream,
+    BufferPool, Device, Fallback, FallbackReason, GpuMat, Packing, PoolError, Source, Stream,
     set_buffer_pool_config,
 };
 
@@ -192,7 +192,13 @@ fn pitch_rules_match_opencv() -> Result<(), PoolError> {
 
 fn pitch_rules(device: &Device) -> Result<(), PoolError> {
     let align = device.texture_alignment();
-    let stream = Stream::new(device)?;
+    // OpenCV's packing, asked for (the default starts every block on 256 bytes); the stream keeps
+    // it, the shared device goes back to its own.
+    let before = device.packing()?;
+    device.set_packing(Packing::OpenCv);
+    let stream = Stream::new(device);
+    device.set_packing(before);
+    let stream = stream?;
     let pool = BufferPool::new(&stream);
     let m = pool.get_buffer::<f32>(3, 100)?;
     assert_eq!(
@@ -208,6 +214,13 @@ fn pitch_rules(device: &Device) -> Result<(), PoolError> {
     assert_eq!(col.device_ptr() - row.device_ptr(), 448);
     assert_eq!(row.device_ptr() % align as u64, 0, "it follows a 2D block");
     assert_eq!(m.device_ptr() % align as u64, 0);
+    drop((col, row, m));
+    // By default the column starts on the next 256 bytes.
+    let stream = Stream::new(device)?;
+    let pool = BufferPool::new(&stream);
+    let row = pool.get_buffer::<f32>(1, 100)?;
+    let col = pool.get_buffer::<f32>(100, 1)?;
+    assert_eq!(col.device_ptr() - row.device_ptr(), 512);
     Ok(())
 }
 

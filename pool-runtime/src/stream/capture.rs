@@ -349,16 +349,16 @@ mod tests {
         let base = stream.stack_range().expect("a stack").start;
         assert_eq!(
             captured.map(|p| p - base),
-            [576, 640],
-            "packed right above the fence"
+            [768, 1024],
+            "above the fence, each on 256 bytes"
         );
         let peak = stream.end_high_water(high_water);
-        assert_eq!(peak, 768);
+        assert_eq!(peak, 1152);
         stream.reserve_up_to(&mut fence, peak)?;
-        assert_eq!((fence.prev_top(), fence.end()), (64, 768));
+        assert_eq!((fence.prev_top(), fence.end()), (64, 1152));
         let after = pool.get_buffer_1d::<u8>(64)?;
         assert!(
-            after.device_ptr() - base >= 768,
+            after.device_ptr() - base >= 1152,
             "nothing a replay writes is handed out"
         );
         drop(after);

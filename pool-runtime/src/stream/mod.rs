@@ -60,6 +60,8 @@ pub struct Stream {
     raw: RawStream,
     /// The device's texture alignment, kept here so the hot path makes no virtual call.
     texture_alignment: usize,
+    /// The device's [`Packing`](crate::Packing) when the stream was made, as a block alignment.
+    packing: usize,
     ledger: Arc<Ledger>,
     stack: OnceCell<Stack>,
     allocator: Arc<dyn GpuAllocator>,
@@ -192,6 +194,7 @@ impl Stream {
             device: device.clone(),
             raw,
             texture_alignment: device.texture_alignment(),
+            packing: device.packing()?.block_align(),
             ledger,
             stack: OnceCell::new(),
             allocator,

@@ -4,8 +4,9 @@
 //! - An operation succeeds where the model says so, and otherwise fails with the error the model
 //!   names (its kind, and the fields the pool's rules decide), with a message.
 //! - A new buffer comes from where the model says (stack, fallback and why, or nothing), with the
-//!   model's row step, at the model's offset in its stack: OpenCV's `tip`, packed on 64 bytes for a
-//!   row or a column, on the texture alignment for 2D.
+//!   model's row step, at the model's offset in its stack: OpenCV's `tip`, on the stream's packing
+//!   for a row or a column (256 bytes, or 64 with `Packing::OpenCv`), on the texture alignment for
+//!   2D.
 //! - Live buffers never overlap, and each keeps what was written into it: read back before every
 //!   release, on `Check`, and after every step where the driver asks.
 //! - Each stream's counters equal the model's: stack in use (the end of its highest live block),
@@ -22,8 +23,8 @@ use std::sync::Arc;
 
 use gpu_pool::testing::host_live_bytes;
 use gpu_pool::{
-    BufferPool, CachingPool, Device, EnvConfig, Fallback, MixMemory, PoolError, Source, Stream,
-    buffer_pool_usage, set_buffer_pool_config, set_buffer_pool_usage,
+    BufferPool, CachingPool, Device, EnvConfig, Fallback, MixMemory, Packing, PoolError, Source,
+    Stream, buffer_pool_usage, set_buffer_pool_config, set_buffer_pool_usage,
 };
 
 use super::buffer::Buf;
@@ -38,6 +39,8 @@ pub struct Setup {
     pub stacks: Option<(usize, usize)>,
     /// `Device::set_fallback` before the run.
     pub fallback: Option<Fallback>,
+    /// `Device::set_packing` before the run.
+    pub packing: Option<Packing>,
     /// The memory limit the host device was made with (`Device::host_with_limit`).
     pub limit: Option<usize>,
     /// The caching pool of `StreamKind::Cached` streams; a new one if `None`.
@@ -58,6 +61,7 @@ impl Default for Setup {
         Setup {
             stacks: None,
             fallback: None,
+            packing: None,
             limit: None,
             cache: None,
             shared: false,
@@ -239,6 +243,9 @@ impl Checker {
             if let Some(fallback) = setup.fallback {
                 device.set_fallback(fallback);
             }
+            if let Some(packing) = setup.packing {
+                device.set_packing(packing);
+            }
             let cache = (setup.cache.clone()).unwrap_or_else(|| Arc::new(CachingPool::new(device)));
             if !setup.shared {
                 // The model starts with no stack memory and nothing held.
@@ -274,6 +281,7 @@ impl Checker {
                     usage: buffer_pool_usage().map_err(err("the usage flag"))?,
                     fallback: device.fallback().map_err(err("the fallback"))?,
                     strict: device.strict_lifo().map_err(err("strict LIFO"))?,
+                    packing: device.packing().map_err(err("the packing"))?,
                     bytes: 0,
                     pinned: 0,
                     alloc_calls: 0,
@@ -409,6 +417,10 @@ impl Checker {
             &Op::StrictLifo(on) => {
                 self.device.set_strict_lifo(on);
                 self.model.device.strict = on;
+            }
+            &Op::Packing(packing) => {
+                self.device.set_packing(packing);
+                self.model.device.packing = packing;
             }
             Op::ParseEnv(text) => {
                 if let Err(e) = EnvConfig::parse(text) {

@@ -4,7 +4,7 @@
 //! so any generated value means something; an operation on nothing (no stream, no live buffer)
 //! does nothing.
 
-use gpu_pool::Fallback;
+use gpu_pool::{Fallback, Packing};
 
 /// One step of a randomized test.
 #[derive(Clone, Debug)]
@@ -38,6 +38,8 @@ pub enum Op {
     Fallback(Fallback),
     /// `Device::set_strict_lifo`, for streams made from now on.
     StrictLifo(bool),
+    /// `Device::set_packing`, for streams made from now on.
+    Packing(Packing),
     /// `EnvConfig::parse`: a config or `InvalidEnvConfig`, never a panic.
     ParseEnv(String),
     /// `free_held` of the caching pool behind `StreamKind::Cached` streams.

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use gpu_pool::{
-    CachingPool, CachingStats, Fallback, FallbackCounts, FallbackReason, PoolConfig, PoolError,
-    Source,
+    CachingPool, CachingStats, Fallback, FallbackCounts, FallbackReason, Packing, PoolConfig,
+    PoolError, Source,
 };
 
 use super::op::{Elem, Pick, Shape, StreamKind};
@@ -57,6 +57,8 @@ pub(super) struct DeviceModel {
     pub usage: bool,
     pub fallback: Fallback,
     pub strict: bool,
+    /// Where new streams start row and column blocks.
+    pub packing: Packing,
     /// Device bytes and pinned bytes this run holds, as the host backend counts them.
     pub bytes: usize,
     pub pinned: usize,
@@ -121,6 +123,8 @@ pub(super) struct StreamModel {
     /// Made with an allocator of its own: never takes a stack.
     pub custom: bool,
     pub strict: bool,
+    /// The device's packing when the stream was made, as a block alignment.
+    pub packing: usize,
     pub wants_stack: bool,
     pub no_stack_memory: bool,
     pub stack: Option<StackModel>,
@@ -167,20 +171,22 @@ pub(super) struct Layout {
 
 impl Layout {
     /// `None` where a step overflows. More than one row and column: pitched to the texture
-    /// alignment, starting on it. Otherwise contiguous, rounded up to 64 bytes, starting on 64
-    /// (or the element's alignment, if larger).
-    fn of(shape: Shape, elem: Elem, texture: usize) -> Option<Layout> {
+    /// alignment, starting on it (or on `packing`, if larger). Otherwise contiguous, rounded up to
+    /// 64 bytes, starting on `packing` (256, or OpenCV's 64), or on the element's alignment, if
+    /// larger.
+    fn of(shape: Shape, elem: Elem, texture: usize, packing: usize) -> Option<Layout> {
         let (rows, cols) = shape.dims();
         rows.checked_mul(cols)?;
         let width = cols.checked_mul(elem.size())?;
         let pitched = rows > 1 && cols > 1;
         let (pitch, bytes, align) = if pitched {
             let pitch = width.checked_next_multiple_of(texture)?;
-            (pitch, pitch.checked_mul(rows)?, texture.max(elem.align()))
+            let align = texture.max(packing).max(elem.align());
+            (pitch, pitch.checked_mul(rows)?, align)
         } else {
             let bytes = width.checked_mul(rows)?.checked_next_multiple_of(64)?;
             let pitch = if cols == 1 { elem.size() } else { width };
-            (pitch, bytes, 64usize.max(elem.align()))
+            (pitch, bytes, packing.max(elem.align()))
         };
         Some(Layout {
             rows,
@@ -470,6 +476,7 @@ impl Model {
             allocator,
             custom: kind == StreamKind::Cached,
             strict: d.strict,
+            packing: d.packing.block_align(),
             wants_stack: false,
             no_stack_memory: false,
             stack: None,
@@ -540,7 +547,9 @@ impl Model {
         content: Content,
         seen: Option<usize>,
     ) -> Result<(), Refusal> {
-        let layout = Layout::of(shape, elem, self.device.texture).ok_or(Refusal::SizeOverflow)?;
+        let packing = self.streams[s].packing;
+        let layout =
+            Layout::of(shape, elem, self.device.texture, packing).ok_or(Refusal::SizeOverflow)?;
         let (source, memory) = if layout.empty {
             (Source::Empty, Memory::None)
         } else {

@@ -3,7 +3,7 @@
 
 use crate::common::each_device;
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, PoolConfig, PoolError, Source, Stream,
+    BufferPool, Device, Fallback, FallbackReason, Packing, PoolConfig, PoolError, Source, Stream,
     set_buffer_pool_config,
 };
 
@@ -178,7 +178,60 @@ fn a_stream_is_made_without_memory_for_the_stacks_and_a_later_one_gets_a_stack()
 struct Line([u8; 256]);
 
 #[test]
-fn contiguous_buffers_pack_as_in_opencv_and_2d_buffers_stay_texture_aligned()
+fn every_block_starts_on_256_bytes_by_default_as_cuda_malloc_aligns() -> Result<(), PoolError> {
+    each_device("cuda_packing", cuda_packing)
+}
+
+/// RMM's random-size test on a stack: blocks of random sizes, rows, columns and 2D, each must
+/// start on 256 bytes (OpenCV's packing put a 1D block on 64).
+fn cuda_packing(device: &Device) -> Result<(), PoolError> {
+    device.set_fallback(Fallback::Driver);
+    set_buffer_pool_config(device, 4 * MIB, 1)?;
+    assert_eq!(device.packing()?, Packing::Cuda, "the default");
+    let stream = Stream::new(device)?;
+    let pool = BufferPool::new(&stream);
+    let base = stream.stack_range().expect("a stack").start;
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (seed >> 33) % n + 1
+    };
+    let mut live = Vec::new();
+    for i in 0..200 {
+        let len = next(3000) as usize;
+        let buffer = match i % 3 {
+            0 => pool.get_buffer_1d::<u8>(len)?,
+            1 => pool.get_buffer::<u8>(len, 1)?,
+            _ => pool.get_buffer::<u8>(next(8) as usize, len)?,
+        };
+        assert_eq!(buffer.source(), Source::Stack);
+        assert_eq!(
+            (buffer.device_ptr() - base) % 256,
+            0,
+            "block {i} of {len} bytes"
+        );
+        assert_eq!(buffer.device_ptr() % 256, 0);
+        live.push(buffer);
+        if next(3) == 1 {
+            drop(live.pop());
+        }
+    }
+    live.into_iter().rev().for_each(drop);
+    assert_eq!(stream.stats().lifo_violations, 0);
+
+    // Ten 64-byte rows take ten 256-byte slots, less the last one's padding.
+    let ten: Vec<_> = (0..10)
+        .map(|_| pool.get_buffer_1d::<u8>(64))
+        .collect::<Result<_, _>>()?;
+    let offsets: Vec<u64> = ten.iter().map(|b| b.device_ptr() - base).collect();
+    assert_eq!(offsets, (0..10).map(|i| i * 256).collect::<Vec<u64>>());
+    assert_eq!(stream.stats().stack_in_use, 9 * 256 + 64);
+    ten.into_iter().rev().for_each(drop);
+    Ok(())
+}
+
+#[test]
+fn with_opencv_packing_contiguous_buffers_pack_on_64_and_2d_buffers_stay_texture_aligned()
 -> Result<(), PoolError> {
     each_device("packing", packing)
 }
@@ -187,7 +240,7 @@ fn packing(device: &Device) -> Result<(), PoolError> {
     device.set_fallback(Fallback::Driver);
     set_buffer_pool_config(device, MIB, 1)?;
     let align = device.texture_alignment();
-    let stream = Stream::new(device)?;
+    let stream = stream_with(device, Packing::OpenCv)?;
     let pool = BufferPool::new(&stream);
     let ten: Vec<_> = (0..10)
         .map(|_| pool.get_buffer_1d::<u8>(64))
@@ -227,22 +280,34 @@ fn packing(device: &Device) -> Result<(), PoolError> {
     assert_eq!(stream.stats().lifo_violations, 0);
     drop(stream);
 
-    // A stack sized for 64 such buffers in OpenCV holds 64 of them here too.
+    // A stack sized for 64 such buffers in OpenCV holds 64 of them here too; with the default
+    // packing it holds 16 (each takes a 256-byte slot).
     set_buffer_pool_config(device, 4096, 1)?;
-    let stream = Stream::new(device)?;
-    let pool = BufferPool::new(&stream);
-    let held: Vec<_> = (0..64)
-        .map(|_| pool.get_buffer_1d::<f32>(16))
-        .collect::<Result<_, _>>()?;
-    assert!(held.iter().all(|b| b.source() == Source::Stack));
-    let over = pool.get_buffer_1d::<f32>(16)?;
-    assert_eq!(over.source(), Source::Fallback(FallbackReason::StackFull));
-    drop(over);
-    held.into_iter().rev().for_each(drop);
-    assert_eq!(stream.stats().lifo_violations, 0);
-    drop(stream);
+    for (packing, fits) in [(Packing::OpenCv, 64), (Packing::Cuda, 16)] {
+        let stream = stream_with(device, packing)?;
+        let pool = BufferPool::new(&stream);
+        let held: Vec<_> = (0..fits)
+            .map(|_| pool.get_buffer_1d::<f32>(16))
+            .collect::<Result<_, _>>()?;
+        assert!(held.iter().all(|b| b.source() == Source::Stack));
+        let over = pool.get_buffer_1d::<f32>(16)?;
+        assert_eq!(over.source(), Source::Fallback(FallbackReason::StackFull));
+        drop(over);
+        held.into_iter().rev().for_each(drop);
+        assert_eq!(stream.stats().lifo_violations, 0);
+    }
     set_buffer_pool_config(device, 10 * MIB, 5)?;
     Ok(())
+}
+
+/// A stream of `device` with `packing`, the device's own left as it was (the GPU device is the
+/// whole test binary's).
+fn stream_with(device: &Device, packing: Packing) -> Result<Stream, PoolError> {
+    let before = device.packing()?;
+    device.set_packing(packing);
+    let stream = Stream::new(device);
+    device.set_packing(before);
+    stream
 }
 
 /// The same rule when a stream asks for its stack later than its creation (it had none free then):
