@@ -203,18 +203,19 @@ fn the_demand_follows_fallbacks_released_out_of_order() -> Result<(), PoolError>
     let stream = Stream::new(&device)?;
     let pool = BufferPool::new(&stream);
     let ((), sizing) = stream.measure(|_| {
+        // Blocks start on 256 bytes (the default packing), images on 512.
         let a = pool.get_buffer_1d::<u8>(64).unwrap(); // stack [0, 64)
         let big = pool.get_buffer::<u8>(16, 512).unwrap(); // falls back: [512, 8704) unlimited
-        let b = pool.get_buffer_1d::<u8>(64).unwrap(); // stack [64, 128); unlimited [8704, 8768)
+        let b = pool.get_buffer_1d::<u8>(64).unwrap(); // stack [256, 320); unlimited [8704, 8768)
         drop(big); // out of order there: [8704, 8768) keeps the top
-        let c = pool.get_buffer_1d::<u8>(64).unwrap(); // unlimited [8768, 8832)
+        let c = pool.get_buffer_1d::<u8>(64).unwrap(); // unlimited [8960, 9024)
         drop((c, b)); // everything above `a` gone: the unlimited stack is the real one again
-        let d = pool.get_buffer_1d::<u8>(64).unwrap(); // [64, 128) on both
+        let d = pool.get_buffer_1d::<u8>(64).unwrap(); // [256, 320) on both
         drop((d, a));
     });
-    assert_eq!(sizing.stack_bytes, 8832);
+    assert_eq!(sizing.stack_bytes, 9024);
     assert_eq!(sizing.fallbacks, 1);
-    assert_eq!(stream.stats().peak_demand, 8832);
+    assert_eq!(stream.stats().peak_demand, 9024);
     stream.reset_peak();
     assert_eq!(
         stream.stats().peak_demand,
