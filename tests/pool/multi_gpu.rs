@@ -612,14 +612,10 @@ fn a_panic_inside_an_nccl_capture_leaves_captures_and_registrations_working() ->
 
     let captured = rank
         .capture(|| rank.group(|g| g.all_reduce_in_place(0, &mut x, Reduce::Sum)))
-        .map(|graphs| {
-            let launched = graphs.launch();
-            (graphs.nodes().map(|n| n.len()), launched)
-        });
-    println!("nccl_capture_panic: the capture after the panic: {captured:?}");
-    let (ranks, launched) = captured?;
-    launched?;
-    assert_eq!(ranks?, 1);
+        .map(|graphs| graphs.launch());
+    println!("nccl_capture_panic: the capture after the panic, then its replay: {captured:?}");
+    captured??;
+    s.synchronize()?;
     let registered = rank.register_stacks(false);
     println!(
         "nccl_capture_panic: a registration after the panic: {:?}",
