@@ -375,6 +375,33 @@ mod gpu {
         Ok(())
     }
 
+    /// A stream's reads wait once for each write (later reads on it are after that wait already,
+    /// and queue none): a new write on another stream is waited for again, and a write's event,
+    /// recorded again by the next write, still orders the reads that waited on its first record.
+    #[test]
+    fn a_stream_that_waited_for_one_write_waits_for_the_next() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_waits_once_a_write") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&a, 1, 2)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        let mut seen = GpuMat::<u8>::new(&b, 1, N)?;
+        let mut stale = Vec::new();
+        for value in 1..=3u8 {
+            stall(&a, &k, &tick)?;
+            shared.write(&a)?.set_to(value)?; // behind a's stall
+            for _ in 0..3 {
+                seen.copy_from(&shared.read(&b)?)?; // the first waits; the others need not
+            }
+            stale.push(count_not(&seen.to_vec()?, value));
+        }
+        println!("three writes, each read three times on another stream: stale bytes {stale:?}");
+        assert_eq!(stale, [0, 0, 0]);
+        Ok(())
+    }
+
     #[test]
     fn a_write_waits_for_reads_queued_on_other_streams() -> TestResult {
         let Some((device, _lock)) = gpu("shared_write_after_read") else {

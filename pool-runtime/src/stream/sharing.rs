@@ -21,6 +21,9 @@ use super::Stream;
 /// Reads of this many streams since the last write: the finished ones are dropped.
 const PRUNE_AT: usize = 8;
 
+/// Streams remembered as having waited for the last write.
+const WAITED_KEPT: usize = 16;
+
 /// How an access uses the memory.
 /// (`Read < Write`: a graph that does both makes the stronger access.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -56,8 +59,13 @@ pub(crate) struct SharedMemory {
 /// The events of the accesses that later ones must wait for.
 #[derive(Default)]
 struct Uses {
-    /// The end of the last write, and its stream.
+    /// The end of the last write, and its stream. Its event is recorded again by the next write
+    /// rather than replaced: a wait already queued keeps the record it saw.
     write: Option<(u64, RawEvent)>,
+    /// Streams that have waited, on the GPU, for that write since it was recorded: their later
+    /// work runs after it already, so their next reads queue no wait (at most
+    /// [`WAITED_KEPT`]; a stream past those waits again, which is only slower).
+    write_waited: Vec<u64>,
     /// The end of each stream's reads since that write (one event a stream: a later record on
     /// the same stream covers the earlier ones).
     reads: Vec<(u64, RawEvent)>,
@@ -143,7 +151,7 @@ impl SharedMemory {
             }
             uses.open.swap_remove(i);
         }
-        Self::wait_for_conflicts(&uses, stream, access, capturing)?;
+        Self::wait_for_conflicts(&mut uses, stream, access, capturing)?;
         match uses
             .open
             .iter_mut()
@@ -235,7 +243,7 @@ impl SharedMemory {
                 continue;
             }
             let waited = accesses.iter().try_for_each(|(memory, access)| {
-                Self::wait_for_conflicts(&locked[slot(memory)], stream, *access, false)
+                Self::wait_for_conflicts(&mut locked[slot(memory)], stream, *access, false)
             });
             if let Err(e) = waited.and_then(|()| launch(i)) {
                 outcome = Err((i, e));
@@ -268,24 +276,36 @@ impl SharedMemory {
     }
 
     /// The last write, and for a write every read since, on streams other than `stream`: waited
-    /// for by `stream` (or by the host, for a capture, which cannot wait on outside events).
+    /// for by `stream` (or by the host, for a capture, which cannot wait on outside events). A
+    /// stream that has waited for the last write on the GPU already does not wait for it again.
     fn wait_for_conflicts(
-        uses: &Uses,
+        uses: &mut Uses,
         stream: &Stream,
         access: Access,
         host: bool,
     ) -> Result<(), PoolError> {
         let backend = stream.device.backend();
-        let reads = match access {
-            Access::Read => &[][..],
-            Access::Write => &uses.reads[..],
-        };
         let me = stream.id();
-        for (_, event) in uses.write.iter().chain(reads).filter(|(on, _)| *on != me) {
+        if let Some((on, event)) = &uses.write
+            && *on != me
+            && (host || !uses.write_waited.contains(&me))
+        {
             if host {
                 backend.wait_host(event)?;
             } else {
                 backend.wait_for(&stream.raw, event)?;
+                if uses.write_waited.len() < WAITED_KEPT {
+                    uses.write_waited.push(me);
+                }
+            }
+        }
+        if access == Access::Write {
+            for (_, event) in uses.reads.iter().filter(|(on, _)| *on != me) {
+                if host {
+                    backend.wait_host(event)?;
+                } else {
+                    backend.wait_for(&stream.raw, event)?;
+                }
             }
         }
         Ok(())
@@ -346,22 +366,31 @@ impl SharedMemory {
         access: Access,
     ) -> Result<Vec<RawEvent>, PoolError> {
         let backend = self.device.backend();
-        let event = backend.record_event(&stream.raw)?;
         let me = stream.id();
         let mut stale = Vec::new();
         match access {
             Access::Write => {
+                // The last write's event is recorded again (no event made or destroyed a write).
+                match &mut uses.write {
+                    Some((on, event)) => {
+                        backend.rerecord(event, &stream.raw)?;
+                        *on = me;
+                    }
+                    None => uses.write = backend.record_event(&stream.raw)?.map(|e| (me, e)),
+                }
+                uses.write_waited.clear();
                 // Every read since the last write was waited for when this write began: none was
                 // on another stream while the write was open (eager reads need the `&SharedMat` the
                 // write borrows mutably; replays are refused), and this stream's are before it.
                 stale.extend(uses.reads.drain(..).map(|(_, e)| e));
-                stale.extend(uses.write.take().map(|(_, e)| e));
-                uses.write = event.map(|e| (me, e));
             }
             Access::Read => {
-                if let Some(i) = uses.reads.iter().position(|(on, _)| *on == me) {
-                    stale.push(uses.reads.swap_remove(i).1);
+                if let Some((_, event)) = uses.reads.iter().find(|(on, _)| *on == me) {
+                    // This stream's read event, recorded again: it covers its earlier reads.
+                    backend.rerecord(event, &stream.raw)?;
+                    return Ok(stale);
                 }
+                let event = backend.record_event(&stream.raw)?;
                 if uses.reads.len() >= PRUNE_AT {
                     // Streams come and go (one a request, say): reads that are done need no
                     // wait, and would otherwise pile up until the next write.
