@@ -523,7 +523,8 @@ impl Device {
     /// next [`synchronize`](crate::Stream::synchronize) (a stack is its stream's thread's alone; a
     /// stream's own out-of-memory, or [`Stream::trim`](crate::Stream::trim), gives it back at once).
     /// What is in use or in flight stays. An out-of-memory anywhere on the device does this and
-    /// tries once more by itself.
+    /// tries once more by itself. Inside a CUDA graph capture on this thread nothing is given back
+    /// (a free would break the capture), and an empty `Reclaimed` is returned.
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
@@ -539,6 +540,10 @@ impl Device {
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn reclaim_idle(&self) -> Reclaimed {
+        if capturing::on_this_thread() {
+            // Freeing memory inside a capture would break it: nothing is given back.
+            return Reclaimed::default();
+        }
         self.inner.storage.reclaim(None)
     }
 

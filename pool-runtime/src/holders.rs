@@ -79,6 +79,9 @@ pub struct Reclaimed {
     /// The device's memory limit ([`Device::set_memory_limit`](crate::Device::set_memory_limit)),
     /// if one is set, and the bytes counted against it when the request failed.
     pub limit: Option<(usize, usize)>,
+    /// Whether the request was tried again after the holders gave back (not inside a capture,
+    /// nor where nothing could be given back).
+    pub retried: bool,
 }
 
 impl Reclaimed {
@@ -103,6 +106,10 @@ impl fmt::Display for Reclaimed {
                 "; the device's memory limit is {limit} bytes, {counted} counted against it"
             )?;
         }
+        if self.holders.is_empty() && !self.retried {
+            // Nothing was asked: the request was refused where it stood.
+            return Ok(());
+        }
         write!(f, "; idle memory held: ")?;
         let held: Vec<&ReclaimedFrom> = self.holders.iter().filter(|h| h.held > 0).collect();
         if held.is_empty() {
@@ -119,10 +126,10 @@ impl fmt::Display for Reclaimed {
                 )?;
             }
         }
-        write!(
-            f,
-            "; gave back {} bytes and retried once",
-            self.given_back()
-        )
+        write!(f, "; gave back {} bytes", self.given_back())?;
+        if self.retried {
+            write!(f, " and retried once")?;
+        }
+        Ok(())
     }
 }

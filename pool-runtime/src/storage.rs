@@ -151,17 +151,14 @@ impl Storage {
         if let Some(own) = own {
             reclaimed.holders.insert(0, own);
         }
+        reclaimed.retried = true;
         attempt().map_err(|e| {
             if matches!(e, PoolError::OutOfMemory { .. }) {
                 // A failed stream-ordered request may leave the pool holding what it reserved
-                // trying (the issue saw 71 GiB of free memory become 9 MiB): none of it is used.
-                let trimmed = self.backend.trim_pool().unwrap_or(0);
-                if let Some(pool) = reclaimed
-                    .holders
-                    .iter_mut()
-                    .find(|h| h.holder == STREAM_ORDERED_POOL)
-                {
-                    pool.given_back += trimmed;
+                // trying (the issue saw 71 GiB of free memory become 9 MiB): none of it is used,
+                // and none of it was the device's idle memory before the request.
+                if let Err(e) = self.backend.trim_pool() {
+                    tracing::warn!(device = %self.id, error = %e, "trimming the stream-ordered pool failed");
                 }
             }
             e.with_reclaimed(reclaimed)
@@ -186,13 +183,23 @@ impl Storage {
             .saturating_add(self.backend.pool_reserved_bytes().unwrap_or(0))
     }
 
-    /// `Err(OutOfMemory)` if `bytes` more would pass the device's memory limit.
-    fn check_limit(&self, bytes: usize) -> Result<(), PoolError> {
+    /// `Err(OutOfMemory)` if `bytes` more would pass the device's memory limit. `reuses_idle`:
+    /// the request is served from the stream-ordered pool, whose idle reserve (already counted)
+    /// covers that much of it.
+    ///
+    /// A soft cap: threads that check at once may each pass, and together go past it by their
+    /// requests.
+    fn check_limit(&self, bytes: usize, reuses_idle: bool) -> Result<(), PoolError> {
         let Some(limit) = self.limit() else {
             return Ok(());
         };
         let counted = self.limited_bytes();
-        if counted.saturating_add(bytes) <= limit {
+        let new = if reuses_idle {
+            bytes.saturating_sub(self.backend.pool_idle_bytes())
+        } else {
+            bytes
+        };
+        if counted.saturating_add(new) <= limit {
             return Ok(());
         }
         Err(PoolError::OutOfMemory {
@@ -202,6 +209,7 @@ impl Storage {
             reclaimed: Some(Box::new(Reclaimed {
                 holders: Vec::new(),
                 limit: Some((limit, counted)),
+                retried: false,
             })),
         })
     }
@@ -249,7 +257,7 @@ impl Storage {
         bytes: usize,
         stream: Option<&StreamCounters>,
     ) -> Result<DevPtr, PoolError> {
-        self.check_limit(bytes)?;
+        self.check_limit(bytes, false)?;
         self.count_alloc(stream);
         let ptr = self.backend.alloc(bytes)?;
         self.note_size(ptr, bytes);
@@ -269,6 +277,7 @@ impl Storage {
                 .div_ceil(align)
                 .saturating_mul(align)
                 .saturating_mul(rows),
+            false,
         )?;
         self.count_alloc(stream);
         let (ptr, pitch) = self.backend.alloc_pitch(width, rows)?;
@@ -299,10 +308,11 @@ impl Storage {
         raw: &RawStream,
         stream: Option<&StreamCounters>,
     ) -> Result<DevPtr, PoolError> {
-        self.check_limit(bytes)?;
+        let pooled = self.backend.has_mem_pool();
+        self.check_limit(bytes, pooled)?;
         self.count_alloc(stream);
         let ptr = self.backend.alloc_async(bytes, raw)?;
-        if self.backend.pool_reserved_bytes().is_none() {
+        if !pooled {
             // No memory pool: the allocation is the driver's own, counted as `alloc`'s.
             self.note_size(ptr, bytes);
         }
@@ -322,7 +332,9 @@ impl Storage {
         self.count_free(stream);
         // SAFETY: forwarded to the caller.
         unsafe { self.backend.free_async(ptr, raw) }?;
-        self.forget_size(ptr);
+        if !self.backend.has_mem_pool() {
+            self.forget_size(ptr);
+        }
         Ok(())
     }
 
@@ -350,7 +362,7 @@ impl Storage {
         bytes: usize,
         stream: Option<&StreamCounters>,
     ) -> Result<u64, PoolError> {
-        self.check_limit(bytes)?;
+        self.check_limit(bytes, false)?;
         self.count_alloc(stream);
         let handle = self.backend.map(at, bytes)?;
         self.mapped.fetch_add(bytes as u64, Relaxed);

@@ -390,3 +390,77 @@ fn on_the_gpu_the_stream_ordered_pools_reserve_goes_back_and_a_failed_request_ke
     );
     Ok(())
 }
+
+/// A memory limit near the working set and a loop through the stream-ordered fallback: each
+/// request is served from the pool's idle reserve, which the limit already counts, so none is
+/// refused (the second was, when the reserve was counted twice).
+#[cfg(feature = "cuda")]
+#[test]
+fn on_the_gpu_a_limit_does_not_count_the_reserve_a_request_reuses()
+-> Result<(), Box<dyn std::error::Error>> {
+    let Some((device, _lock)) = crate::common::gpu("holders_gpu_limit_reuse") else {
+        return Ok(());
+    };
+    if !device.supports_stream_ordered() {
+        crate::common::skipped("holders_gpu_limit_reuse: skipped: no memory pools");
+        return Ok(());
+    }
+    struct Unlimit<'a>(&'a Device);
+    impl Drop for Unlimit<'_> {
+        fn drop(&mut self) {
+            self.0.set_memory_limit(None);
+            self.0.set_fallback(Fallback::Driver);
+        }
+    }
+    let _unlimit = Unlimit(&device);
+    device.set_fallback(Fallback::StreamOrdered);
+    let stream = Stream::new(&device)?;
+    let counted = device.stats().memory_counted;
+    device.set_memory_limit(Some(counted + 1024 * MIB));
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let taken = BufferPool::new(&stream).get_buffer_1d::<u8>(600 * MIB);
+        outcomes.push(taken.as_ref().map(|_| ()).map_err(ToString::to_string));
+        drop(taken);
+        stream.synchronize()?;
+    }
+    eprintln!("holders_gpu_limit_reuse: three 600 MiB fallbacks under a 1 GiB limit: {outcomes:?}");
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    Ok(())
+}
+
+/// `Device::reclaim_idle` inside a capture gives nothing back (a free would break the capture),
+/// and the capture goes on.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_the_gpu_reclaim_inside_a_capture_frees_nothing_and_the_capture_works()
+-> Result<(), Box<dyn std::error::Error>> {
+    let Some((device, _lock)) = crate::common::gpu("holders_gpu_reclaim_in_capture") else {
+        return Ok(());
+    };
+    device.set_fallback(Fallback::Caching);
+    let stream = Stream::new(&device);
+    device.set_fallback(Fallback::Driver);
+    let stream = stream?;
+    drop(BufferPool::new(&stream).get_buffer_1d::<u8>(4 << 30)?); // a caching-pool block, held
+    let held = device.stats().idle_bytes();
+    let mut out = GpuMat::<u8>::new(&stream, 1, 256)?;
+    let mut inside = None;
+    let graph = stream.capture(|s| {
+        inside = Some(s.device().reclaim_idle().given_back());
+        out.set_to(7)
+    })?;
+    graph.launch()?;
+    stream.synchronize()?;
+    drop(graph);
+    let wrong = out.to_vec()?.iter().filter(|&&v| v != 7).count();
+    let after = device.reclaim_idle().given_back();
+    eprintln!(
+        "holders_gpu_reclaim_in_capture: {held} bytes idle; given back inside the capture: \
+         {inside:?}; the replay wrote {wrong} wrong bytes; given back after: {after}"
+    );
+    assert_eq!(inside, Some(0));
+    assert_eq!(wrong, 0);
+    assert!(after >= 4 << 30);
+    Ok(())
+}

@@ -647,10 +647,11 @@ mod gpu {
         let graph = s.capture(|s| out.copy_from(&weights.read().unwrap().read(s)?))?;
         let family = s.graph_family()?;
         let member = family.capture(|s| out_f.copy_from(&weights.read().unwrap().read(s)?))?;
-        let launches: [(&str, &dyn Fn() -> Result<(), PoolError>); 2] = [
-            ("graph", &|| graph.launch()),
-            ("family member", &|| member.launch()),
-        ];
+        let launch_graph = || graph.launch();
+        let launch_member = || member.launch();
+        type Launch<'l> = &'l dyn Fn() -> Result<(), PoolError>;
+        let launches: [(&str, Launch<'_>); 2] =
+            [("graph", &launch_graph), ("family member", &launch_member)];
         for (name, launch) in launches {
             let mut lock = weights.write().unwrap();
             let mut write = lock.write(&w)?;

@@ -562,6 +562,10 @@ impl Backend for CudaBackend {
         unsafe { result::free_sync(ptr) }.map_err(|e| driver_error("cuMemFree", e))
     }
 
+    fn has_mem_pool(&self) -> bool {
+        self.mem_pool.is_some()
+    }
+
     fn pool_reserved_bytes(&self) -> Option<usize> {
         let pool = self.mem_pool?;
         Some(pool_attribute(

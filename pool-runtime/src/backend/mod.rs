@@ -99,6 +99,10 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn live_bytes(&self) -> Option<usize> {
         None
     }
+    /// Whether `alloc_async` draws on a stream-ordered memory pool of our own (no driver call).
+    fn has_mem_pool(&self) -> bool {
+        false
+    }
     /// Bytes the stream-ordered memory pool reserves (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`), its
     /// live allocations included; `None` without a memory pool of our own (`alloc_async` is then
     /// `alloc`).

@@ -15,7 +15,10 @@ pub struct Sizing {
     /// The most stack bytes the work had in use at once, above what was in use when it began:
     /// buffers, their alignment padding, and the fallback buffers a large enough stack would have
     /// held, each with the padding it would have had there. A stack with this many bytes free
-    /// serves the work with no fallback, whatever stack it was measured on. 0 on a stream
+    /// serves the work with no fallback, whatever stack it was measured on, when the work starts
+    /// where it started in the measurement, or on a boundary as aligned (an empty stack, or a top
+    /// on 512 bytes); started on a less aligned top, its first block may need up to 448 bytes more
+    /// padding. 0 on a stream
     /// that uses no stack (pooling off, or [`Stream::with_allocator`]).
     pub stack_bytes: usize,
     /// Buffers the work took (stack and fallback).
