@@ -19,7 +19,7 @@ use crate::layout::{Footprint, Layout};
 use crate::ledger::Ledger;
 use crate::record::StreamRecording;
 use crate::stack::Stack;
-use crate::stats::{DeviceStats, Retired, StreamStats, sum_streams};
+use crate::stats::{DeviceLive, DeviceStats, Retired, StreamStats, sum_streams};
 use crate::storage::Storage;
 use crate::sync;
 use crate::unique::Counter;
@@ -43,6 +43,8 @@ pub(crate) struct DeviceInner {
     state: sync::Mutex<DeviceState>,
     /// Set after the first LIFO violation was logged, so the log is not flooded.
     pub(crate) lifo_warned: AtomicBool,
+    /// The bytes of every live pooled buffer, over all streams, and their peak.
+    pub(crate) live: DeviceLive,
     /// The [`CachingPool`](crate::CachingPool) behind `Fallback::Caching`, made at first use by
     /// `caching.rs` (which is above the device: its constructors take one), so held as `Any`.
     caching: OnceLock<Arc<dyn Any + Send + Sync>>,
@@ -95,6 +97,7 @@ impl Device {
             storage: Arc::new(Storage::new(id, backend)),
             state: sync::Mutex::new(DeviceState::default()),
             lifo_warned: AtomicBool::new(false),
+            live: DeviceLive::default(),
             caching: OnceLock::new(),
         });
         let mut registry = sync::lock(&REGISTRY);
@@ -498,7 +501,8 @@ impl Device {
     /// number of streams that hold or want a stack now, and
     /// [`peak_stream_demand`](DeviceStats::peak_stream_demand) the largest demand of a live stream
     /// now (its stack in use plus the live fallback buffers the stack would have held), so
-    /// [`recommended_config`](DeviceStats::recommended_config) covers what comes next. Dropped
+    /// [`recommended_config`](DeviceStats::recommended_config) covers what comes next, and
+    /// [`peak_live_bytes`](DeviceStats::peak_live_bytes) is what is live now. Dropped
     /// streams use nothing, so their peaks are forgotten; counts and fallback sites are totals and
     /// are kept.
     ///
@@ -529,6 +533,7 @@ impl Device {
         let mut state = self.inner.lock_state();
         state.streams_wanting_peak = state.streams_wanting;
         state.retired.peak_demand = 0;
+        self.inner.live.reset_peak();
         for ledger in state.live_streams.iter().filter_map(Weak::upgrade) {
             let demand = ledger.counters.demand_now();
             ledger.reset_peaks(None, demand as usize);
@@ -547,6 +552,7 @@ impl Device {
             .collect();
         let (stack_allocations, fallback_allocations, lifo_violations, stack_in_use, peak_demand) =
             sum_streams(&state.retired, &streams);
+        let (live_bytes, peak_live_bytes) = self.inner.live.get();
         DeviceStats {
             device: self.inner.storage.id,
             config: state.effective_config(),
@@ -554,6 +560,9 @@ impl Device {
             stacks_allocated: state.arena.is_some(),
             peak_streams_wanting_stack: state.streams_wanting_peak,
             stack_in_use,
+            live_bytes: live_bytes as usize,
+            live_buffers: streams.iter().map(|s| s.live_buffers).sum(),
+            peak_live_bytes: peak_live_bytes as usize,
             stack_allocations,
             fallback_allocations,
             driver_alloc_calls: self.inner.storage.alloc_calls(),
