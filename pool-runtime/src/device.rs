@@ -14,6 +14,7 @@ use crate::backend::host::HostBackend;
 use crate::backend::{Backend, RawEvent};
 use crate::config::{self, Fallback, Packing, PoolConfig};
 use crate::error::PoolError;
+use crate::host_mem::DeferredFrees;
 use crate::id::DeviceId;
 use crate::layout::{Footprint, Layout};
 use crate::ledger::Ledger;
@@ -45,6 +46,8 @@ pub(crate) struct DeviceInner {
     pub(crate) lifo_warned: AtomicBool,
     /// The bytes of every live pooled buffer, over all streams, and their peak.
     pub(crate) live: DeviceLive,
+    /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
+    pub(crate) pinned_frees: DeferredFrees,
     /// The [`CachingPool`](crate::CachingPool) behind `Fallback::Caching`, made at first use by
     /// `caching.rs` (which is above the device: its constructors take one), so held as `Any`.
     caching: OnceLock<Arc<dyn Any + Send + Sync>>,
@@ -98,6 +101,7 @@ impl Device {
             state: sync::Mutex::new(DeviceState::default()),
             lifo_warned: AtomicBool::new(false),
             live: DeviceLive::default(),
+            pinned_frees: DeferredFrees::default(),
             caching: OnceLock::new(),
         });
         let mut registry = sync::lock(&REGISTRY);
@@ -795,6 +799,12 @@ impl DeviceInner {
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        // The last copies of dropped `HostMem`s are waited for: their memory goes back with the
+        // device (what cannot be waited for stays, logged).
+        self.pinned_frees.free(&*self.storage.backend, true);
+        if self.pinned_frees.waiting() != 0 {
+            tracing::error!(device = %self.storage.id, "page-locked memory with copies that could not be waited for is leaked");
+        }
         if let Some(arena) = self.lock_state().arena.take() {
             arena.free_at_exit(&self.storage);
         }

@@ -291,7 +291,13 @@ impl Stream {
     /// Waits until all work queued on the stream is done. [`HostMem`](crate::HostMem) copies
     /// queued before it are then known done, with no driver call to ask.
     pub fn synchronize(&self) -> Result<(), PoolError> {
-        self.clock.synchronize(self.device.backend(), &self.raw)
+        self.clock.synchronize(self.device.backend(), &self.raw)?;
+        // Dropped `HostMem`s whose copies are done now go back (one atomic load if none waits).
+        self.device
+            .inner
+            .pinned_frees
+            .free_done(self.device.backend());
+        Ok(())
     }
 
     /// A snapshot of this stream's counters.
