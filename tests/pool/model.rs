@@ -42,7 +42,7 @@ fn run(device: &Device, ops: Vec<Op>) -> Result<(), TestCaseError> {
         stacks: Some((256 << 10, 2)),
         fallback: Some(Fallback::Driver),
         // Both packings, by turns (the generated values keep the regression file's shape).
-        packing: Some(if ops.len() % 2 == 0 {
+        packing: Some(if ops.len().is_multiple_of(2) {
             Packing::Cuda
         } else {
             Packing::OpenCv
