@@ -20,7 +20,7 @@
 //!
 //! Dropping a `HostMem` with a copy in flight does not wait for it: an event is recorded after the
 //! copy (or the copy's own is kept), and the memory goes to its device's list of deferred frees
-//! ([`DeferredFrees`]), freed once the events have fired: checked at the device's next
+//! (`pinned::DeferredFrees`), freed once the events have fired: checked at the device's next
 //! `HostMem::new`, at each `Stream::synchronize`, and waited for when the device is dropped. Where
 //! no event can be made, the drop waits for the copy as before.
 
@@ -28,7 +28,6 @@ use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytemuck::Pod;
 
@@ -37,8 +36,8 @@ use crate::capturing;
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::layout::MAX_ELEMENT_ALIGN;
+use crate::pinned::{DeferredFree, PinnedPtr};
 use crate::stream::{Stream, SyncClock};
-use crate::sync;
 use crate::view::{GpuView, GpuViewMut};
 
 /// Page-locked host memory of `len` elements for asynchronous uploads and downloads
@@ -474,82 +473,6 @@ fn event_after(
     }
 }
 
-/// Page-locked memory of dropped [`HostMem`]s whose copies were in flight, with the events after
-/// those copies: freed once every event has fired, never under a copy. One list per device.
-#[derive(Default)]
-pub(crate) struct DeferredFrees {
-    /// Entries waiting: the checks' fast test, without the lock.
-    waiting: AtomicUsize,
-    list: sync::Mutex<Vec<DeferredFree>>,
-}
-
-/// One dropped `HostMem`'s memory and the events after its copies.
-struct DeferredFree {
-    ptr: PinnedPtr,
-    bytes: usize,
-    after: Vec<RawEvent>,
-}
-
-impl DeferredFrees {
-    fn defer(&self, free: DeferredFree) {
-        let mut list = sync::lock(&self.list);
-        list.push(free);
-        self.waiting.store(list.len(), Ordering::Release);
-    }
-
-    /// Entries waiting for their copies.
-    pub(crate) fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Acquire)
-    }
-
-    /// Frees the memory whose copies are done (asking each event, without waiting).
-    pub(crate) fn free_done(&self, backend: &dyn Backend) {
-        if self.waiting() != 0 {
-            self.free(backend, false);
-        }
-    }
-
-    /// Frees what is listed: once its events have fired, or after waiting for them (`wait`, when
-    /// the device goes). A query or wait that fails keeps the memory (leaked, never freed under a
-    /// copy). Nothing while a pool capture is under way on this thread: a free would break it.
-    pub(crate) fn free(&self, backend: &dyn Backend, wait: bool) {
-        if capturing::on_this_thread() {
-            return;
-        }
-        let mut list = sync::lock(&self.list);
-        list.retain_mut(|entry| {
-            let mut i = 0;
-            while i < entry.after.len() {
-                let event = &entry.after[i];
-                let done = if wait {
-                    backend.wait_host(event).map(|()| true)
-                } else {
-                    backend.event_done(event)
-                };
-                match done {
-                    Ok(true) => backend.drop_event(entry.after.swap_remove(i)),
-                    Ok(false) => i += 1,
-                    Err(e) => {
-                        tracing::error!(error = %e, "asking whether a host copy is done failed: its memory is kept");
-                        i += 1;
-                    }
-                }
-            }
-            if !entry.after.is_empty() {
-                return true;
-            }
-            // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)` for a
-            // `HostMem` that is gone; every copy of it is done (its events fired); it leaves the
-            // list here, so it is freed once.
-            if let Err(e) = unsafe { backend.free_pinned(entry.ptr.0, entry.bytes) } {
-                tracing::error!(error = %e, "freeing page-locked memory failed");
-            }
-            false
-        });
-        self.waiting.store(list.len(), Ordering::Release);
-    }
-}
-
 /// Waits on the host for each copy in `in_flight`, removing it once done; whether a wait had to
 /// synchronize a whole stream (a ticket its clock did not cover). On an error the copies not
 /// waited for stay.
@@ -590,13 +513,6 @@ fn lost_error(device: crate::id::DeviceId) -> PoolError {
                copy that lost it); it is kept, unused, until the process ends",
     }
 }
-
-/// The address of memory being freed, moved into the deferred free.
-struct PinnedPtr(*mut u8);
-
-// SAFETY: the address of page-locked memory whose `HostMem` is gone: nothing else holds it, and
-// it is only freed (through the backend, from any thread), never read or written.
-unsafe impl Send for PinnedPtr {}
 
 /// The stream a copy between `view` memory and `mem` runs on: the view's, if it has one, the
 /// devices agree, the lengths agree, and no capture on this thread would record the copy.
