@@ -164,8 +164,8 @@ impl Fallback {
 /// A 2D block starts on the device's texture alignment (512 bytes on current GPUs and on the host
 /// backend) either way. Libraries that assume `cudaMalloc`'s alignment (vectorized loads, TMA
 /// descriptors, RMM's own tests) need [`Packing::Cuda`]; [`Packing::OpenCv`] saves up to 192
-/// bytes of padding per small row or column (BENCHMARKS.md, section P, measures what that is on
-/// the examples: at most a few KiB).
+/// bytes of padding per row or column that follows a block ending off a 256-byte boundary (none
+/// of the examples' stacks is smaller for it: BENCHMARKS.md, section P).
 ///
 /// ```
 /// use gpu_pool_runtime::{BufferPool, Device, Packing, PoolError, Stream};

@@ -19,9 +19,10 @@ use crate::holders::Reclaimed;
 use crate::id::DeviceId;
 use crate::layout::{Footprint, Layout};
 use crate::ledger::Ledger;
+use crate::pinned::DeferredFrees;
 use crate::record::StreamRecording;
 use crate::stack::Stack;
-use crate::stats::{DeviceStats, Retired, StreamStats, sum_streams};
+use crate::stats::{DeviceLive, DeviceStats, Retired, StreamStats, sum_streams};
 use crate::storage::Storage;
 use crate::sync;
 use crate::unique::Counter;
@@ -45,6 +46,10 @@ pub(crate) struct DeviceInner {
     state: sync::Mutex<DeviceState>,
     /// Set after the first LIFO violation was logged, so the log is not flooded.
     pub(crate) lifo_warned: AtomicBool,
+    /// The bytes of every live pooled buffer, over all streams, and their peak.
+    pub(crate) live: DeviceLive,
+    /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
+    pub(crate) pinned_frees: DeferredFrees,
     /// The [`CachingPool`](crate::CachingPool) behind `Fallback::Caching`, made at first use by
     /// `caching.rs` (which is above the device: its constructors take one), so held as `Any`.
     caching: OnceLock<Arc<dyn Any + Send + Sync>>,
@@ -97,6 +102,8 @@ impl Device {
             storage: Arc::new(Storage::new(id, backend)),
             state: sync::Mutex::new(DeviceState::default()),
             lifo_warned: AtomicBool::new(false),
+            live: DeviceLive::default(),
+            pinned_frees: DeferredFrees::default(),
             caching: OnceLock::new(),
         });
         let mut registry = sync::lock(&REGISTRY);
@@ -586,8 +593,8 @@ impl Device {
     /// number of streams that hold or want a stack now, and
     /// [`peak_stream_demand`](DeviceStats::peak_stream_demand) the largest demand of a live stream
     /// now (its stack in use plus the live fallback buffers the stack would have held, padding
-    /// included), so
-    /// [`recommended_config`](DeviceStats::recommended_config) covers what comes next. Dropped
+    /// included), so [`recommended_config`](DeviceStats::recommended_config) covers what comes
+    /// next, and [`peak_live_bytes`](DeviceStats::peak_live_bytes) is what is live now. Dropped
     /// streams use nothing, so their peaks are forgotten; counts and fallback sites are totals and
     /// are kept.
     ///
@@ -618,6 +625,7 @@ impl Device {
         let mut state = self.inner.lock_state();
         state.streams_wanting_peak = state.streams_wanting;
         state.retired.peak_demand = 0;
+        self.inner.live.reset_peak();
         for ledger in state.live_streams.iter().filter_map(Weak::upgrade) {
             let demand = ledger.counters.demand_now();
             ledger.reset_peaks(None, demand as usize);
@@ -638,6 +646,7 @@ impl Device {
             .collect();
         let (stack_allocations, fallback_allocations, lifo_violations, stack_in_use, peak_demand) =
             sum_streams(&state.retired, &streams);
+        let (live_bytes, peak_live_bytes) = self.inner.live.get();
         DeviceStats {
             device: self.inner.storage.id,
             config: state.effective_config(),
@@ -645,6 +654,9 @@ impl Device {
             stacks_allocated: state.arena.is_some(),
             peak_streams_wanting_stack: state.streams_wanting_peak,
             stack_in_use,
+            live_bytes: live_bytes as usize,
+            live_buffers: streams.iter().map(|s| s.live_buffers).sum(),
+            peak_live_bytes: peak_live_bytes as usize,
             stack_allocations,
             fallback_allocations,
             driver_alloc_calls: self.inner.storage.alloc_calls(),
@@ -880,6 +892,12 @@ impl DeviceInner {
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        // The last copies of dropped `HostMem`s are waited for: their memory goes back with the
+        // device (what cannot be waited for stays, logged).
+        self.pinned_frees.free(&*self.storage.backend, true);
+        if self.pinned_frees.waiting() != 0 {
+            tracing::error!(device = %self.storage.id, "page-locked memory with copies that could not be waited for is leaked");
+        }
         if let Some(arena) = self.lock_state().arena.take() {
             arena.free_at_exit(&self.storage);
         }

@@ -470,6 +470,26 @@ pub enum PoolError {
         stream: u64,
     },
 
+    /// A CUDA graph capture was asked of a pool stream over the legacy default (null) stream
+    /// ([`Stream::from_cuda`](crate::Stream::from_cuda) of cudarc's `default_stream()`), which the
+    /// driver never captures. Refused before any driver call: the stream and its context stay
+    /// usable.
+    #[error(
+        "{what} on stream {stream}, which wraps the legacy default (null) stream of {device}: the \
+         driver cannot capture that stream (it synchronizes with every other); capture on a \
+         stream of its own (Stream::new, or Stream::from_cuda of context.new_stream()). Nothing \
+         was queued: the stream and its context stay usable"
+    )]
+    CaptureOnLegacyStream {
+        /// The capture refused (`Stream::capture`, `GraphFamily::capture`,
+        /// `Communicators::capture`).
+        what: &'static str,
+        /// The pool stream's id.
+        stream: u64,
+        /// Its device.
+        device: DeviceId,
+    },
+
     /// A pool stream already wraps this CUDA stream: two pool streams over one CUDA stream would
     /// have two stacks whose work is ordered as one, which graph capture cannot keep apart.
     #[error(

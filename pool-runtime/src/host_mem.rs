@@ -17,6 +17,12 @@
 //!
 //! Inside a graph capture these copies are refused: every replay would reach the host memory, and
 //! nothing could order the host's own use of it against a replay.
+//!
+//! Dropping a `HostMem` with a copy in flight does not wait for it: an event is recorded after the
+//! copy (or the copy's own is kept), and the memory goes to its device's list of deferred frees
+//! (`pinned::DeferredFrees`), freed once the events have fired: checked at the device's next
+//! `HostMem::new`, at each `Stream::synchronize`, and waited for when the device is dropped. Where
+//! no event can be made, the drop waits for the copy as before.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -25,11 +31,12 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::backend::{RawEvent, RawStream};
+use crate::backend::{Backend, RawEvent, RawStream};
 use crate::capturing;
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::layout::MAX_ELEMENT_ALIGN;
+use crate::pinned::{DeferredFree, PinnedPtr};
 use crate::stream::{Stream, SyncClock};
 use crate::view::{GpuView, GpuViewMut};
 
@@ -43,6 +50,11 @@ use crate::view::{GpuView, GpuViewMut};
 /// its later copies an event each (a wait for the copy alone). Touched or dropped while code
 /// outside gpu-pool captures the stream of a copy nothing vouches for, it cannot wait: the touch
 /// returns `PoolError::CapturedElsewhere`, and the drop leaks the memory (logged).
+///
+/// Dropped with a copy in flight, it does not block: the memory is freed once the copy is done
+/// (an event after it says when), at the device's next `HostMem::new` or `Stream::synchronize`
+/// that finds it done, or when the device is dropped. Only where no event can be recorded (the
+/// driver refuses one) does the drop wait for the copy's stream.
 ///
 /// ```
 /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
@@ -112,6 +124,8 @@ impl<T: Pod> HostMem<T> {
     /// Errors: `UnsupportedAlignment` for an element aligned past `MAX_ELEMENT_ALIGN`;
     /// `SizeOverflow`; `OutOfMemory`.
     pub fn new(device: &Device, len: usize) -> Result<HostMem<T>, PoolError> {
+        // Memory of earlier `HostMem`s whose copies are done goes back first.
+        device.inner.pinned_frees.free_done(device.backend());
         if align_of::<T>() > MAX_ELEMENT_ALIGN {
             return Err(PoolError::UnsupportedAlignment {
                 type_name: std::any::type_name::<T>(),
@@ -344,33 +358,121 @@ impl<T: Pod> Drop for HostMem<T> {
         );
         let mut in_flight = std::mem::take(self.in_flight.get_mut());
         let ptr = PinnedPtr(self.bytes());
-        // Waiting may synchronize a stream and freeing is a driver call: inside a capture on this
-        // thread either would break it, so both come after the captures (the memory stays).
+        // Recording an event may join a capture and freeing is a driver call: inside a capture on
+        // this thread either would break it, so both come after the captures (the memory stays).
         capturing::after_captures(Box::new(move || {
-            let waited = if lost {
+            let marked = if lost {
                 Err(lost_error(device.id()))
             } else {
-                wait_for_copies(&device, &mut in_flight)
+                events_after_copies(&device, &mut in_flight)
             };
             let backend = device.backend();
-            if let Err(e) = waited {
-                // A copy may still use the memory: leaked rather than freed under it.
-                tracing::error!(error = %e, "waiting for copies of host memory failed: it is leaked");
-                in_flight
-                    .into_iter()
-                    .for_each(|entry| release_mark(backend, entry));
-                return;
-            }
-            let PinnedPtr(ptr) = ptr;
+            let after = match marked {
+                Ok(after) => after,
+                Err(e) => {
+                    // A copy may still use the memory: leaked rather than freed under it.
+                    tracing::error!(error = %e, "waiting for copies of host memory failed: it is leaked");
+                    in_flight
+                        .into_iter()
+                        .for_each(|entry| release_mark(backend, entry));
+                    return;
+                }
+            };
             if bytes == 0 {
+                after.into_iter().for_each(|e| backend.drop_event(e));
                 return;
             }
-            // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)`, freed once
-            // here, and no copy uses it (every one waited for above).
-            if let Err(e) = unsafe { backend.free_pinned(ptr, bytes) } {
-                tracing::error!(error = %e, "freeing page-locked memory failed");
+            if after.is_empty() {
+                let PinnedPtr(ptr) = ptr;
+                // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)`, freed
+                // once here, and no copy uses it (every one is done).
+                if let Err(e) = unsafe { backend.free_pinned(ptr, bytes) } {
+                    tracing::error!(error = %e, "freeing page-locked memory failed");
+                }
+                return;
             }
+            device
+                .inner
+                .pinned_frees
+                .defer(DeferredFree { ptr, bytes, after });
         }));
+    }
+}
+
+/// Events that fire once every copy in `in_flight` is done (none for a copy known done), taking
+/// the marks: a copy's own event, or one recorded now on the stream of a copy its ticket cannot
+/// vouch for (it follows the copy). Where the driver makes no event, waits for that stream
+/// instead. On an error the marks not taken stay in `in_flight`, and no event is returned.
+fn events_after_copies(
+    device: &Device,
+    in_flight: &mut Vec<InFlight>,
+) -> Result<Vec<RawEvent>, PoolError> {
+    let backend = device.backend();
+    let mut after = Vec::new();
+    while let Some(entry) = in_flight.pop() {
+        let marked = match &entry.mark {
+            Mark::Ticket { clock, ticket, .. } if clock.is_done(*ticket) => Ok(None),
+            Mark::Ticket { clock, raw, .. } => event_after(backend, clock, raw, entry.stream),
+            // The copy's own event, taken out of the mark below.
+            Mark::Event(_) => Ok(None),
+        };
+        match (marked, entry.mark) {
+            (Err(e), mark) => {
+                in_flight.push(InFlight {
+                    stream: entry.stream,
+                    mark,
+                });
+                after.into_iter().for_each(|e| backend.drop_event(e));
+                return Err(e);
+            }
+            (Ok(Some(event)), mark) => {
+                after.push(event);
+                release_mark(
+                    backend,
+                    InFlight {
+                        stream: entry.stream,
+                        mark,
+                    },
+                );
+            }
+            (Ok(None), Mark::Event(event)) => match backend.event_done(&event) {
+                Ok(true) => backend.drop_event(event),
+                // Not done, or the query failed: the free waits for it.
+                _ => after.push(event),
+            },
+            (Ok(None), mark) => release_mark(
+                backend,
+                InFlight {
+                    stream: entry.stream,
+                    mark,
+                },
+            ),
+        }
+    }
+    Ok(after)
+}
+
+/// An event recorded on `raw` now, after the copy a ticket of `clock` marks; `None` on the host
+/// (its copies are done when queued), or where no event could be made and the stream was waited
+/// for instead. `CapturedElsewhere` while the stream is captured: an event there would join it.
+fn event_after(
+    backend: &dyn Backend,
+    clock: &SyncClock,
+    raw: &RawStream,
+    stream_id: u64,
+) -> Result<Option<RawEvent>, PoolError> {
+    if backend.is_capturing(raw)? {
+        // The wait's own error, which says to drop the memory after the capture.
+        return clock
+            .synchronize_uncaptured(backend, raw, stream_id)
+            .map(|()| None);
+    }
+    match backend.record_event(raw) {
+        Ok(event) => Ok(event),
+        Err(e) => {
+            tracing::warn!(error = %e, "no event after a host copy: waiting for its stream to free the memory");
+            clock.synchronize(backend, raw).map(|()| None)
+        }
     }
 }
 
@@ -414,9 +516,6 @@ fn lost_error(device: crate::id::DeviceId) -> PoolError {
                copy that lost it); it is kept, unused, until the process ends",
     }
 }
-
-/// The address of memory being freed, moved into the deferred free.
-struct PinnedPtr(*mut u8);
 
 /// The stream a copy between `view` memory and `mem` runs on: the view's, if it has one, the
 /// devices agree, the lengths agree, and no capture on this thread would record the copy.

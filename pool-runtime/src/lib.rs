@@ -41,7 +41,7 @@
 //! | 7 | `backend` | what a backend does: allocate, copy, fill, streams and events |
 //! | 8 | `backend::host`, `backend::cuda`, `storage` | backends; counted driver calls |
 //! | 9 | `stack`, `allocator`, `capturing` | a stream's bump stack; [`GpuAllocator`] and fallbacks; what a capture asks of every stream |
-//! | 10 | `arena` | one allocation cut into a device's stacks |
+//! | 10 | `arena`, `pinned` | one allocation cut into a device's stacks; page-locked memory freed once its copies are done |
 //! | 11 | `device` | the composition root: storage, stack arena, settings, stream ledgers |
 //! | 12 | `caching` | [`CachingPool`], made for a device |
 //! | 13 | `stream` | [`Stream`]: the take and give-back (`stream/lease.rs`), its work, its captures |
@@ -104,6 +104,7 @@ mod ledger;
 mod mix;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+mod pinned;
 pub mod pplcv;
 mod record;
 mod report;

@@ -380,6 +380,11 @@ impl<'s> Communicators<'s> {
             });
         }
         let streams: Vec<&'a Stream> = self.ranks.iter().map(|r| r.stream).collect();
+        // Before any rank begins: a later rank's refusal would leave the earlier ones' captures to
+        // unwind.
+        for stream in &streams {
+            stream.refuse_legacy_capture("Communicators::capture")?;
+        }
         let made = Rc::new(RefCell::new(Vec::new()));
         let marked = Marked::set(&self.capturing);
         let captured = nested_captures(streams, Box::new(work), made.clone());

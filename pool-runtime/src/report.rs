@@ -89,6 +89,13 @@ impl fmt::Display for Report {
                 d.fallback_allocations.total(),
                 d.lifo_violations
             )?;
+            writeln!(
+                f,
+                "  live: {} in {} buffers now, peak {} (all streams at once)",
+                mib(d.live_bytes),
+                d.live_buffers,
+                mib(d.peak_live_bytes),
+            )?;
             for reason in FallbackReason::ALL {
                 let n = d.fallback_allocations.get(reason);
                 if n > 0 {
@@ -98,7 +105,7 @@ impl fmt::Display for Report {
             for s in &d.streams {
                 writeln!(
                     f,
-                    "  stream {} (stack {}): peak stack use {}, peak demand {}, {} stack / {} fallback buffers; {} mapped, {} in use now",
+                    "  stream {} (stack {}): peak stack use {}, peak demand {}, {} stack / {} fallback buffers; {} mapped, {} in use now, {} live in {} buffers",
                     s.stream,
                     s.stack_index.map_or("none".into(), |i| i.to_string()),
                     mib(s.stack_high_water),
@@ -107,6 +114,8 @@ impl fmt::Display for Report {
                     s.fallback_allocations.total(),
                     mib(s.stack_mapped),
                     mib(s.stack_in_use),
+                    mib(s.live_bytes),
+                    s.live_buffers,
                 )?;
                 if let Some(peak) = s.peak_at {
                     writeln!(f, "    peak reached at {}:{}", peak.file(), peak.line())?;

@@ -41,6 +41,12 @@ impl Block {
     pub(crate) fn prev_top(&self) -> usize {
         self.prev_top
     }
+
+    /// Bytes the block holds of the stack, the padding that aligns its start included.
+    #[inline]
+    pub(crate) fn span(&self) -> u64 {
+        (self.end - self.prev_top) as u64
+    }
 }
 
 /// What a stream's stack has handed out, in a form that compares across ranks and processes: how

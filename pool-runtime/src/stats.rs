@@ -22,6 +22,10 @@ impl Counter {
         self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
     }
     #[inline]
+    pub(crate) fn sub(&self, n: u64) {
+        self.0.store(self.0.load(Relaxed).wrapping_sub(n), Relaxed);
+    }
+    #[inline]
     pub(crate) fn set(&self, n: u64) {
         self.0.store(n, Relaxed);
     }
@@ -55,6 +59,49 @@ pub(crate) struct StreamCounters {
     /// Bytes of memory behind the stream's stack: a fixed stack's size, or what a growable one
     /// has mapped.
     pub(crate) stack_mapped: Counter,
+    /// Bytes and number of the stream's live pooled buffers (see `StreamStats::live_bytes`).
+    pub(crate) live_bytes: Counter,
+    pub(crate) live_buffers: Counter,
+}
+
+/// The bytes of every live pooled buffer of a device, over all its streams, and their true peak.
+///
+/// Unlike a stream's counters it has many writers (one per stream's thread), so it is one atomic
+/// read-modify-write per take and per release; the peak is raised by `fetch_max` only when a take
+/// passes it. Every value the total takes is the device's use at one point of its one modification
+/// order, so the peak is a real moment's use, never a sum of different moments' (nor a per-stream
+/// maximum, which can read below the device's use).
+#[derive(Debug, Default)]
+pub(crate) struct DeviceLive {
+    bytes: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl DeviceLive {
+    /// A buffer of `bytes` was taken.
+    #[inline]
+    pub(crate) fn took(&self, bytes: u64) {
+        let now = self.bytes.fetch_add(bytes, Relaxed).wrapping_add(bytes);
+        if now > self.peak.load(Relaxed) {
+            self.peak.fetch_max(now, Relaxed);
+        }
+    }
+
+    /// A buffer of `bytes` was given back.
+    #[inline]
+    pub(crate) fn gave_back(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Relaxed);
+    }
+
+    /// The bytes live now and the peak.
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (self.bytes.load(Relaxed), self.peak.load(Relaxed))
+    }
+
+    /// Starts the peak over from what is live now (a take racing it may raise it again).
+    pub(crate) fn reset_peak(&self) {
+        self.peak.store(self.bytes.load(Relaxed), Relaxed);
+    }
 }
 
 impl StreamCounters {
@@ -72,6 +119,8 @@ impl StreamCounters {
             driver_free_calls: self.driver_free_calls.get(),
             lifo_violations: self.lifo_violations.get(),
             stack_mapped: self.stack_mapped.get() as usize,
+            live_bytes: self.live_bytes.get() as usize,
+            live_buffers: self.live_buffers.get(),
             fallback_sites: Vec::new(),
             peak_at: None,
         }
@@ -135,8 +184,10 @@ impl FallbackCounts {
 /// let buf = pool.get_buffer_1d::<f32>(1000)?;
 /// let stats = stream.stats();
 /// assert_eq!((stats.stack_allocations, stats.stack_in_use), (1, 4032));
+/// assert_eq!((stats.live_buffers, stats.live_bytes), (1, 4032));
 /// drop(buf);
 /// assert_eq!(stream.stats().stack_in_use, 0);
+/// assert_eq!(stream.stats().live_bytes, 0);
 /// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,7 +199,9 @@ pub struct StreamStats {
     pub device: DeviceId,
     /// Which stack of the device it holds, if any.
     pub stack_index: Option<usize>,
-    /// Stack bytes in use now, alignment padding included.
+    /// Stack bytes in use now, alignment padding included: the stack's top, which a buffer released
+    /// out of LIFO order does not lower until the buffers above it are gone. What the live buffers
+    /// hold is [`live_bytes`](Self::live_bytes).
     pub stack_in_use: usize,
     /// The most stack bytes in use at once, since the stream was made or its last
     /// [`Stream::reset_peak`](crate::Stream::reset_peak).
@@ -172,6 +225,32 @@ pub struct StreamStats {
     /// Bytes of device memory behind the stream's stack: a fixed stack's size, or what a
     /// growable stack has mapped now ([`Device::set_growable_stacks`](crate::Device::set_growable_stacks)).
     pub stack_mapped: usize,
+    /// Bytes held by the stream's live pooled buffers (from its stack or its fallback; not
+    /// [`GpuMat::new`](crate::GpuMat::new)'s driver memory): a stack buffer counts its block, the
+    /// padding that aligns its start included, a fallback buffer its layout's bytes. Unlike
+    /// [`stack_in_use`](Self::stack_in_use), a buffer released out of order is no longer counted.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Stream, set_buffer_pool_config};
+    /// let device = Device::private_host();
+    /// set_buffer_pool_config(&device, 100 << 20, 1)?;
+    /// let stream = Stream::new(&device)?;
+    /// let pool = BufferPool::new(&stream);
+    /// let mut held: Vec<_> = (0..10)
+    ///     .map(|_| pool.get_buffer_1d::<u8>(10 << 20))
+    ///     .collect::<Result<_, _>>()?;
+    /// for i in [8, 6, 4, 2, 0] {
+    ///     drop(held.remove(i)); // out of LIFO order
+    /// }
+    /// let stats = stream.stats();
+    /// assert_eq!((stats.live_bytes, stats.live_buffers), (50 << 20, 5));
+    /// assert_eq!(stats.stack_in_use, 100 << 20); // the top: the last buffer is live
+    /// # drop(held);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    pub live_bytes: usize,
+    /// The stream's live pooled buffers (from its stack or its fallback), empty ones not counted.
+    pub live_buffers: u64,
     /// The requests that fell back, by the `buffer!` or call that made them.
     pub fallback_sites: Vec<SiteFallbacks>,
     /// Where the stack's high-water mark was reached: the source location of the request that
@@ -221,8 +300,33 @@ pub struct DeviceStats {
     /// The most streams that held or wanted a stack at once, since the device was made or its
     /// last [`Device::reset_peak`](crate::Device::reset_peak).
     pub peak_streams_wanting_stack: usize,
-    /// Stack bytes in use over all live streams.
+    /// Stack bytes in use over all live streams (the sum of their tops; see
+    /// [`StreamStats::stack_in_use`]).
     pub stack_in_use: usize,
+    /// Bytes held by every live pooled buffer of the device, over all its streams (see
+    /// [`StreamStats::live_bytes`]).
+    pub live_bytes: usize,
+    /// Live pooled buffers over all the device's streams.
+    pub live_buffers: u64,
+    /// The most bytes live pooled buffers of the device held at once, over all its streams: a
+    /// true peak of the device's use, counted at every take (unlike
+    /// [`peak_stream_demand`](Self::peak_stream_demand), one stream's largest demand). Since the
+    /// device was made or its last [`Device::reset_peak`](crate::Device::reset_peak).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// let device = Device::private_host();
+    /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+    /// let x = BufferPool::new(&a).get_buffer_1d::<u8>(1 << 20)?;
+    /// let y = BufferPool::new(&b).get_buffer_1d::<u8>(2 << 20)?;
+    /// drop((y, x));
+    /// let stats = device.stats();
+    /// assert_eq!(stats.peak_live_bytes, 3 << 20); // both at once
+    /// assert_eq!(stats.peak_stream_demand, 2 << 20); // the larger stream alone
+    /// assert_eq!(stats.live_bytes, 0);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    pub peak_live_bytes: usize,
     /// Stack buffers over all streams, live and dropped.
     pub stack_allocations: u64,
     /// Fallback buffers over all streams, live and dropped, by reason.
@@ -238,8 +342,9 @@ pub struct DeviceStats {
     /// Bytes mapped into the device's growable stacks now (0 with fixed stacks, whose memory is
     /// the config's `total_bytes` once allocated).
     pub stack_mapped: usize,
-    /// The largest `peak_demand` of any stream, live or dropped (since the last
-    /// [`Device::reset_peak`](crate::Device::reset_peak), which forgets dropped streams).
+    /// The largest `peak_demand` of any one stream, live or dropped (since the last
+    /// [`Device::reset_peak`](crate::Device::reset_peak), which forgets dropped streams): what one
+    /// stack must hold, not the device's peak ([`peak_live_bytes`](Self::peak_live_bytes)).
     pub peak_stream_demand: usize,
     /// Live streams, one snapshot each.
     pub streams: Vec<StreamStats>,

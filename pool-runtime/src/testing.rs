@@ -76,6 +76,24 @@ pub fn host_live_bytes(device: &Device) -> Option<usize> {
     device.backend().live_bytes()
 }
 
+/// How many dropped [`HostMem`]s of `device` wait for their copies before their memory is freed
+/// (checked at the device's next `HostMem::new` and each `Stream::synchronize`, waited for when
+/// the device is dropped). Always 0 on the host backend, whose copies are done when queued.
+///
+/// ```
+/// use gpu_pool_runtime::{BufferPool, Device, GpuRead, HostMem, PoolError, Stream, testing};
+/// let stream = Stream::new(&Device::private_host())?;
+/// let mut mem = HostMem::<u8>::new(stream.device(), 64)?;
+/// BufferPool::new(&stream).get_buffer_1d::<u8>(64)?.download_async(&mut mem)?;
+/// drop(mem);
+/// assert_eq!(testing::host_mem_frees_waiting(stream.device()), 0);
+/// # Ok::<(), PoolError>(())
+/// ```
+#[must_use]
+pub fn host_mem_frees_waiting(device: &Device) -> usize {
+    device.inner.pinned_frees.waiting()
+}
+
 /// Whether `mem`'s copies are marked by an event each rather than by a ticket of their stream's
 /// clock: true once a wait on the host had to synchronize a whole stream (see `HostMem`).
 ///

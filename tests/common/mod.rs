@@ -53,6 +53,7 @@ pub fn gpu(test: &str) -> Option<(Device, GpuLock)> {
         Ok(device) => {
             device.set_fallback(Fallback::Driver);
             device.set_strict_lifo(false);
+            device.set_packing(gpu_pool::Packing::Cuda);
             // The tests assume OpenCV's fixed stacks unless they ask for growable ones (the CUDA
             // default where the device can map memory).
             let _ = device.set_growable_stacks(false);

@@ -161,7 +161,8 @@ mod gpu {
     }
 
     #[test]
-    fn host_memory_dropped_or_read_during_a_download_waits_for_it() -> TestResult {
+    fn host_memory_dropped_during_a_download_is_freed_once_it_is_done_and_a_read_waits()
+    -> TestResult {
         let Some((device, _lock)) = gpu("hostmem_drop_in_flight") else {
             return Ok(());
         };
@@ -170,16 +171,39 @@ mod gpu {
         let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
         let mut gpu = GpuMat::<u8>::new(&stream, 1, N)?;
         gpu.set_to(7)?;
-        // Dropped while the download into it is queued behind a stall: the drop waits.
+        // Dropped while the download into it is queued behind a stall: the drop returns at once,
+        // and the memory waits on the device's list until the download is done.
+        stream.synchronize()?; // nothing deferred from earlier tests is left
+        let waiting = gpu_pool::testing::host_mem_frees_waiting(&device);
         let mut doomed = HostMem::<u8>::new(&device, N)?;
         stall(&stream, &k, &tick)?;
         gpu.download_async(&mut doomed)?;
         let after = mark(&stream)?;
+        let start = std::time::Instant::now();
         drop(doomed);
-        assert!(
-            after.is_complete(),
-            "the drop freed host memory a download still writes"
+        let dropped_in = start.elapsed();
+        let in_flight = !after.is_complete();
+        let deferred = gpu_pool::testing::host_mem_frees_waiting(&device);
+        // A new allocation meanwhile works, and frees nothing still written.
+        let other = HostMem::<u8>::new(&device, N)?;
+        let still_deferred = gpu_pool::testing::host_mem_frees_waiting(&device);
+        stream.synchronize()?;
+        let after_sync = gpu_pool::testing::host_mem_frees_waiting(&device);
+        println!(
+            "hostmem_drop_in_flight: drop returned in {:.3} ms with the download in flight \
+             ({in_flight}); frees waiting {waiting} before, {deferred} after the drop, \
+             {still_deferred} after a new HostMem, {after_sync} after synchronize",
+            dropped_in.as_secs_f64() * 1e3
         );
+        assert!(
+            in_flight,
+            "the stall was over before the drop: nothing measured"
+        );
+        assert!(dropped_in.as_millis() < 50, "the drop waited for the copy");
+        assert_eq!(deferred, waiting + 1, "the memory waits for its download");
+        assert_eq!(still_deferred, deferred, "not freed under the download");
+        assert_eq!(after_sync, 0, "freed once the download is done");
+        drop(other);
         // Read while the download is queued: the read waits and sees the bytes.
         let mut host = HostMem::<u8>::new(&device, N)?;
         stall(&stream, &k, &tick)?;

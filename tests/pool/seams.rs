@@ -90,6 +90,55 @@ fn one_cuda_stream_is_wrapped_by_one_pool_stream_at_a_time() -> TestResult {
     Ok(())
 }
 
+/// Capturing on the adopted legacy default stream: the driver refuses it with an error whose advice
+/// says the context is unusable (it is not). The pool refuses it first, typed, with no driver
+/// call, for `Stream::capture` and `GraphFamily::capture` alike; the stream works after.
+#[test]
+fn a_capture_on_the_adopted_legacy_default_stream_is_refused_up_front() -> TestResult {
+    let Some((gpu, _lock)) = gpu("capture_legacy_stream") else {
+        return Ok(());
+    };
+    set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
+    let ctx = gpu.cuda_context().expect("a CUDA device").clone();
+    let default = Stream::from_cuda(&gpu, ctx.default_stream())?;
+    let err = default
+        .capture(|s| BufferPool::new(s).get_buffer::<u32>(32, 32)?.set_to(1))
+        .unwrap_err();
+    println!("capture on the adopted legacy default stream: {err}");
+    assert!(
+        matches!(
+            err,
+            PoolError::CaptureOnLegacyStream {
+                what: "Stream::capture",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("a stream of its own"), "{err}");
+    assert!(!err.to_string().contains("unusable"), "{err}");
+    let family = default.graph_family()?;
+    let err = family.capture(|_| Ok(())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::CaptureOnLegacyStream {
+                what: "GraphFamily::capture",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    drop(family);
+    usable(&default)?;
+    // A stream of its own captures.
+    let own = Stream::new(&gpu)?;
+    own.capture(|s| BufferPool::new(s).get_buffer::<u32>(32, 32)?.set_to(1))?
+        .launch()?;
+    usable(&own)?;
+    Ok(())
+}
+
 #[test]
 fn work_that_crosses_streams_inside_a_capture_is_refused() -> TestResult {
     let Some((gpu, _lock)) = gpu("capture_cross_stream") else {

@@ -484,7 +484,9 @@ impl Stream {
     /// [`capture_with`](Stream::capture_with): this one fixes the error to `PoolError`, so a
     /// closure that ends in `Ok(())` needs no annotation.
     ///
-    /// Errors: `PoolError::Unsupported` on the host backend; `CaptureNeedsStack` for a buffer the
+    /// Errors: `PoolError::Unsupported` on the host backend; `CaptureOnLegacyStream` on a stream
+    /// over the legacy default (null) stream, refused before any driver call (capture on a stream
+    /// of its own); `CaptureNeedsStack` for a buffer the
     /// stack cannot serve; `CaptureKeptBuffers` if a buffer taken inside outlives the capture;
     /// `CaptureCrossStream` for work that would reach another stream (preferred over the error
     /// the closure returned after it); `CapturedElsewhere` if the stream is already being captured;
@@ -561,6 +563,20 @@ impl Stream {
         Ok(capturing.into_graph(ended)?)
     }
 
+    /// `PoolError::CaptureOnLegacyStream` for `what` if this stream wraps the legacy default (null)
+    /// stream. The driver refuses to capture it, and with a raw error whose advice would say the
+    /// context is unusable; refused here, before any driver call, nothing needs undoing.
+    pub(crate) fn refuse_legacy_capture(&self, what: &'static str) -> Result<(), PoolError> {
+        match self.cuda_stream() {
+            Some(cuda) if cuda.cu_stream().is_null() => Err(PoolError::CaptureOnLegacyStream {
+                what,
+                stream: self.id(),
+                device: self.device().id(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Everything before the captured closure runs: checks, the fence, the capture begun (and
     /// ended again by the guard returned, on every way out).
     fn begin_capture<'a>(
@@ -573,6 +589,11 @@ impl Stream {
                 what: "CUDA graph capture",
             });
         };
+        self.refuse_legacy_capture(if family.is_some() {
+            "GraphFamily::capture"
+        } else {
+            "Stream::capture"
+        })?;
         if self.in_own_capture() {
             return Err(PoolError::Unsupported {
                 device: self.device().id(),

@@ -250,6 +250,7 @@ impl Stream {
         let c = self.counters();
         c.stack_allocations.add(1);
         c.stack_in_use.set(block.end() as u64);
+        self.count_live(block.span());
         if block.end() as u64 > c.stack_high_water.get() {
             c.stack_high_water.set(block.end() as u64);
             self.ledger.note_peak(site.location());
@@ -361,6 +362,7 @@ impl Stream {
             }
         };
         self.counters().fallback[reason as usize].add(1);
+        self.count_live(layout.bytes as u64);
         let demand = (reason != FallbackReason::Disabled).then(|| self.fallback_demand(layout));
         if self.recording {
             let source = Source::Fallback(reason);
@@ -441,6 +443,25 @@ impl Stream {
     }
 }
 
+/// The live counts: the stream's, written by its thread alone, and its device's, by every stream's.
+impl Stream {
+    #[inline(always)]
+    fn count_live(&self, bytes: u64) {
+        let c = self.counters();
+        c.live_bytes.add(bytes);
+        c.live_buffers.add(1);
+        self.device.inner.live.took(bytes);
+    }
+
+    #[inline(always)]
+    fn uncount_live(&self, bytes: u64) {
+        let c = self.counters();
+        c.live_bytes.sub(bytes);
+        c.live_buffers.sub(1);
+        self.device.inner.live.gave_back(bytes);
+    }
+}
+
 /// The give-back.
 impl Stream {
     /// Gives back the stack block of a lease at `ptr`. Its work was queued on this stream, so the
@@ -463,6 +484,7 @@ impl Stream {
         };
         let release = stack.release(block);
         self.counters().stack_in_use.set(stack.top() as u64);
+        self.uncount_live(block.span());
         match release {
             Release::InOrder => Ok(()),
             Release::OutOfOrder => self.lifo_violation(ptr - stack.base),
@@ -510,6 +532,7 @@ impl Stream {
                     epoch,
                     demand,
                 } = *f;
+                self.uncount_live(bytes as u64);
                 if let Some(block) = demand {
                     self.release_demand(block);
                 }

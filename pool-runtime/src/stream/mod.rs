@@ -318,6 +318,11 @@ impl Stream {
         if self.ledger.trim_requested.load(Relaxed) {
             self.honour_trim_request();
         }
+        // Dropped `HostMem`s whose copies are done now go back (one atomic load if none waits).
+        self.device
+            .inner
+            .pinned_frees
+            .free_done(self.device.backend());
         Ok(())
     }
 

@@ -10,8 +10,8 @@
 //! - Live buffers never overlap, and each keeps what was written into it: read back before every
 //!   release, on `Check`, and after every step where the driver asks.
 //! - Each stream's counters equal the model's: stack in use (the end of its highest live block),
-//!   high-water mark, peak demand, stack and fallback allocations by reason, LIFO violations,
-//!   driver calls.
+//!   high-water mark, peak demand, live bytes and buffers, stack and fallback allocations by reason,
+//!   LIFO violations, driver calls.
 //! - Where the run owns the device, the device's counters, both caching pools' statistics and
 //!   every byte the host backend handed out equal the model's too, and at the end only the stack
 //!   memory is left.
@@ -683,6 +683,11 @@ impl Checker {
             stats.lifo_violations,
         );
         same!("counts", counts, m.counts);
+        same!(
+            "live bytes and buffers",
+            (stats.live_bytes, stats.live_buffers),
+            self.model.live_of(i)
+        );
         if m.calls_known(self.setup.shared) {
             same!(
                 "driver allocations and frees",

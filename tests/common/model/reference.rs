@@ -147,6 +147,22 @@ impl StreamModel {
     }
 }
 
+impl Model {
+    /// Bytes and number of stream `s`'s live buffers, as `StreamStats::live_bytes` counts them: a
+    /// stack block with its padding, a fallback buffer's layout bytes.
+    pub(super) fn live_of(&self, s: usize) -> (usize, u64) {
+        self.live
+            .iter()
+            .filter(|b| b.stream == s)
+            .filter_map(|b| match (b.source, b.memory) {
+                (Source::Stack, Memory::Stack { from, end, .. }) => Some(end - from),
+                (Source::Fallback(_), _) => Some(b.layout.bytes),
+                _ => None,
+            })
+            .fold((0, 0), |(bytes, n), b| (bytes + b, n + 1))
+    }
+}
+
 pub(super) struct StackModel {
     pub index: usize,
     pub size: usize,
@@ -226,6 +242,8 @@ impl Content {
 pub(super) enum Memory {
     None,
     Stack {
+        /// The top when it was taken: the block holds `from..end`, its padding included.
+        from: usize,
         offset: usize,
         end: usize,
     },
@@ -610,10 +628,11 @@ impl Model {
                 let offset = stack.top.next_multiple_of(l.align);
                 match offset.checked_add(l.bytes).filter(|&end| end <= stack.size) {
                     Some(end) => {
+                        let from = stack.top;
                         stack.top = end;
                         st.counts.stack += 1;
                         st.high_water = st.high_water.max(end);
-                        return Ok((Source::Stack, Memory::Stack { offset, end }));
+                        return Ok((Source::Stack, Memory::Stack { from, offset, end }));
                     }
                     None if l.bytes > stack.size => FallbackReason::TooLarge,
                     None => FallbackReason::StackFull,
@@ -752,7 +771,7 @@ impl Model {
         let st = &mut self.streams[s];
         match b.memory {
             Memory::None => {}
-            Memory::Stack { offset, end } => {
+            Memory::Stack { offset, end, .. } => {
                 let stack = st.stack.as_mut().expect("a stack block has its stack");
                 let in_order = end == stack.top;
                 stack.top = top;

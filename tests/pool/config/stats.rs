@@ -129,9 +129,110 @@ fn a_devices_reset_peak_starts_its_peaks_over_from_what_is_in_use_now() -> Resul
     assert_eq!(after.fallback_allocations, before.fallback_allocations);
     assert_eq!(after.retired_fallback_sites, before.retired_fallback_sites);
 
+    assert_eq!(
+        (after.peak_live_bytes, before.peak_live_bytes),
+        (MIB / 2, 5 * MIB + MIB / 2),
+        "the device's live peak (5 MiB of `gone` beside `kept`) starts over from what is live"
+    );
+
     // What comes next is measured from there.
     let big = BufferPool::new(&s2).get_buffer_1d::<u8>(2 * MIB)?;
     assert_eq!(device.stats().peak_stream_demand, 2 * MIB);
+    assert_eq!(device.stats().peak_live_bytes, 2 * MIB + MIB / 2);
     drop((big, kept));
+    Ok(())
+}
+
+/// RMM's statistics test on a stack: ten 10 MiB buffers, five freed out of order. The stack's top
+/// stays at 100 MiB; what is live is 50 MiB in five buffers.
+#[test]
+fn live_bytes_count_what_is_live_not_the_stacks_top() -> Result<(), PoolError> {
+    let device = private(Fallback::Driver);
+    set_buffer_pool_config(&device, 100 * MIB, 1)?;
+    let stream = Stream::new(&device)?;
+    let pool = BufferPool::new(&stream);
+    let mut held: Vec<_> = (0..10)
+        .map(|_| pool.get_buffer_1d::<u8>(10 * MIB))
+        .collect::<Result<_, _>>()?;
+    for i in [8, 6, 4, 2, 0] {
+        drop(held.remove(i));
+    }
+    let stats = stream.stats();
+    eprintln!(
+        "RMM scenario: stack_in_use {} MiB, live {} MiB in {} buffers",
+        stats.stack_in_use >> 20,
+        stats.live_bytes >> 20,
+        stats.live_buffers
+    );
+    assert_eq!(stats.stack_in_use, 100 * MIB, "the top");
+    assert_eq!((stats.live_bytes, stats.live_buffers), (50 * MIB, 5));
+    let d = device.stats();
+    assert_eq!((d.live_bytes, d.live_buffers), (50 * MIB, 5));
+    assert_eq!(d.peak_live_bytes, 100 * MIB);
+
+    // A fallback buffer counts too, and everything goes back to zero.
+    let over = pool.get_buffer_1d::<u8>(MIB)?;
+    assert!(matches!(over.source(), gpu_pool::Source::Fallback(_)));
+    assert_eq!(stream.stats().live_bytes, 51 * MIB);
+    assert_eq!(device.stats().peak_live_bytes, 100 * MIB);
+    drop(over);
+    drop(held);
+    let (stats, d) = (stream.stats(), device.stats());
+    assert_eq!(
+        (stats.live_bytes, stats.live_buffers, stats.stack_in_use),
+        (0, 0, 0)
+    );
+    assert_eq!((d.live_bytes, d.live_buffers), (0, 0));
+    Ok(())
+}
+
+/// Two streams' buffers live at once: the device's peak is their sum, where the largest stream's
+/// demand (the old device-wide peak) is one stream's alone.
+#[test]
+fn the_devices_peak_is_the_most_live_at_once_over_all_streams() -> Result<(), PoolError> {
+    let device = private(Fallback::Driver);
+    set_buffer_pool_config(&device, 4 * MIB, 2)?;
+    let (s1, s2) = (Stream::new(&device)?, Stream::new(&device)?);
+    let a = BufferPool::new(&s1).get_buffer_1d::<u8>(MIB)?;
+    let b = BufferPool::new(&s2).get_buffer_1d::<u8>(2 * MIB)?;
+    let together = s1.stats().live_bytes + s2.stats().live_bytes;
+    drop((b, a));
+    let stats = device.stats();
+    eprintln!(
+        "two streams: live at once {} MiB, device peak {} MiB, largest stream demand {} MiB",
+        together >> 20,
+        stats.peak_live_bytes >> 20,
+        stats.peak_stream_demand >> 20
+    );
+    assert_eq!(together, 3 * MIB);
+    assert!(stats.peak_live_bytes >= together);
+    assert!(
+        stats.peak_stream_demand < together,
+        "one stream's demand reads below the device's use"
+    );
+    assert!(
+        gpu_pool::Report::new(vec![stats])
+            .to_string()
+            .contains("peak 3.00 MiB")
+    );
+
+    // The same from two threads, each holding its buffer while the other checks the peak.
+    let barrier = std::sync::Barrier::new(2);
+    std::thread::scope(|scope| {
+        for (stream, bytes) in [(s1, MIB), (s2, 3 * MIB)] {
+            let (device, barrier) = (&device, &barrier);
+            scope.spawn(move || -> Result<(), PoolError> {
+                for _ in 0..200 {
+                    let held = BufferPool::new(&stream).get_buffer_1d::<u8>(bytes)?;
+                    barrier.wait(); // both hold theirs now
+                    assert!(device.stats().peak_live_bytes >= 4 * MIB);
+                    barrier.wait();
+                    drop(held);
+                }
+                Ok(())
+            });
+        }
+    });
+    assert_eq!(device.stats().live_bytes, 0);
     Ok(())
 }
