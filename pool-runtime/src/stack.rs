@@ -626,7 +626,7 @@ impl Stack {
     /// past it), mapping memory up to `end` first where `may_map`. `Ok(false)`, and no change, if
     /// the block is not topmost or `end` is past the stack (or the mapped end, without `may_map`).
     #[cfg(feature = "cuda")]
-    pub(crate) fn grow(
+    pub(crate) fn grow_mapped(
         &self,
         block: &mut Block,
         end: usize,
@@ -634,25 +634,29 @@ impl Stack {
         storage: &Storage,
         counters: &StreamCounters,
     ) -> Result<bool, PoolError> {
-        // Under the mapping lock: no give-back lowers the limit meanwhile.
-        let _growth = match &self.bounds.growth {
-            Some(growth) => {
-                let mut growth = sync::lock(growth);
-                if may_map && end > growth.end() {
-                    self.map_locked(&mut growth, end, storage, Some(counters))?;
-                }
-                Some(growth)
-            }
-            None => None,
+        let Some(growth) = &self.bounds.growth else {
+            return Ok(self.grow(block, end));
         };
+        // Under the mapping lock: no give-back lowers the limit meanwhile.
+        let mut growth = sync::lock(growth);
+        if may_map && end > growth.end() {
+            self.map_locked(&mut growth, end, storage, Some(counters))?;
+        }
+        Ok(self.grow(block, end))
+    }
+
+    /// [`grow_mapped`](Self::grow_mapped) with nothing to map: on a fixed stack, or under the
+    /// mapping lock.
+    #[cfg(feature = "cuda")]
+    fn grow(&self, block: &mut Block, end: usize) -> bool {
         if block.end != self.top() || end > self.bounds.limit.load(Relaxed) {
-            return Ok(false);
+            return false;
         }
         if end > block.end {
             block.end = end;
             self.bounds.top.store(end, Ordering::Release);
         }
-        Ok(true)
+        true
     }
 
     /// Shrinks `block`, the topmost block, so it ends at `end` (at least where its own bytes

@@ -398,25 +398,85 @@ fn on_the_gpu_a_stack_peak_of_most_of_the_device_goes_back_when_memory_runs_out(
     let mat = GpuMat::<u8>::new(&a, 1, big)?; // OutOfMemory before
     let after_mat = a.stats().stack_mapped;
     drop(mat);
-    // `b` on the same thread: `a`'s stack is asked, and gives back at its next synchronize.
-    let first = BufferPool::new(&b).get_buffer_1d::<u8>(big).map(|_| ());
-    a.synchronize()?;
+    // `a`'s stack peaks again and idles; `b`'s buffer as large gets its memory back at once.
+    drop(BufferPool::new(&a).get_buffer_1d::<u8>(big)?);
     let second = BufferPool::new(&b).get_buffer_1d::<u8>(big)?;
     eprintln!(
         "holders_gpu_stack: {} MiB asked, free {} MiB before, {} MiB with the peak kept ({} MiB \
-         mapped); GpuMat::new of as much: ok, stack then {} MiB mapped; b's buffer before a \
-         synchronized: {:?}; after: {:?}",
+         mapped); GpuMat::new of as much: ok, stack then {} MiB mapped; b's buffer: {:?}, a's \
+         stack then {} MiB mapped",
         big >> 20,
         free_before >> 20,
         free_kept >> 20,
         kept >> 20,
         after_mat >> 20,
-        first.as_ref().map_err(ToString::to_string),
-        second.source()
+        second.source(),
+        a.stats().stack_mapped >> 20
     );
     assert!(kept >= big);
     assert!(after_mat < big, "the stack gave its peak back");
     assert_eq!(second.source(), Source::Stack);
+    Ok(())
+}
+
+/// The issue's scenario on two threads: stream `a` peaks at 60% of the free memory on its thread
+/// and idles there; stream `b`, on another thread, asks 60% too: `a`'s stack gives its peak back
+/// from `b`'s thread, and still grows afterwards.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_the_gpu_another_threads_idle_stack_gives_its_peak_back()
+-> Result<(), Box<dyn std::error::Error>> {
+    use std::sync::mpsc;
+    let Some((device, _lock)) = crate::common::gpu("holders_gpu_threads") else {
+        return Ok(());
+    };
+    if let Err(e) = device.set_growable_stacks(true) {
+        crate::common::skipped(&format!("holders_gpu_threads: skipped: {e}"));
+        return Ok(());
+    }
+    let big = most_of_free(&device)?;
+    let (peaked_tx, peaked_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let owner = std::thread::spawn({
+        let device = device.clone();
+        move || -> Result<(usize, usize), PoolError> {
+            let a = Stream::new(&device)?;
+            drop(BufferPool::new(&a).get_buffer_1d::<u8>(big)?);
+            peaked_tx
+                .send(a.stats().stack_mapped)
+                .expect("the test waits");
+            go_rx.recv().expect("the test says when");
+            let after = a.stats().stack_mapped;
+            let again = BufferPool::new(&a).get_buffer_1d::<u8>(big / 2)?;
+            assert_eq!(again.source(), Source::Stack);
+            Ok((after, a.stats().stack_mapped))
+        }
+    });
+    let kept = peaked_rx.recv()?;
+    let b = Stream::new(&device)?;
+    device.set_growable_stacks(false)?; // other tests' streams get fixed stacks
+    let free_kept = gpu_free(&device)?;
+    let start = std::time::Instant::now();
+    let taken = BufferPool::new(&b)
+        .get_buffer_1d::<u8>(big)
+        .map(|m| m.source()); // OutOfMemory before
+    let took = start.elapsed();
+    go_tx.send(())?;
+    let (after, regrown) = owner.join().expect("a's thread")?;
+    eprintln!(
+        "holders_gpu_threads: {} MiB asked on each stream; a kept {} MiB mapped, {} MiB free; b's \
+         buffer: {:?} in {took:?}; a's stack then {} MiB mapped, {} MiB after growing again",
+        big >> 20,
+        kept >> 20,
+        free_kept >> 20,
+        taken.as_ref().map_err(ToString::to_string),
+        after >> 20,
+        regrown >> 20
+    );
+    assert!(kept >= big);
+    assert_eq!(taken?, Source::Stack);
+    assert!(after < big, "a's peak went back while a idled");
+    assert!(regrown >= big / 2);
     Ok(())
 }
 

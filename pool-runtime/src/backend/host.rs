@@ -531,3 +531,35 @@ unsafe fn row_ref<'a>(region: Region, row: usize) -> &'a [u8] {
     // SAFETY: forwarded to the caller.
     unsafe { std::slice::from_raw_parts(start as *const u8, region.width) }
 }
+
+#[cfg(test)]
+mod unmapped_tests {
+    use super::*;
+
+    /// A fill of stack memory that is not mapped is refused, as the device would fault on it.
+    #[test]
+    fn an_access_to_unmapped_stack_memory_is_refused() -> Result<(), PoolError> {
+        let host = HostBackend::new(DeviceId::Host(0), None);
+        let base = host.reserve(4 * HOST_VMM_GRANULE)?;
+        let handle = host.map(base, HOST_VMM_GRANULE)?;
+        let region = |ptr, width| Region {
+            ptr,
+            pitch: width,
+            width,
+            rows: 1,
+        };
+        let stream = RawStream::Host;
+        // SAFETY: inside the reservation, which is host memory of ours all through.
+        unsafe { host.fill(region(base, HOST_VMM_GRANULE), &[1], &stream) }?;
+        let across = region(base + 16, HOST_VMM_GRANULE);
+        // SAFETY: as above; refused before any byte is written.
+        let err = unsafe { host.fill(across, &[1], &stream) }.unwrap_err();
+        assert!(matches!(err, PoolError::UnknownBlock { .. }), "{err}");
+        // SAFETY: mapped just above with `handle`, unused.
+        unsafe { host.unmap(base, HOST_VMM_GRANULE, handle) }?;
+        // SAFETY: as above.
+        assert!(unsafe { host.fill(region(base, 64), &[1], &stream) }.is_err());
+        // SAFETY: nothing is mapped in it any more.
+        unsafe { host.unreserve(base, 4 * HOST_VMM_GRANULE) }
+    }
+}

@@ -267,7 +267,7 @@ impl Stream {
         let available = stack.free_bytes();
         let may_map = !self.in_own_capture() && !capturing::on_this_thread();
         let storage = self.device.storage();
-        if !stack.grow(fence, end, may_map, storage, self.counters())? {
+        if !stack.grow_mapped(fence, end, may_map, storage, self.counters())? {
             return Err(PoolError::CaptureNeedsStack {
                 requested: end.saturating_sub(fence.end()),
                 available,
