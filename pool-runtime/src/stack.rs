@@ -506,7 +506,7 @@ impl Stack {
     pub(crate) fn retire(&self) {
         if let Some(growth) = &self.bounds.growth {
             // Dropped here, on the stream's thread, not wherever the last `Bounds` goes.
-            drop(sync::lock(growth).stream.take());
+            let _gone = sync::lock(growth).stream.take();
         }
     }
 
