@@ -101,6 +101,14 @@ fn main() {
     set_buffer_pool_config(&device, 64 << 20, 2).expect("valid config");
     let stream = Stream::new(&device).expect("host stream");
     let pool = BufferPool::new(&stream);
+    // A growable stack, mapped by a first take: its take publishes the top for reclaims.
+    let growable_device = Device::private_host();
+    growable_device
+        .set_growable_stacks(true)
+        .expect("the host models growable stacks");
+    let growable = Stream::new(&growable_device).expect("host stream");
+    let growable_pool = BufferPool::new(&growable);
+    drop(growable_pool.get_buffer_1d::<u8>(1024).expect("maps"));
     let fallback_device = Device::private_host();
     fallback_device.set_fallback(Fallback::Driver);
     gpu_pool::set_buffer_pool_config(&fallback_device, 4096, 1).expect("valid config");
@@ -130,6 +138,15 @@ fn main() {
         b.iter(|| {
             drop(black_box(
                 pool.get_buffer_1d::<u8>(black_box(1024)).expect("fits"),
+            ))
+        })
+    });
+    group.bench_function("stack_pool_growable", |b| {
+        b.iter(|| {
+            drop(black_box(
+                growable_pool
+                    .get_buffer_1d::<u8>(black_box(1024))
+                    .expect("fits"),
             ))
         })
     });
@@ -191,6 +208,7 @@ fn main() {
         &[
             "bare_bump_lifo",
             "stack_pool",
+            "stack_pool_growable",
             "stack_pool_2d",
             "caching_pool_hit",
             "host_driver_fallback",

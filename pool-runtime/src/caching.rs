@@ -373,7 +373,7 @@ impl IdleMemory for Cache {
         self.lock().stats.held_bytes
     }
 
-    fn give_back_idle(&self) -> GaveBack {
+    fn give_back_idle(&self, _storage: &crate::storage::Storage) -> GaveBack {
         // `cuMemFree` waits for the work that may still use a held block: none is in flight after.
         let bytes = self.free_held().unwrap_or_else(|e| {
             tracing::warn!(device = %self.id, error = %e, "freeing the caching pool's blocks failed");

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::arena::{Arena, StackMemory};
 use crate::backend::host::HostBackend;
-use crate::backend::{Backend, RawEvent};
+use crate::backend::{Backend, RawEvent, RawStream};
 use crate::capturing;
 use crate::config::{self, Fallback, Packing, PoolConfig};
 use crate::error::PoolError;
@@ -526,12 +526,13 @@ impl Device {
 
     /// Asks every holder of this device's idle memory to give it back now (PyTorch's
     /// `empty_cache`): the caching pools free their held blocks, the stream-ordered pool is
-    /// trimmed, and each stream's growable stack is asked to unmap what lies above its top at its
-    /// next [`synchronize`](crate::Stream::synchronize) (a stack is its stream's thread's alone; a
-    /// stream's own out-of-memory, or [`Stream::trim`](crate::Stream::trim), gives it back at once).
-    /// What is in use or in flight stays. An out-of-memory anywhere on the device does this and
-    /// tries once more by itself. Inside a CUDA graph capture on this thread nothing is given back
-    /// (a free would break the capture), and an empty `Reclaimed` is returned.
+    /// trimmed, and each stream's growable stack unmaps what lies above its top, whatever thread
+    /// uses the stream, once the stream's work is done (this waits for it). What is in use or in
+    /// flight stays: a stack whose stream is being captured keeps its memory, and is asked to give
+    /// it back at its next [`synchronize`](crate::Stream::synchronize). An out-of-memory anywhere
+    /// on the device does this and tries once more by itself.
+    /// Inside a CUDA graph capture on this thread nothing is given back (a free would break the
+    /// capture), and an empty `Reclaimed` is returned.
     ///
     /// ```
     /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
@@ -718,10 +719,11 @@ impl DeviceInner {
     pub(crate) fn claim_stack(
         &self,
         ledger: &Ledger,
+        stream: &RawStream,
     ) -> Result<Option<(Stack, Option<RawEvent>)>, PoolError> {
         let mut state = self.lock_state();
         if state.growable {
-            return self.reserve_growable(&mut state, ledger).map(Some);
+            return self.reserve_growable(&mut state, ledger, stream).map(Some);
         }
         if state.arena.is_none() {
             let config = state.effective_config()?;
@@ -788,12 +790,13 @@ impl DeviceInner {
         }
     }
 
-    /// A growable stack of its own for the stream of `ledger`: a reservation as large as the
-    /// device's memory, nothing mapped yet.
+    /// A growable stack of its own for the stream of `ledger` (`stream`): a reservation as large
+    /// as the device's memory, nothing mapped yet.
     fn reserve_growable(
         &self,
         state: &mut DeviceState,
         ledger: &Ledger,
+        stream: &RawStream,
     ) -> Result<(Stack, Option<RawEvent>), PoolError> {
         let backend = &self.storage.backend;
         let granule = backend.vmm_granularity().ok_or_else(|| backend.no_vmm())?;
@@ -808,7 +811,8 @@ impl DeviceInner {
         state.growable_held += 1;
         ledger.stack_index.store(index, Relaxed);
         let align = backend.texture_alignment();
-        Ok((Stack::growable(index, base, bytes, align, granule), None))
+        let stack = Stack::growable(index, base, bytes, align, granule, stream.clone());
+        Ok((stack, None))
     }
 
     /// Gives a growable stack's memory back: unmaps it and frees its reservation. The stream that
@@ -823,7 +827,7 @@ impl DeviceInner {
             }
             // SAFETY: the stream's work is done (synchronized, or its event waited for above) and
             // the stack is consumed here: nothing uses any of its memory.
-            unsafe { stack.unmap_above(0, &self.storage, None) }?;
+            unsafe { stack.unmap_all(&self.storage) }?;
             // SAFETY: every chunk was unmapped just above; the reservation is freed once.
             unsafe { self.storage.unreserve(stack.base, stack.size()) }
         })();

@@ -5,9 +5,12 @@
 //! A holder registers with the device's [`Storage`](crate::storage::Storage) as a weak handle; the
 //! storage asks each one what it holds idle (for the stats and the report) and, after an
 //! out-of-memory, to give it back ([`Storage::reclaim`](crate::storage::Storage::reclaim)); the
-//! request that failed is then tried once more. A holder never gives back memory in use or in
-//! flight: what it cannot give back safely from the calling thread (a stack is its stream's thread's
-//! alone) it is asked to give back at its next chance, and says so.
+//! request that failed is then tried once more, from whichever thread ran out. A holder never gives
+//! back memory in use or in flight: a growable stack used on another thread gives back what lies
+//! above its top once its stream's work is done (a handshake with the stream's lock-free take, in
+//! `stack.rs`, keeps every block handed out mapped); what it cannot give back safely now (a stack
+//! whose stream is being captured: the capture's work may use memory above the top) it is asked
+//! to give back at its next chance, and says so.
 
 use std::fmt;
 
@@ -17,8 +20,9 @@ pub(crate) trait IdleMemory: Send + Sync {
     fn holder(&self) -> String;
     /// Bytes it holds idle now.
     fn idle_bytes(&self) -> usize;
-    /// Gives back what it safely can now; asks for the rest to go back at its next chance.
-    fn give_back_idle(&self) -> GaveBack;
+    /// Gives back what it safely can now, through `storage` (its device's); asks for the rest to
+    /// go back at its next chance.
+    fn give_back_idle(&self, storage: &crate::storage::Storage) -> GaveBack;
 }
 
 /// What one holder gave back.
@@ -52,8 +56,8 @@ pub struct ReclaimedFrom {
     pub held: usize,
     /// Bytes it gave back.
     pub given_back: usize,
-    /// Whether it was asked to give back the rest at its next chance (a stream's stack used on
-    /// another thread: at that stream's next `synchronize`, fallback or trim).
+    /// Whether it was asked to give back the rest at its next chance (a stream's stack being
+    /// captured: at that stream's next `synchronize` or `trim` once the capture is over).
     pub deferred: bool,
 }
 
@@ -121,8 +125,8 @@ impl fmt::Display for Reclaimed {
             if h.deferred {
                 write!(
                     f,
-                    " (used on another thread: asked to give it back at its next synchronize, or \
-                     call Stream::trim there)"
+                    " (its stream is being captured: asked to give it back at its next \
+                     synchronize, or call Stream::trim once the capture is over)"
                 )?;
             }
         }

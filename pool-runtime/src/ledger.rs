@@ -3,14 +3,17 @@
 //! recordings, and absorbs it when the stream is dropped.
 
 use std::panic::Location;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::capturing;
 use crate::holders::{GaveBack, IdleMemory};
 use crate::id::DeviceId;
 use crate::record::{Event, Ring};
 use crate::source::{CallSite, FallbackReason};
+use crate::stack::Bounds;
 use crate::stats::{SiteFallbacks, StreamCounters, StreamStats};
+use crate::storage::Storage;
 use crate::sync;
 
 /// A stream's counters and what else it shares with its device for reports: read by the device
@@ -28,11 +31,11 @@ pub(crate) struct Ledger {
     pub(crate) fallback_sites: Mutex<Vec<SiteFallbacks>>,
     /// The recording, for a stream made while recording was on.
     pub(crate) recorder: Option<Mutex<Ring>>,
-    /// Whether the stream's stack is growable: memory mapped above its top is idle.
-    pub(crate) growable_stack: AtomicBool,
-    /// The device asked for the stack's idle memory back (an out-of-memory elsewhere): the stream
-    /// gives it back on its own thread, at its next `synchronize`, fallback or `trim`. Another
-    /// thread cannot unmap it: the stack's top and mapped end are the stream's thread's alone.
+    /// The bounds of the stream's stack, once it has one: a growable stack's memory above its top
+    /// is idle, and any thread gives it back through them.
+    pub(crate) stack: OnceLock<Arc<Bounds>>,
+    /// The device asked for the stack's idle memory back while the stack was being captured (its
+    /// memory above the top may be the capture's): given back at the stream's next `synchronize`.
     pub(crate) trim_requested: AtomicBool,
 }
 
@@ -45,7 +48,7 @@ impl Ledger {
             peak_at: AtomicPtr::new(std::ptr::null_mut()),
             fallback_sites: Mutex::new(Vec::new()),
             recorder: (record > 0).then(|| Mutex::new(Ring::new(record))),
-            growable_stack: AtomicBool::new(false),
+            stack: OnceLock::new(),
             trim_requested: AtomicBool::new(false),
         }
     }
@@ -106,25 +109,44 @@ impl Ledger {
     }
 }
 
-/// A growable stack's memory above its top is idle: its stream gives it back when asked.
+/// A growable stack's memory above its top is idle: whichever thread ran out of memory gives it
+/// back, once the stream's work is done; a stack being captured is asked to give it back at its
+/// next `synchronize`.
 impl IdleMemory for Ledger {
     fn holder(&self) -> String {
         format!("stream {}'s stack", self.id)
     }
 
     fn idle_bytes(&self) -> usize {
-        if !self.growable_stack.load(Relaxed) {
-            return 0;
-        }
-        let c = &self.counters;
-        c.stack_mapped.get().saturating_sub(c.stack_in_use.get()) as usize
+        self.stack.get().map_or(0, |s| s.idle_bytes())
     }
 
-    fn give_back_idle(&self) -> GaveBack {
-        let deferred = self.idle_bytes() > 0;
-        if deferred {
-            self.trim_requested.store(true, Relaxed);
+    fn give_back_idle(&self, storage: &Storage) -> GaveBack {
+        let Some(stack) = self.stack.get() else {
+            return GaveBack::default();
+        };
+        // A wait or an unmap on a thread that captures would break its capture.
+        let given = if capturing::on_this_thread() {
+            Ok(None)
+        } else {
+            stack.give_back_idle(storage, &self.counters, false)
+        };
+        match given {
+            Ok(Some(bytes)) => GaveBack {
+                bytes,
+                deferred: false,
+            },
+            Ok(None) => {
+                let deferred = stack.idle_bytes() > 0;
+                if deferred {
+                    self.trim_requested.store(true, Relaxed);
+                }
+                GaveBack { bytes: 0, deferred }
+            }
+            Err(e) => {
+                tracing::warn!(stream = self.id, error = %e, "giving idle stack memory back failed");
+                GaveBack::default()
+            }
         }
-        GaveBack { bytes: 0, deferred }
     }
 }

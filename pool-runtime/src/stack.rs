@@ -8,12 +8,15 @@
 //! `pending` is touched, and may allocate, only on that violation path.
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::{self, Acquire, Relaxed, SeqCst};
 
-use crate::backend::DevPtr;
+use crate::backend::{DevPtr, RawStream};
 use crate::error::PoolError;
 use crate::layout::MAX_ELEMENT_ALIGN;
 use crate::stats::StreamCounters;
 use crate::storage::Storage;
+use crate::sync::{self, AtomicUsize, Mutex, fence};
 
 /// A block of a stack, held by whoever took it until it is given back.
 ///
@@ -128,14 +131,195 @@ impl LayoutTrace {
     }
 }
 
-/// What makes a stack growable: the stack is a reserved address range, and memory is mapped into
-/// it in granules as the top rises past the mapped end (`Stack::map_to`), unmapped on demand
-/// (`Stack::unmap_above`) and when its stream goes.
+/// The part of a stack that another thread may touch: its top, its limit and, for a growable
+/// stack, its mappings. Shared (`Arc`) with the stream's ledger, through which the device gives a
+/// growable stack's idle memory back ([`give_back_idle`](Bounds::give_back_idle)) from whichever
+/// thread ran out of memory.
+///
+/// Only the stream's thread moves the top; a take raises it without a lock. A give-back, under the
+/// mapping lock, lowers the limit to where it will unmap and then reads the top; a take raises the
+/// top and then reads the limit, each with a `SeqCst` fence between (a Dekker handshake): either
+/// the give-back sees the raised top and unmaps nothing under it, or the take sees the lowered
+/// limit, puts the top back and maps again under the lock. Growth, and a give-back, run under the
+/// lock.
 #[derive(Debug)]
-pub(crate) struct Growth {
+pub(crate) struct Bounds {
+    /// Bytes in use, padding included: raised by a take and lowered by a release, on the stream's
+    /// thread alone; every store a release store, so a give-back that reads it also sees the work
+    /// queued on the blocks released before.
+    top: AtomicUsize,
+    /// Where the memory a take may hand out ends: `size` for a fixed stack, the mapped end for a
+    /// growable one, lowered for a moment by a give-back.
+    limit: AtomicUsize,
+    /// Bytes mapped: the size of a fixed stack; of a growable one, written under the lock and read
+    /// by the stats without it.
+    mapped: AtomicUsize,
+    growth: Option<Mutex<Growth>>,
+}
+
+/// What makes a stack growable: the stack is a reserved address range, and memory is mapped into
+/// it in granules as the top rises past the mapped end (`Stack::grow_and_take`), unmapped on
+/// demand (`Bounds::give_back_idle`) and when its stream goes (`Stack::unmap_all`).
+#[derive(Debug)]
+struct Growth {
+    base: DevPtr,
     granule: usize,
     /// The mapped chunks, lowest first: offset, bytes, and the backend's handle.
-    chunks: RefCell<Vec<(usize, usize, u64)>>,
+    chunks: Vec<(usize, usize, u64)>,
+    /// The stream whose work uses the stack, waited for before a give-back unmaps; `None` once the
+    /// stream is gone (then nothing is given back: its last work may still run).
+    stream: Option<RawStream>,
+    /// The stream's own capture is under way or being turned into a graph: memory above the top
+    /// may be used by the captured work, so nothing is given back.
+    capturing: bool,
+}
+
+impl Growth {
+    /// The mapped end.
+    fn end(&self) -> usize {
+        self.chunks
+            .last()
+            .map_or(0, |&(offset, bytes, _)| offset + bytes)
+    }
+
+    /// Where the chunks that lie wholly at or above `top` begin: what a give-back keeps.
+    fn keep_above(&self, top: usize) -> usize {
+        let mut keep = self.end();
+        for &(offset, _, _) in self.chunks.iter().rev() {
+            if offset < top {
+                break;
+            }
+            keep = offset;
+        }
+        keep
+    }
+}
+
+/// How many times a give-back tries again when a take raced it past where it meant to unmap.
+const GIVE_BACK_TRIES: usize = 3;
+
+impl Bounds {
+    fn new(limit: usize, growth: Option<Growth>) -> Bounds {
+        Bounds {
+            top: AtomicUsize::new(0),
+            limit: AtomicUsize::new(limit),
+            mapped: AtomicUsize::new(limit),
+            growth: growth.map(Mutex::new),
+        }
+    }
+
+    /// Whether memory is mapped as the stack grows.
+    pub(crate) fn is_growable(&self) -> bool {
+        self.growth.is_some()
+    }
+
+    /// Bytes of memory behind the stack: its size, or what a growable one has mapped.
+    pub(crate) fn mapped(&self) -> usize {
+        self.mapped.load(Relaxed)
+    }
+
+    /// Bytes a growable stack holds mapped above its top (0 for a fixed stack).
+    pub(crate) fn idle_bytes(&self) -> usize {
+        if !self.is_growable() {
+            return 0;
+        }
+        self.mapped().saturating_sub(self.top.load(Relaxed))
+    }
+
+    /// Sets the limit and the mapped end to `end`, the mapped end of `growth` (whose lock the
+    /// caller holds), and tells `counters`.
+    fn settle(&self, growth: &Growth, counters: Option<&StreamCounters>) {
+        let end = growth.end();
+        self.mapped.store(end, Relaxed);
+        self.limit.store(end, Relaxed);
+        if let Some(c) = counters {
+            c.stack_mapped.set(end as u64);
+        }
+    }
+
+    /// Gives back what a growable stack has mapped above its top, from any thread: the bytes
+    /// unmapped, or `Ok(None)` when the stack is being captured (the captured work may use memory
+    /// above the top), by its own stream or by a capture begun elsewhere. Waits for the stream's
+    /// work first: memory released by buffers may still be in use by queued work. Never touches
+    /// memory in use: a take that races it either finds the memory still mapped or maps it again.
+    ///
+    /// `counters` are the stream's: its `stack_mapped` is set (under the lock, as every writer of
+    /// it); `own` counts the unmaps as the stream's driver calls too, only on the stream's thread
+    /// (its counters have one writer).
+    pub(crate) fn give_back_idle(
+        &self,
+        storage: &Storage,
+        counters: &StreamCounters,
+        own: bool,
+    ) -> Result<Option<usize>, PoolError> {
+        let Some(growth) = &self.growth else {
+            return Ok(Some(0));
+        };
+        let mut growth = sync::lock(growth);
+        if growth.capturing {
+            return Ok(None);
+        }
+        let Some(stream) = growth.stream.clone() else {
+            return Ok(Some(0)); // the stream is gone: its stack goes back whole, after its work
+        };
+        if storage.backend.is_capturing(&stream)? {
+            return Ok(None); // a wait would break someone else's capture of the stream
+        }
+        let mapped = growth.end();
+        let mut keep = None;
+        for _ in 0..GIVE_BACK_TRIES {
+            let at = growth.keep_above(self.top.load(Acquire));
+            if at == mapped {
+                return Ok(Some(0));
+            }
+            // The Dekker handshake with `Stack::take_aligned`: limit lowered, fence, top read.
+            self.limit.store(at, Relaxed);
+            fence(SeqCst);
+            if self.top.load(Acquire) <= at {
+                keep = Some(at);
+                break;
+            }
+            // A take is past `at` (or was, for a moment): what it uses stays.
+            self.limit.store(mapped, Relaxed);
+        }
+        let Some(keep) = keep else {
+            return Ok(Some(0)); // the stream keeps taking above: its memory is in use
+        };
+        // No take hands out memory above `keep` from here on, and the top read above was stored
+        // after the work queued on every block released above it: waiting for the stream covers
+        // that work.
+        if let Err(e) = storage.backend.synchronize(&stream) {
+            self.limit.store(mapped, Relaxed);
+            return Err(e);
+        }
+        let mut freed = 0;
+        let mut failed = None;
+        while let Some(&(offset, bytes, handle)) = growth.chunks.last() {
+            if offset < keep {
+                break;
+            }
+            let unmapped = {
+                let at = growth.base + offset as DevPtr;
+                let calls = own.then_some(counters);
+                // SAFETY: the chunk is what `grow_and_take` mapped with `handle`, and lies above
+                // `keep`: no take can hand it out (the handshake above), no live block lies there
+                // (all are below the top), and the work of the blocks released there is done
+                // (waited for above). It leaves the list once unmapped.
+                unsafe { storage.unmap(at, bytes, handle, calls) }
+            };
+            if let Err(e) = unmapped {
+                failed = Some(e);
+                break;
+            }
+            growth.chunks.pop();
+            freed += bytes;
+        }
+        self.settle(&growth, Some(counters));
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(Some(freed)),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -144,14 +328,13 @@ pub(crate) struct Stack {
     pub(crate) base: DevPtr,
     /// Bytes of the stack: fixed, or the reservation of a growable one.
     size: usize,
-    /// Where the memory a take may hand out ends: `size` for a fixed stack, the mapped end for a
-    /// growable one. One load on the take either way.
-    limit: Cell<usize>,
-    growth: Option<Growth>,
+    bounds: Arc<Bounds>,
+    /// Whether a take must publish its top to a give-back (`bounds.growth` is set): one test of a
+    /// field at hand on the take.
+    growable: bool,
     /// Alignment of a block's start for [`take`](Self::take) (the device's texture alignment, a
     /// power of two); [`take_aligned`](Self::take_aligned) asks its own.
     align: usize,
-    top: Cell<usize>,
     /// Blocks released out of order, sorted by `end`, all below `top`.
     pending: RefCell<Vec<Block>>,
     /// Whether `pending` is non-empty, so the in-order path reads one flag.
@@ -173,15 +356,18 @@ impl Stack {
     /// `size` is at most `usize::MAX - max(align, MAX_ELEMENT_ALIGN)` (configs are far smaller:
     /// multiples of 4096), so bumps cannot wrap.
     pub(crate) fn new(index: usize, base: DevPtr, size: usize, align: usize) -> Stack {
+        Stack::with_bounds(index, base, size, align, Bounds::new(size, None))
+    }
+
+    fn with_bounds(index: usize, base: DevPtr, size: usize, align: usize, bounds: Bounds) -> Stack {
         debug_assert!(align.is_power_of_two() && size <= usize::MAX - align.max(MAX_ELEMENT_ALIGN));
         Stack {
             index,
             base,
             size,
-            limit: Cell::new(size),
-            growth: None,
+            growable: bounds.is_growable(),
+            bounds: Arc::new(bounds),
             align,
-            top: Cell::new(0),
             pending: RefCell::new(Vec::new()),
             has_pending: Cell::new(false),
             #[cfg(debug_assertions)]
@@ -196,7 +382,7 @@ impl Stack {
             let (takes, digest) = self.trace.get();
             Some(LayoutTrace {
                 takes,
-                top: self.top.get() as u64,
+                top: self.top() as u64,
                 digest,
             })
         }
@@ -205,23 +391,28 @@ impl Stack {
     }
 
     /// A growable stack over a reservation of `size` bytes at `base` (both multiples of
-    /// `granule`), nothing mapped yet.
+    /// `granule`), nothing mapped yet, used by the work of `stream`.
     pub(crate) fn growable(
         index: usize,
         base: DevPtr,
         size: usize,
         align: usize,
         granule: usize,
+        stream: RawStream,
     ) -> Stack {
-        let stack = Stack::new(index, base, size, align);
-        stack.limit.set(0);
-        Stack {
-            growth: Some(Growth {
-                granule,
-                chunks: RefCell::new(Vec::new()),
-            }),
-            ..stack
-        }
+        let growth = Growth {
+            base,
+            granule,
+            chunks: Vec::new(),
+            stream: Some(stream),
+            capturing: false,
+        };
+        Stack::with_bounds(index, base, size, align, Bounds::new(0, Some(growth)))
+    }
+
+    /// The part of the stack a give-back on another thread touches.
+    pub(crate) fn bounds(&self) -> &Arc<Bounds> {
+        &self.bounds
     }
 
     pub(crate) fn size(&self) -> usize {
@@ -236,17 +427,40 @@ impl Stack {
 
     /// Whether memory is mapped as the stack grows.
     pub(crate) fn is_growable(&self) -> bool {
-        self.growth.is_some()
+        self.growable
     }
 
     /// Bytes of memory behind the stack: its size, or what a growable one has mapped.
     pub(crate) fn mapped(&self) -> usize {
-        self.limit.get()
+        self.bounds.mapped()
     }
 
-    /// Maps memory so that the stack reaches `end` (rounded up to the granule), through `storage`
-    /// (counted driver calls). `Ok(false)`, and nothing mapped, if it cannot: a fixed stack, or
-    /// `end` past the reservation. On an error nothing more is mapped.
+    /// Maps memory of `growth` (locked by the caller) so that the stack reaches `end` (rounded up
+    /// to the granule), through `storage` (counted driver calls). `Ok(false)`, and nothing mapped,
+    /// if `end` is past the reservation. On an error nothing more is mapped.
+    fn map_locked(
+        &self,
+        growth: &mut Growth,
+        end: usize,
+        storage: &Storage,
+        counters: Option<&StreamCounters>,
+    ) -> Result<bool, PoolError> {
+        if end > self.size {
+            return Ok(false);
+        }
+        let from = growth.end();
+        // No overflow: `end <= size`, a multiple of the granule.
+        let to = end.div_ceil(growth.granule) * growth.granule;
+        if to > from {
+            let handle = storage.map(self.base + from as DevPtr, to - from, counters)?;
+            growth.chunks.push((from, to - from, handle));
+        }
+        self.bounds.settle(growth, counters);
+        Ok(true)
+    }
+
+    /// Maps memory so that the stack reaches `end` (rounded up to the granule). `Ok(false)`, and
+    /// nothing mapped, if it cannot: a fixed stack, or `end` past the reservation.
     #[cold]
     pub(crate) fn map_to(
         &self,
@@ -254,64 +468,90 @@ impl Stack {
         storage: &Storage,
         counters: Option<&StreamCounters>,
     ) -> Result<bool, PoolError> {
-        let Some(growth) = &self.growth else {
+        let Some(growth) = &self.bounds.growth else {
             return Ok(false);
         };
-        if end > self.size {
-            return Ok(false);
-        }
-        let from = self.limit.get();
-        // No overflow: `end <= size`, a multiple of the granule.
-        let to = end.div_ceil(growth.granule) * growth.granule;
-        if to <= from {
-            return Ok(true);
-        }
-        let handle = storage.map(self.base + from as DevPtr, to - from, counters)?;
-        growth.chunks.borrow_mut().push((from, to - from, handle));
-        self.limit.set(to);
-        Ok(true)
+        self.map_locked(&mut sync::lock(growth), end, storage, counters)
     }
 
-    /// Unmaps the chunks that lie wholly at or above `keep` (an offset at or above the top);
-    /// returns the bytes unmapped. A chunk that fails to unmap stays mapped, and the error is
-    /// returned.
+    /// Maps memory up to the end of a block of `bytes` on `align` and takes it, under the mapping
+    /// lock (so no give-back unmaps between the two). `Ok(None)` for a fixed stack or past the
+    /// reservation. On an error nothing more is mapped.
+    #[cold]
+    pub(crate) fn grow_and_take(
+        &self,
+        bytes: usize,
+        align: usize,
+        storage: &Storage,
+        counters: &StreamCounters,
+    ) -> Result<Option<(usize, Block)>, PoolError> {
+        let Some(growth) = &self.bounds.growth else {
+            return Ok(None);
+        };
+        let Some((_, end)) = Stack::place(self.top(), bytes, align) else {
+            return Ok(None);
+        };
+        let mut growth = sync::lock(growth);
+        if !self.map_locked(&mut growth, end, storage, Some(counters))? {
+            return Ok(None);
+        }
+        Ok(self.take_aligned(bytes, align))
+    }
+
+    /// Marks the stream's own capture under way (`true`), or over with its graph made or not
+    /// (`false`): meanwhile nothing is given back. Waits for a give-back under way.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn set_capturing(&self, on: bool) {
+        if let Some(growth) = &self.bounds.growth {
+            sync::lock(growth).capturing = on;
+        }
+    }
+
+    /// The stream is going: no give-back waits for it, nor unmaps, any more (its last work may
+    /// still run). Waits for a give-back under way.
+    pub(crate) fn retire(&self) {
+        if let Some(growth) = &self.bounds.growth {
+            // Dropped here, on the stream's thread, not wherever the last `Bounds` goes.
+            let _gone = sync::lock(growth).stream.take();
+        }
+    }
+
+    /// Unmaps every chunk; returns the bytes unmapped. A chunk that fails to unmap stays mapped,
+    /// and the error is returned.
     ///
     /// # Safety
-    /// No work queued or running uses the stack's memory above `keep`.
-    pub(crate) unsafe fn unmap_above(
-        &self,
-        keep: usize,
-        storage: &Storage,
-        counters: Option<&StreamCounters>,
-    ) -> Result<usize, PoolError> {
-        let Some(growth) = &self.growth else {
+    /// No work queued or running uses the stack's memory, and none will: the stack is going.
+    pub(crate) unsafe fn unmap_all(&self, storage: &Storage) -> Result<usize, PoolError> {
+        let Some(growth) = &self.bounds.growth else {
             return Ok(0);
         };
-        debug_assert!(keep >= self.top.get());
-        let mut chunks = growth.chunks.borrow_mut();
+        let mut growth = sync::lock(growth);
         let mut freed = 0;
-        while let Some(&(offset, bytes, handle)) = chunks.last() {
-            if offset < keep {
+        let mut result = Ok(());
+        while let Some(&(offset, bytes, handle)) = growth.chunks.last() {
+            let at = self.base + offset as DevPtr;
+            // SAFETY: the chunk is what `map_locked` mapped with `handle`; nothing uses it (the
+            // caller's contract), and it leaves the list once unmapped.
+            if let Err(e) = unsafe { storage.unmap(at, bytes, handle, None) } {
+                result = Err(e);
                 break;
             }
-            // SAFETY: the chunk is what `map_to` mapped with `handle`; it lies above `keep`, which
-            // no work uses (the caller's contract), and leaves the list once unmapped.
-            unsafe { storage.unmap(self.base + offset as DevPtr, bytes, handle, counters) }?;
-            chunks.pop();
-            self.limit.set(offset);
+            growth.chunks.pop();
             freed += bytes;
         }
-        Ok(freed)
+        self.bounds.settle(&growth, None);
+        result.map(|()| freed)
     }
 
     #[inline]
     pub(crate) fn top(&self) -> usize {
-        self.top.get()
+        // Written by this thread alone.
+        self.bounds.top.load(Relaxed)
     }
 
     /// Bytes a request could still get (ignoring the alignment of its start).
     pub(crate) fn free_bytes(&self) -> usize {
-        self.size - self.top.get()
+        self.size - self.top()
     }
 
     /// Takes `bytes` (non-zero) from the top on the stack's own (texture) alignment: see
@@ -329,10 +569,21 @@ impl Stack {
     #[inline]
     pub(crate) fn take_aligned(&self, bytes: usize, align: usize) -> Option<(usize, Block)> {
         debug_assert!(align.is_power_of_two() && align <= self.align.max(MAX_ELEMENT_ALIGN));
-        let prev_top = self.top.get();
-        let (offset, end) =
-            Stack::place(prev_top, bytes, align).filter(|&(_, end)| end <= self.limit.get())?;
-        self.top.set(end);
+        let bounds = &*self.bounds;
+        let prev_top = bounds.top.load(Relaxed);
+        let (offset, end) = Stack::place(prev_top, bytes, align)
+            .filter(|&(_, end)| end <= bounds.limit.load(Relaxed))?;
+        bounds.top.store(end, Ordering::Release);
+        if self.growable {
+            // The Dekker handshake with `Bounds::give_back_idle` on another thread: top raised,
+            // fence, limit read. A give-back that lowered the limit below `end` may not have seen
+            // the top: the block is not handed out, and the caller maps under the lock.
+            fence(SeqCst);
+            if end > bounds.limit.load(Relaxed) {
+                bounds.top.store(prev_top, Ordering::Release);
+                return None;
+            }
+        }
         #[cfg(debug_assertions)]
         {
             let (takes, digest) = self.trace.get();
@@ -353,14 +604,20 @@ impl Stack {
         Some((offset, offset.checked_add(bytes)?))
     }
 
+    /// Lowers the top (a release store: a give-back that reads it sees the work queued before).
+    #[inline]
+    fn lower_top(&self, to: usize) {
+        self.bounds.top.store(to, Ordering::Release);
+    }
+
     /// Gives `block` back. Reclaims it at once if it is topmost, else once everything above it is
     /// released.
     #[inline]
     // By reference: the holder reads its block in place (copied out right after it was written,
     // it stalls store forwarding), and is itself consumed by the release.
     pub(crate) fn release(&self, block: &Block) -> Release {
-        if block.end == self.top.get() {
-            self.top.set(block.prev_top);
+        if block.end == self.top() {
+            self.lower_top(block.prev_top);
             if self.has_pending.get() {
                 self.reclaim_pending();
             }
@@ -372,15 +629,38 @@ impl Stack {
     }
 
     /// Grows `block`, the topmost block, so it ends at `end` (no change if it already ends there or
-    /// past it). `false`, and no change, if the block is not topmost or `end` is past the stack.
+    /// past it), mapping memory up to `end` first where `may_map`. `Ok(false)`, and no change, if
+    /// the block is not topmost or `end` is past the stack (or the mapped end, without `may_map`).
     #[cfg(feature = "cuda")]
-    pub(crate) fn grow(&self, block: &mut Block, end: usize) -> bool {
-        if block.end != self.top.get() || end > self.limit.get() {
+    pub(crate) fn grow_mapped(
+        &self,
+        block: &mut Block,
+        end: usize,
+        may_map: bool,
+        storage: &Storage,
+        counters: &StreamCounters,
+    ) -> Result<bool, PoolError> {
+        let Some(growth) = &self.bounds.growth else {
+            return Ok(self.grow(block, end));
+        };
+        // Under the mapping lock: no give-back lowers the limit meanwhile.
+        let mut growth = sync::lock(growth);
+        if may_map && end > growth.end() {
+            self.map_locked(&mut growth, end, storage, Some(counters))?;
+        }
+        Ok(self.grow(block, end))
+    }
+
+    /// [`grow_mapped`](Self::grow_mapped) with nothing to map: on a fixed stack, or under the
+    /// mapping lock.
+    #[cfg(feature = "cuda")]
+    fn grow(&self, block: &mut Block, end: usize) -> bool {
+        if block.end != self.top() || end > self.bounds.limit.load(Relaxed) {
             return false;
         }
         if end > block.end {
             block.end = end;
-            self.top.set(end);
+            self.bounds.top.store(end, Ordering::Release);
         }
         true
     }
@@ -389,11 +669,11 @@ impl Stack {
     /// begin). `false`, and no change, if the block is not topmost or `end` is not inside it.
     #[cfg(feature = "cuda")]
     pub(crate) fn shrink(&self, block: &mut Block, end: usize) -> bool {
-        if block.end != self.top.get() || end > block.end || end <= block.prev_top {
+        if block.end != self.top() || end > block.end || end <= block.prev_top {
             return false;
         }
         block.end = end;
-        self.top.set(end);
+        self.lower_top(end);
         true
     }
 
@@ -412,8 +692,8 @@ impl Stack {
     #[cold]
     fn reclaim_pending(&self) {
         let mut pending = self.pending.borrow_mut();
-        while let Some(last) = pending.pop_if(|b| b.end == self.top.get()) {
-            self.top.set(last.prev_top);
+        while let Some(last) = pending.pop_if(|b| b.end == self.top()) {
+            self.lower_top(last.prev_top);
         }
         self.has_pending.set(!pending.is_empty());
     }

@@ -113,7 +113,7 @@ impl Storage {
                 continue;
             }
             let held = holder.idle_bytes();
-            let gave = holder.give_back_idle();
+            let gave = holder.give_back_idle(self);
             reclaimed.holders.push(ReclaimedFrom {
                 holder: holder.holder(),
                 held,

@@ -1,5 +1,6 @@
-//! Locks. The device's stack hand-out, which the loom tests model, uses loom's types under
-//! `--cfg loom` and std's otherwise; process-wide registries and the pools' own state stay on std
+//! Locks and atomics. The device's stack hand-out and a stack's bounds (its top, its limit and its
+//! mappings, which a reclaim on another thread trims), which the loom tests model, use loom's types
+//! under `--cfg loom` and std's otherwise; process-wide registries and the pools' own state stay on std
 //! (loom has no `const` constructors, and nothing there races with the hand-out).
 //!
 //! Every lock in the crate is taken through [`lock`], which ignores poison: each critical section
@@ -7,9 +8,15 @@
 //! was held leaves nothing half-updated to protect.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard, atomic::AtomicUsize};
+pub(crate) use loom::sync::{
+    Mutex, MutexGuard,
+    atomic::{AtomicUsize, fence},
+};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Mutex, MutexGuard, atomic::AtomicUsize};
+pub(crate) use std::sync::{
+    Mutex, MutexGuard,
+    atomic::{AtomicUsize, fence},
+};
 
 /// A mutex that [`lock`] can take.
 pub(crate) trait Lock {

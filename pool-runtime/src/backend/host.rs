@@ -119,6 +119,50 @@ impl HostBackend {
         Ok(())
     }
 
+    /// Checks that the parts of `regions` inside a reservation (a growable stack) are mapped, as
+    /// the device would fault on an access to unmapped memory: `Err(UnmappedAccess)` if not. Where
+    /// one is, the returned guard keeps the mappings as they are until the access is done, so an
+    /// unmap on another thread cannot slip between the check and the access.
+    fn mapped_for(
+        &self,
+        regions: &[Region],
+    ) -> Result<Option<std::sync::MutexGuard<'_, Live>>, PoolError> {
+        let live = self.lock();
+        let mut reserved = false;
+        for r in regions.iter().filter(|r| r.rows > 0 && r.width > 0) {
+            let start = r.ptr;
+            let end = r.ptr + ((r.rows - 1) * r.pitch + r.width) as DevPtr;
+            let inside = live
+                .reservations
+                .iter()
+                .any(|(&base, layout)| start < base + layout.size() as DevPtr && base < end);
+            if !inside {
+                continue;
+            }
+            reserved = true;
+            // Walk the mappings from `start`: each must begin where the last ended.
+            let mut at = start;
+            while at < end {
+                let Some(&(m, n)) = live
+                    .mappings
+                    .values()
+                    .find(|&&(m, n)| m <= at && at < m + n as DevPtr)
+                else {
+                    return Err(PoolError::UnknownBlock {
+                        address: at,
+                        owner: format!(
+                            "the mapped memory of the host backend of {} (an access to stack \
+                             memory that is not mapped)",
+                            self.id
+                        ),
+                    });
+                };
+                at = m + n as DevPtr;
+            }
+        }
+        Ok(reserved.then_some(live))
+    }
+
     fn oom(&self, requested: usize) -> PoolError {
         PoolError::OutOfMemory {
             device: self.id,
@@ -363,6 +407,7 @@ impl Backend for HostBackend {
         pattern: &[u8],
         _stream: &RawStream,
     ) -> Result<(), PoolError> {
+        let _mapped = self.mapped_for(&[dst])?;
         for row in 0..dst.rows {
             // SAFETY: the caller guarantees `dst` lies in live memory: row `row` starts at
             // `ptr + row * pitch` and holds `width` bytes.
@@ -381,6 +426,7 @@ impl Backend for HostBackend {
         src_pitch: usize,
         _stream: &RawStream,
     ) -> Result<(), PoolError> {
+        let _mapped = self.mapped_for(&[dst])?;
         for row in 0..dst.rows {
             let from = &src[row * src_pitch..][..dst.width];
             // SAFETY: as in `fill`; `src` and device memory never overlap (device memory is ours).
@@ -396,6 +442,7 @@ impl Backend for HostBackend {
         src_pitch: usize,
         _stream: &RawStream,
     ) -> Result<(), PoolError> {
+        let _mapped = self.mapped_for(&[dst])?;
         for row in 0..dst.rows {
             // SAFETY: the caller's contract: `src` holds every row; device memory is ours, so
             // the two never overlap.
@@ -417,6 +464,7 @@ impl Backend for HostBackend {
         dst_pitch: usize,
         _stream: &RawStream,
     ) -> Result<(), PoolError> {
+        let _mapped = self.mapped_for(&[src])?;
         for row in 0..src.rows {
             // SAFETY: the caller guarantees `src` lies in live memory.
             let from = unsafe { row_ref(src, row) };
@@ -432,6 +480,7 @@ impl Backend for HostBackend {
         dst_pitch: usize,
         _stream: &RawStream,
     ) -> Result<(), PoolError> {
+        let _mapped = self.mapped_for(&[src])?;
         for row in 0..src.rows {
             // SAFETY: the caller guarantees `src` is live and `dst` writable for every row; host
             // memory of a buffer and `dst` are distinct allocations.
@@ -447,6 +496,7 @@ impl Backend for HostBackend {
     }
 
     unsafe fn copy(&self, dst: Region, src: Region, _stream: &RawStream) -> Result<(), PoolError> {
+        let _mapped = self.mapped_for(&[dst, src])?;
         for row in 0..dst.rows {
             // SAFETY: the caller guarantees both regions are live and do not overlap.
             unsafe { row_mut(dst, row) }.copy_from_slice(unsafe { row_ref(src, row) });
@@ -480,4 +530,36 @@ unsafe fn row_ref<'a>(region: Region, row: usize) -> &'a [u8] {
     let start = region.ptr as usize + row * region.pitch;
     // SAFETY: forwarded to the caller.
     unsafe { std::slice::from_raw_parts(start as *const u8, region.width) }
+}
+
+#[cfg(test)]
+mod unmapped_tests {
+    use super::*;
+
+    /// A fill of stack memory that is not mapped is refused, as the device would fault on it.
+    #[test]
+    fn an_access_to_unmapped_stack_memory_is_refused() -> Result<(), PoolError> {
+        let host = HostBackend::new(DeviceId::Host(0), None);
+        let base = host.reserve(4 * HOST_VMM_GRANULE)?;
+        let handle = host.map(base, HOST_VMM_GRANULE)?;
+        let region = |ptr, width| Region {
+            ptr,
+            pitch: width,
+            width,
+            rows: 1,
+        };
+        let stream = RawStream::Host;
+        // SAFETY: inside the reservation, which is host memory of ours all through.
+        unsafe { host.fill(region(base, HOST_VMM_GRANULE), &[1], &stream) }?;
+        let across = region(base + 16, HOST_VMM_GRANULE);
+        // SAFETY: as above; refused before any byte is written.
+        let err = unsafe { host.fill(across, &[1], &stream) }.unwrap_err();
+        assert!(matches!(err, PoolError::UnknownBlock { .. }), "{err}");
+        // SAFETY: mapped just above with `handle`, unused.
+        unsafe { host.unmap(base, HOST_VMM_GRANULE, handle) }?;
+        // SAFETY: as above.
+        assert!(unsafe { host.fill(region(base, 64), &[1], &stream) }.is_err());
+        // SAFETY: nothing is mapped in it any more.
+        unsafe { host.unreserve(base, 4 * HOST_VMM_GRANULE) }
+    }
 }

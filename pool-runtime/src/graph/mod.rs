@@ -472,6 +472,8 @@ impl Drop for Capturing<'_> {
             let _ = region.cover(self.stream);
             self.stream.free_kept_now();
         }
+        // The captured buffers' memory is the graph's fence's now, or no graph's.
+        self.stream.hold_stack_for_capture(false);
     }
 }
 
@@ -648,6 +650,8 @@ impl Stream {
             shared: SharedAccesses::default(),
             family,
         };
+        // Until the guard drops, its graph made or not.
+        self.hold_stack_for_capture(true);
         capturing.begin()?;
         Ok(capturing)
     }

@@ -186,6 +186,15 @@ impl Stream {
         }
     }
 
+    /// Marks the stream's own capture under way (`true`) or finished, its graph made or not
+    /// (`false`): meanwhile no give-back unmaps the stack above its top, where the captured
+    /// buffers were (the graph's fence covers them only once it is made).
+    pub(crate) fn hold_stack_for_capture(&self, on: bool) {
+        if let Some(stack) = self.stack.get() {
+            stack.set_capturing(on);
+        }
+    }
+
     /// The shared memory the capture that just ended accessed, for its graph's replays to access
     /// in turn.
     pub(crate) fn take_shared_accesses(&self) -> SharedAccesses {
@@ -256,11 +265,9 @@ impl Stream {
         // A growable stack may have been trimmed below them since (a family's lowered region):
         // map them again first, outside any capture.
         let available = stack.free_bytes();
-        if end > stack.mapped() && !self.in_own_capture() && !capturing::on_this_thread() {
-            stack.map_to(end, self.device.storage(), Some(self.counters()))?;
-            self.counters().stack_mapped.set(stack.mapped() as u64);
-        }
-        if !stack.grow(fence, end) {
+        let may_map = !self.in_own_capture() && !capturing::on_this_thread();
+        let storage = self.device.storage();
+        if !stack.grow_mapped(fence, end, may_map, storage, self.counters())? {
             return Err(PoolError::CaptureNeedsStack {
                 requested: end.saturating_sub(fence.end()),
                 available,

@@ -287,16 +287,11 @@ impl Stream {
         if !stack.is_growable() {
             return None;
         }
-        let (_, end) = Stack::place(stack.top(), bytes, align)?;
-        let map = || stack.map_to(end, self.device.storage(), Some(self.counters()));
+        let grow = || stack.grow_and_take(bytes, align, self.device.storage(), self.counters());
         // Out of memory, the other holders give theirs back first; this stack's own memory above
         // its top is what the growth maps on to, so it stays.
-        match map().or_else(|e| self.retry_after_reclaim(e, false, &mut { map })) {
-            Ok(true) => {
-                self.counters().stack_mapped.set(stack.mapped() as u64);
-                stack.take_aligned(bytes, align)
-            }
-            Ok(false) => None,
+        match grow().or_else(|e| self.retry_after_reclaim(e, false, &mut { grow })) {
+            Ok(taken) => taken,
             Err(e) => {
                 tracing::warn!(stream = self.id(), error = %e, bytes, "mapping stack memory failed: the request falls back");
                 None

@@ -1,9 +1,10 @@
 //! Streams: a backend stream, the stack it holds, and the allocator behind the stack.
 //!
-//! A stream and its stack are used by one thread at a time: [`Stream`] is `Send` but not `Sync`. The
-//! stack's top is a plain `Cell`, so taking a buffer needs no atomic and no lock; sharing a stream
-//! between threads would need both on every allocation. Move the stream to the thread that uses it,
-//! or give each thread its own.
+//! A stream and its stack are used by one thread at a time: [`Stream`] is `Send` but not `Sync`. Only
+//! that thread moves the stack's top, so taking a buffer needs no lock and no read-modify-write
+//! (a growable stack's take adds one fence, for the device to give its idle memory back from
+//! another thread: `stack.rs`); sharing a stream between threads would need both on every
+//! allocation. Move the stream to the thread that uses it, or give each thread its own.
 
 mod capture;
 mod clock;
@@ -265,54 +266,50 @@ impl Stream {
     /// Waits for the stream first (memory released by buffers may still be in use by queued
     /// work). Mappings are whole: one made to reach a peak goes back whole once the top is below
     /// its start. Refused inside a graph capture on this thread (`PoolError::CaptureAllocates`:
-    /// the wait would break it).
+    /// the wait would break it). An out-of-memory anywhere on the device, on any thread, gives
+    /// this memory back as well ([`Device::reclaim_idle`]).
     pub fn trim(&self) -> Result<usize, PoolError> {
-        let Some(stack) = self.stack.get().filter(|s| s.is_growable()) else {
+        if self.stack.get().is_none_or(|s| !s.is_growable()) {
             return Ok(0);
-        };
+        }
         if self.in_own_capture() || capturing::on_this_thread() {
             return Err(PoolError::CaptureAllocates {
                 what: "Stream::trim",
                 context: None,
             });
         }
-        if self.device.backend().is_capturing(&self.raw)? {
-            // A wait would invalidate someone else's capture of this stream.
-            return Err(PoolError::CapturedElsewhere {
-                what: "Stream::trim",
-                stream: self.id(),
-            });
-        }
-        let before = stack.mapped();
-        // A trim the device asked for may happen inside the wait.
+        // Host copies queued before are then known done too.
         self.synchronize()?;
-        self.unmap_idle()?;
-        Ok(before - stack.mapped())
+        self.give_back_idle()?.ok_or(PoolError::CapturedElsewhere {
+            what: "Stream::trim",
+            stream: self.id(),
+        })
     }
 
-    /// Unmaps what a growable stack has mapped above its top, and clears the device's request for
-    /// it. The caller waited for the stream (`synchronize`) and is not inside a capture.
+    /// Unmaps what a growable stack has mapped above its top, once the stream's work is done,
+    /// through the same handshake as a give-back from another thread: the bytes unmapped, or
+    /// `None` where a capture records the stream (a wait would break it). The caller is not
+    /// inside a capture on this thread.
     #[cold]
-    fn unmap_idle(&self) -> Result<usize, PoolError> {
-        self.ledger.trim_requested.store(false, Relaxed);
-        let Some(stack) = self.stack.get().filter(|s| s.is_growable()) else {
-            return Ok(0);
+    fn give_back_idle(&self) -> Result<Option<usize>, PoolError> {
+        let Some(stack) = self.stack.get() else {
+            return Ok(Some(0));
         };
-        // SAFETY: the stream's work is done (the caller waited for it), and memory above the top
-        // belongs to no live buffer or graph: a graph's fence and every live block lie below the
-        // top.
-        let freed =
-            unsafe { stack.unmap_above(stack.top(), self.device.storage(), Some(self.counters())) };
-        self.counters().stack_mapped.set(stack.mapped() as u64);
-        freed
+        let given = stack
+            .bounds()
+            .give_back_idle(self.device.storage(), self.counters(), true)?;
+        if given.is_some() {
+            self.ledger.trim_requested.store(false, Relaxed);
+        }
+        Ok(given)
     }
 
     /// Waits until all work queued on the stream is done. [`HostMem`](crate::HostMem) copies
     /// queued before it are then known done, with no driver call to ask.
     ///
     /// Where an out-of-memory elsewhere on the device asked for this stream's idle stack memory
-    /// (see [`Device::reclaim_idle`](crate::Device::reclaim_idle)), it is given back here, the
-    /// stream's work being done.
+    /// while a capture recorded the stream (see [`Device::reclaim_idle`](crate::Device::reclaim_idle)),
+    /// it is given back here.
     pub fn synchronize(&self) -> Result<(), PoolError> {
         self.clock.synchronize(self.device.backend(), &self.raw)?;
         if self.ledger.trim_requested.load(Relaxed) {
@@ -332,7 +329,7 @@ impl Stream {
         if self.in_own_capture() || capturing::on_this_thread() {
             return; // an unmap is a driver call a capture must not see; asked again next time
         }
-        if let Err(e) = self.unmap_idle() {
+        if let Err(e) = self.give_back_idle() {
             tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
         }
     }
@@ -368,20 +365,16 @@ impl Stream {
     fn give_back_own_idle(&self) -> Option<ReclaimedFrom> {
         let stack = self.stack.get().filter(|s| s.is_growable())?;
         let before = stack.mapped();
-        let held = before.saturating_sub(stack.top());
-        // Memory above the top may still be in use by queued work of released buffers: wait for
-        // it, unless a capture elsewhere records this stream (a wait would break it).
-        if held > 0
-            && matches!(self.device.backend().is_capturing(&self.raw), Ok(false))
-            && let Err(e) = self.synchronize().and_then(|()| self.unmap_idle())
-        {
+        let held = stack.bounds().idle_bytes();
+        let given = self.give_back_idle().unwrap_or_else(|e| {
             tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
-        }
+            Some(0)
+        });
         Some(ReclaimedFrom {
             holder: self.ledger.holder(),
             held,
-            given_back: before - stack.mapped(),
-            deferred: false,
+            given_back: before.saturating_sub(stack.mapped()),
+            deferred: given.is_none() && held > 0,
         })
     }
 
@@ -448,9 +441,9 @@ impl Stream {
         if !self.device.inner.has_free_stack() {
             return Ok(None);
         }
-        let claimed = match self.device.inner.claim_stack(&self.ledger) {
+        let claimed = match self.device.inner.claim_stack(&self.ledger, &self.raw) {
             Err(e) => self.retry_after_reclaim(e, false, &mut || {
-                self.device.inner.claim_stack(&self.ledger)
+                self.device.inner.claim_stack(&self.ledger, &self.raw)
             }),
             claimed => claimed,
         };
@@ -462,11 +455,12 @@ impl Stream {
                     // Unordered use would race that work: on an error the stack stays held, unused.
                     self.device.backend().wait_event(&self.raw, event)?;
                 }
+                // Before the ledger shares the bounds: no give-back writes it yet.
+                self.counters().stack_mapped.set(stack.mapped() as u64);
                 if stack.is_growable() {
-                    self.ledger.growable_stack.store(true, Relaxed);
                     self.map_configured(&stack);
                 }
-                self.counters().stack_mapped.set(stack.mapped() as u64);
+                let _ = self.ledger.stack.set(Arc::clone(stack.bounds()));
                 Ok(Some(self.stack.get_or_init(|| stack)))
             }
             Ok(None) => Ok(None),
@@ -586,6 +580,10 @@ impl Drop for Stream {
             self.synchronize().map(|()| None)
         };
         let idle = matches!(waited, Ok(None));
+        if let Some(stack) = self.stack.get() {
+            // No give-back from another thread waits for this stream, nor unmaps, from here on.
+            stack.retire();
+        }
         match waited {
             Ok(after) => match self.stack.take() {
                 Some(stack) if stack.is_growable() => {
