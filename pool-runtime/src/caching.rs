@@ -16,8 +16,9 @@ use crate::allocator::{AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent};
 use crate::device::Device;
 use crate::error::PoolError;
-use crate::holders::{GaveBack, IdleMemory};
+use crate::holders::GaveBack;
 use crate::id::DeviceId;
+use crate::storage::IdleMemory;
 use crate::storage::Storage;
 
 /// Counters of a [`CachingPool`].

@@ -22,7 +22,7 @@ use crate::ledger::Ledger;
 use crate::pinned::DeferredFrees;
 use crate::record::StreamRecording;
 use crate::stack::Stack;
-use crate::stats::{DeviceLive, DeviceStats, Retired, StreamStats, sum_streams};
+use crate::stats::{DevicePeak, DeviceStats, Retired, StreamStats, sum_streams};
 use crate::storage::Storage;
 use crate::sync;
 use crate::unique::Counter;
@@ -47,7 +47,7 @@ pub(crate) struct DeviceInner {
     /// Set after the first LIFO violation was logged, so the log is not flooded.
     pub(crate) lifo_warned: AtomicBool,
     /// The bytes of every live pooled buffer, over all streams, and their peak.
-    pub(crate) live: DeviceLive,
+    pub(crate) live_peak: DevicePeak,
     /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
     pub(crate) pinned_frees: DeferredFrees,
     /// The [`CachingPool`](crate::CachingPool) behind `Fallback::Caching`, made at first use by
@@ -102,7 +102,7 @@ impl Device {
             storage: Arc::new(Storage::new(id, backend)),
             state: sync::Mutex::new(DeviceState::default()),
             lifo_warned: AtomicBool::new(false),
-            live: DeviceLive::default(),
+            live_peak: DevicePeak::default(),
             pinned_frees: DeferredFrees::default(),
             caching: OnceLock::new(),
         });
@@ -626,11 +626,29 @@ impl Device {
         let mut state = self.inner.lock_state();
         state.streams_wanting_peak = state.streams_wanting;
         state.retired.peak_demand = 0;
-        self.inner.live.reset_peak();
+        let mut live = 0;
         for ledger in state.live_streams.iter().filter_map(Weak::upgrade) {
             let demand = ledger.counters.demand_now();
             ledger.reset_peaks(None, demand as usize);
+            // Another thread's take may raise it again at once: a high is then sampled anew.
+            let now = ledger.counters.live_bytes.get();
+            ledger.counters.live_high.set(now);
+            live += now;
         }
+        self.inner.live_peak.reset(live);
+    }
+
+    /// Raises the device's live peak to what its streams hold at once now.
+    #[cold]
+    pub(crate) fn sample_live_peak(&self) {
+        let state = self.inner.lock_state();
+        let live = state
+            .live_streams
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|l| l.counters.live_bytes.get())
+            .sum();
+        self.inner.live_peak.saw(live);
     }
 
     /// A snapshot of the device's counters and of each live stream's.
@@ -647,7 +665,9 @@ impl Device {
             .collect();
         let (stack_allocations, fallback_allocations, lifo_violations, stack_in_use, peak_demand) =
             sum_streams(&state.retired, &streams);
-        let (live_bytes, peak_live_bytes) = self.inner.live.get();
+        let live_bytes: usize = streams.iter().map(|s| s.live_bytes).sum();
+        self.inner.live_peak.saw(live_bytes as u64);
+        let peak_live_bytes = self.inner.live_peak.get();
         DeviceStats {
             device: self.inner.storage.id,
             config: state.effective_config(),
@@ -655,7 +675,7 @@ impl Device {
             stacks_allocated: state.arena.is_some(),
             peak_streams_wanting_stack: state.streams_wanting_peak,
             stack_in_use,
-            live_bytes: live_bytes as usize,
+            live_bytes,
             live_buffers: streams.iter().map(|s| s.live_buffers).sum(),
             peak_live_bytes: peak_live_bytes as usize,
             stack_allocations,

@@ -2,9 +2,9 @@
 //! buffer uses (a growable stack above its top, the caching pool's freed blocks, the stream-ordered
 //! pool's reserve) answers to the device.
 //!
-//! A holder registers with the device's [`Storage`](crate::storage::Storage) as a weak handle; the
+//! A holder (`storage::IdleMemory`) registers with the device's storage as a weak handle; the
 //! storage asks each one what it holds idle (for the stats and the report) and, after an
-//! out-of-memory, to give it back ([`Storage::reclaim`](crate::storage::Storage::reclaim)); the
+//! out-of-memory, to give it back (`Storage::reclaim`); the
 //! request that failed is then tried once more, from whichever thread ran out. A holder never gives
 //! back memory in use or in flight: a growable stack used on another thread gives back what lies
 //! above its top once its stream's work is done (a handshake with the stream's lock-free take, in
@@ -13,17 +13,6 @@
 //! to give back at its next chance, and says so.
 
 use std::fmt;
-
-/// Something that keeps memory of a device idle (mapped or allocated, used by no buffer).
-pub(crate) trait IdleMemory: Send + Sync {
-    /// Who holds it, as the stats and errors name it ("the caching pool", "stream 3's stack").
-    fn holder(&self) -> String;
-    /// Bytes it holds idle now.
-    fn idle_bytes(&self) -> usize;
-    /// Gives back what it safely can now, through `storage` (its device's); asks for the rest to
-    /// go back at its next chance.
-    fn give_back_idle(&self, storage: &crate::storage::Storage) -> GaveBack;
-}
 
 /// What one holder gave back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::capturing;
-use crate::holders::{GaveBack, IdleMemory};
+use crate::holders::GaveBack;
 use crate::id::DeviceId;
 use crate::record::{Event, Ring};
 use crate::source::{CallSite, FallbackReason};
 use crate::stack::Bounds;
 use crate::stats::{SiteFallbacks, StreamCounters, StreamStats};
-use crate::storage::Storage;
+use crate::storage::{IdleMemory, Storage};
 use crate::sync;
 
 /// A stream's counters and what else it shares with its device for reports: read by the device

@@ -37,11 +37,10 @@
 //! | 3 | `layout` | how a shape becomes bytes: the pitch and alignment rules |
 //! | 4 | `config` | [`PoolConfig`], `GPU_POOL_CONF`: the one settings lookup |
 //! | 5 | `stats`, `record` | counters and their snapshots; the opt-in event ring |
-//! | 6 | `ledger` | what a stream shares with its device: counters, peak and fallback sites, recording |
 //! | 7 | `backend` | what a backend does: allocate, copy, fill, streams and events |
 //! | 8 | `backend::host`, `backend::cuda`, `storage` | backends; counted driver calls |
 //! | 9 | `stack`, `allocator`, `capturing` | a stream's bump stack; [`GpuAllocator`] and fallbacks; what a capture asks of every stream |
-//! | 10 | `arena`, `pinned` | one allocation cut into a device's stacks; page-locked memory freed once its copies are done |
+//! | 10 | `arena`, `pinned`, `ledger` | one allocation cut into a device's stacks; page-locked memory freed once its copies are done; what a stream shares with its device (counters, peak and fallback sites, recording, its stack's idle memory) |
 //! | 11 | `device` | the composition root: storage, stack arena, settings, stream ledgers |
 //! | 12 | `caching` | [`CachingPool`], made for a device |
 //! | 13 | `stream` | [`Stream`]: the take and give-back (`stream/lease.rs`), its work, its captures |

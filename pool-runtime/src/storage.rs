@@ -24,10 +24,21 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::backend::{Backend, DevPtr, RawStream};
 use crate::error::PoolError;
-use crate::holders::{IdleHolding, IdleMemory, Reclaimed, ReclaimedFrom};
+use crate::holders::{GaveBack, IdleHolding, Reclaimed, ReclaimedFrom};
 use crate::id::DeviceId;
 use crate::stats::StreamCounters;
 use crate::sync;
+
+/// Something that keeps memory of a device idle (mapped or allocated, used by no buffer).
+pub(crate) trait IdleMemory: Send + Sync {
+    /// Who holds it, as the stats and errors name it ("the caching pool", "stream 3's stack").
+    fn holder(&self) -> String;
+    /// Bytes it holds idle now.
+    fn idle_bytes(&self) -> usize;
+    /// Gives back what it safely can now, through `storage` (its device's); asks for the rest to
+    /// go back at its next chance.
+    fn give_back_idle(&self, storage: &Storage) -> GaveBack;
+}
 
 /// A device's memory: its backend and the driver calls made on it.
 pub(crate) struct Storage {

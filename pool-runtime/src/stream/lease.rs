@@ -438,14 +438,26 @@ impl Stream {
     }
 }
 
-/// The live counts: the stream's, written by its thread alone, and its device's, by every stream's.
+/// The live counts, written by the stream's thread alone; the device adds them up when one passes
+/// its high.
 impl Stream {
     #[inline(always)]
     fn count_live(&self, bytes: u64) {
         let c = self.counters();
         c.live_bytes.add(bytes);
         c.live_buffers.add(1);
-        self.device.inner.live.took(bytes);
+        if c.live_bytes.get() > c.live_high.get() {
+            self.new_live_high();
+        }
+    }
+
+    /// The stream holds more than ever since the last reset: the device's sum may be a new peak.
+    #[cold]
+    #[inline(never)]
+    fn new_live_high(&self) {
+        let c = self.counters();
+        c.live_high.set(c.live_bytes.get());
+        self.device.sample_live_peak();
     }
 
     #[inline(always)]
@@ -453,7 +465,6 @@ impl Stream {
         let c = self.counters();
         c.live_bytes.sub(bytes);
         c.live_buffers.sub(1);
-        self.device.inner.live.gave_back(bytes);
     }
 }
 

@@ -24,12 +24,13 @@ use crate::capturing;
 use crate::config::{self, Fallback};
 use crate::device::Device;
 use crate::error::PoolError;
-use crate::holders::{IdleMemory, ReclaimedFrom};
+use crate::holders::ReclaimedFrom;
 use crate::ledger::Ledger;
 use crate::record::{Event, EventKind};
 use crate::source::{CallSite, Source};
 use crate::stack::{LayoutTrace, Stack};
 use crate::stats::{StreamCounters, StreamStats};
+use crate::storage::IdleMemory;
 
 use capture::Graphs;
 #[cfg(feature = "cuda")]
