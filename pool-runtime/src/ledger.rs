@@ -20,6 +20,9 @@ use crate::sync;
 /// (stats, recordings) while the stream's thread writes it.
 #[derive(Debug)]
 pub(crate) struct Ledger {
+    /// The stream adds its live bytes to the device's exact total at every take and release
+    /// ([`Device::set_exact_live_peak`](crate::Device::set_exact_live_peak)).
+    pub(crate) exact_live: bool,
     pub(crate) id: u64,
     pub(crate) counters: StreamCounters,
     /// The stack index, or `usize::MAX` while the stream holds none.
@@ -40,9 +43,10 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    pub(crate) fn new(id: u64, record: usize) -> Ledger {
+    pub(crate) fn new(id: u64, record: usize, exact_live: bool) -> Ledger {
         Ledger {
             id,
+            exact_live,
             counters: StreamCounters::default(),
             stack_index: sync::AtomicUsize::new(usize::MAX),
             peak_at: AtomicPtr::new(std::ptr::null_mut()),

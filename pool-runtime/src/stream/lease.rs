@@ -446,6 +446,9 @@ impl Stream {
         let c = self.counters();
         c.live_bytes.add(bytes);
         c.live_buffers.add(1);
+        if self.ledger.exact_live {
+            self.device.inner.live_peak.took_exact(bytes);
+        }
         if c.live_bytes.get() > c.live_high.get() {
             self.new_live_high();
         }
@@ -465,6 +468,9 @@ impl Stream {
         let c = self.counters();
         c.live_bytes.sub(bytes);
         c.live_buffers.sub(1);
+        if self.ledger.exact_live {
+            self.device.inner.live_peak.gave_back_exact(bytes);
+        }
     }
 }
 

@@ -188,7 +188,8 @@ impl Stream {
         let id = STREAM_IDS.next();
         #[cfg(feature = "cuda")]
         let wrapped = capturing::Wrapped::claim(&raw, id)?;
-        let ledger = Arc::new(Ledger::new(id, record));
+        let exact_live = device.exact_live_peak();
+        let ledger = Arc::new(Ledger::new(id, record, exact_live));
         device.inner.register_stream(&ledger);
         let holder: Weak<dyn IdleMemory> = Arc::downgrade(&ledger) as Weak<Ledger>;
         device.storage().register_holder(holder);
