@@ -349,9 +349,15 @@ impl Device {
     /// is no count of stacks (every stream gets one). Memory stays mapped until
     /// [`Stream::trim`](crate::Stream::trim) or the stream's drop, so a loop that rises to a peak and falls back maps
     /// once, unless memory runs out elsewhere on the device: then the stack gives back what lies
-    /// above its top (at once for the stream that ran out, at its next
-    /// [`synchronize`](crate::Stream::synchronize) for another). Every reservation, map and unmap
-    /// is a counted driver call.
+    /// above its top, from whichever thread ran out, once the stream's work is done (a stream
+    /// being captured keeps it until its next [`synchronize`](crate::Stream::synchronize) after
+    /// the capture). Every reservation, map and unmap is a counted driver call.
+    ///
+    /// One window is left: a thread that runs out of memory checks that another stream is not
+    /// being captured, then waits for that stream's work; a capture begun on that stream in
+    /// between by code outside gpu-pool (cudarc's `begin_capture`) sees the wait and fails with a
+    /// driver error. Nothing is unmapped then, and no memory is lost; captures through
+    /// [`Stream::capture`](crate::Stream::capture) are not exposed to it.
     ///
     /// The default on a CUDA device with virtual memory management, unless `GPU_POOL_CONF` sets a
     /// stack size or count; fixed stacks on the host backend and elsewhere. Streams keep the

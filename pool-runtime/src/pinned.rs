@@ -1,7 +1,8 @@
 //! Page-locked memory freed later: a dropped `HostMem`'s, whose copies were
 //! still in flight, waits here with the events after those copies, and is freed once they have
 //! fired (never under a copy). The device holds the list; `HostMem::new` and `Stream::synchronize`
-//! free what is done, and the device's drop waits for the rest.
+//! free what is done, and the device's drop waits for the rest (a `Device::cuda` device lives as
+//! long as the process: its list is emptied by those checks alone).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -58,36 +59,55 @@ impl DeferredFrees {
         if capturing::on_this_thread() {
             return;
         }
-        let mut list = sync::lock(&self.list);
-        list.retain_mut(|entry| {
+        // What is done leaves the list under the lock, and is freed after it: a free may wait for
+        // the device, and other threads' checks need not wait behind it.
+        let mut done = Vec::new();
+        {
+            let mut list = sync::lock(&self.list);
             let mut i = 0;
-            while i < entry.after.len() {
-                let event = &entry.after[i];
-                let done = if wait {
-                    backend.wait_host(event).map(|()| true)
-                } else {
-                    backend.event_done(event)
-                };
-                match done {
-                    Ok(true) => backend.drop_event(entry.after.swap_remove(i)),
-                    Ok(false) => i += 1,
-                    Err(e) => {
-                        tracing::error!(error = %e, "asking whether a host copy is done failed: its memory is kept");
-                        i += 1;
+            while i < list.len() {
+                let entry = &mut list[i];
+                let mut j = 0;
+                while j < entry.after.len() {
+                    let event = &entry.after[j];
+                    let fired = if wait {
+                        backend.wait_host(event).map(|()| true)
+                    } else {
+                        backend.event_done(event)
+                    };
+                    match fired {
+                        Ok(true) => backend.drop_event(entry.after.swap_remove(j)),
+                        Ok(false) => j += 1,
+                        Err(e) => {
+                            tracing::error!(error = %e, "asking whether a host copy is done failed: its memory is kept");
+                            j += 1;
+                        }
                     }
                 }
+                if entry.after.is_empty() {
+                    done.push(list.swap_remove(i));
+                } else {
+                    i += 1;
+                }
             }
-            if !entry.after.is_empty() {
-                return true;
-            }
+            self.waiting.store(list.len(), Ordering::Release);
+        }
+        let mut failed = Vec::new();
+        for entry in done {
             // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)` for a
-            // `HostMem` that is gone; every copy of it is done (its events fired); it leaves the
-            // list here, so it is freed once.
+            // `HostMem` that is gone; every copy of it is done (its events fired); it left the
+            // list above, so it is freed once (or goes back to the list, unfreed).
             if let Err(e) = unsafe { backend.free_pinned(entry.ptr.0, entry.bytes) } {
-                tracing::error!(error = %e, "freeing page-locked memory failed");
+                // A capture elsewhere on this thread (cudarc's, in global mode) may refuse it:
+                // kept for a later check, never lost.
+                tracing::warn!(error = %e, "freeing page-locked memory failed: kept for the next check");
+                failed.push(entry);
             }
-            false
-        });
-        self.waiting.store(list.len(), Ordering::Release);
+        }
+        if !failed.is_empty() {
+            let mut list = sync::lock(&self.list);
+            list.extend(failed);
+            self.waiting.store(list.len(), Ordering::Release);
+        }
     }
 }

@@ -172,6 +172,9 @@ struct Growth {
     /// The stream's own capture is under way or being turned into a graph: memory above the top
     /// may be used by the captured work, so nothing is given back.
     capturing: bool,
+    /// Bumped by every change a give-back waiting for the stream (with the lock let go) must
+    /// not miss: a mapping (which puts the limit back up), a capture begun, an unmap.
+    generation: u64,
 }
 
 impl Growth {
@@ -252,10 +255,10 @@ impl Bounds {
         counters: &StreamCounters,
         own: bool,
     ) -> Result<Option<usize>, PoolError> {
-        let Some(growth) = &self.growth else {
+        let Some(lock) = &self.growth else {
             return Ok(Some(0));
         };
-        let mut growth = sync::lock(growth);
+        let growth = sync::lock(lock);
         if growth.capturing {
             return Ok(None);
         }
@@ -285,13 +288,28 @@ impl Bounds {
         let Some(keep) = keep else {
             return Ok(Some(0)); // the stream keeps taking above: its memory is in use
         };
-        // No take hands out memory above `keep` from here on, and the top read above was stored
-        // after the work queued on every block released above it: waiting for the stream covers
-        // that work.
-        if let Err(e) = storage.backend.synchronize(&stream) {
-            self.limit.store(mapped, Relaxed);
+        // No take hands out memory above `keep` from here on without mapping under the lock
+        // (which bumps the generation), and the top read above was stored after the work queued
+        // on every block released above it: waiting for the stream covers that work. The wait
+        // lets the lock go, so that the stream's own thread never waits for its GPU work in a
+        // take (that work may wait on the thread).
+        let generation = growth.generation;
+        drop(growth);
+        let waited = storage.backend.synchronize(&stream);
+        let mut growth = sync::lock(lock);
+        if let Err(e) = waited {
+            self.settle(&growth, None);
             return Err(e);
         }
+        if growth.generation != generation || growth.capturing || growth.stream.is_none() {
+            // The stream mapped (its limit is back up), began a capture, or went: memory above
+            // `keep` may be in use again. Nothing is given back this time.
+            if growth.generation == generation {
+                self.settle(&growth, None);
+            }
+            return Ok(Some(0));
+        }
+        growth.generation += 1;
         let mut freed = 0;
         let mut failed = None;
         while let Some(&(offset, bytes, handle)) = growth.chunks.last() {
@@ -406,6 +424,7 @@ impl Stack {
             chunks: Vec::new(),
             stream: Some(stream),
             capturing: false,
+            generation: 0,
         };
         Stack::with_bounds(index, base, size, align, Bounds::new(0, Some(growth)))
     }
@@ -448,6 +467,7 @@ impl Stack {
         if end > self.size {
             return Ok(false);
         }
+        growth.generation += 1;
         let from = growth.end();
         // No overflow: `end <= size`, a multiple of the granule.
         let to = end.div_ceil(growth.granule) * growth.granule;
@@ -503,7 +523,9 @@ impl Stack {
     #[cfg(feature = "cuda")]
     pub(crate) fn set_capturing(&self, on: bool) {
         if let Some(growth) = &self.bounds.growth {
-            sync::lock(growth).capturing = on;
+            let mut growth = sync::lock(growth);
+            growth.capturing = on;
+            growth.generation += 1;
         }
     }
 

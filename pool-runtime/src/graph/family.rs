@@ -174,10 +174,14 @@ impl Region {
         }
         stream
             .reserve_up_to(block, self.needed.get())
-            .map_err(|_| PoolError::Unsupported {
-                device: stream.device().id(),
-                what: "replaying a graph of a family while a buffer kept from a failed capture \
-                       holds part of its scratch (release it first)",
+            .map_err(|e| match e {
+                // The region could not be mapped again: that error, as it is.
+                PoolError::OutOfMemory { .. } | PoolError::Driver { .. } => e,
+                _ => PoolError::Unsupported {
+                    device: stream.device().id(),
+                    what: "replaying a graph of a family while a buffer kept from a failed \
+                           capture holds part of its scratch (release it first)",
+                },
             })
     }
 }

@@ -606,16 +606,22 @@ impl Stream {
         // Waits on events recorded outside the capture cannot join it: issue them now.
         self.issue_deferred_waits()?;
         let origin = Origin::new(cuda.context())?;
+        // From here until the guard drops, its graph made or not, nothing above the top is given
+        // back: a family's region lowered below is what its new member captures into.
+        self.hold_stack_for_capture(true);
         // The fence may claim the stream's stack, and with it a wait for its last stream's work.
         // A family's region is the fence of its members, lowered to its base for the capture.
         let (fence, fence_end) = match family {
             None => {
-                let fence = self.reserve_fence()?;
+                let fence = self
+                    .reserve_fence()
+                    .inspect_err(|_| self.hold_stack_for_capture(false))?;
                 let end = fence.end();
                 (Some(fence), end)
             }
             Some(region) if region.lower(self) => (None, region.base),
             Some(_) => {
+                self.hold_stack_for_capture(false);
                 return Err(PoolError::Unsupported {
                     device: self.device().id(),
                     what: "capturing into a graph family while something taken after the \
@@ -624,6 +630,8 @@ impl Stream {
                 });
             }
         };
+        // Again: the fence may have claimed the stack only now.
+        self.hold_stack_for_capture(true);
         // Work queued before the capture is done before it starts, so nothing eager beside the
         // capture races it (if it fails here, the fence goes back as a release out of order).
         if let Err(e) = self.synchronize() {
@@ -632,6 +640,7 @@ impl Stream {
                 (None, Some(region)) => drop(region.cover(self)),
                 (None, None) => {}
             }
+            self.hold_stack_for_capture(false);
             return Err(e);
         }
         // Memory released before the capture is freed before it (unless a graph still needs it).
@@ -650,8 +659,6 @@ impl Stream {
             shared: SharedAccesses::default(),
             family,
         };
-        // Until the guard drops, its graph made or not.
-        self.hold_stack_for_capture(true);
         capturing.begin()?;
         Ok(capturing)
     }
