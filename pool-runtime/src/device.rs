@@ -46,6 +46,8 @@ pub(crate) struct DeviceInner {
     state: sync::Mutex<DeviceState>,
     /// Set after the first LIFO violation was logged, so the log is not flooded.
     pub(crate) lifo_warned: AtomicBool,
+    /// Streams made from now on count their live bytes into the device's exact total.
+    exact_live_peak: AtomicBool,
     /// The bytes of every live pooled buffer, over all streams, and their peak.
     pub(crate) live_peak: DevicePeak,
     /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
@@ -75,8 +77,7 @@ struct DeviceState {
     retired: Retired,
     /// Events per stream to record for streams made from now on; `None`: `GPU_POOL_CONF`'s.
     recording: Option<usize>,
-    /// Streams made from now on count their live bytes into the device's exact total.
-    exact_live_peak: bool,
+
     /// The recordings of dropped streams, the last `RETIRED_RECORDINGS` of them.
     retired_recordings: VecDeque<StreamRecording>,
 }
@@ -104,6 +105,7 @@ impl Device {
             storage: Arc::new(Storage::new(id, backend)),
             state: sync::Mutex::new(DeviceState::default()),
             lifo_warned: AtomicBool::new(false),
+            exact_live_peak: AtomicBool::new(false),
             live_peak: DevicePeak::default(),
             pinned_frees: DeferredFrees::default(),
             caching: OnceLock::new(),
@@ -512,13 +514,13 @@ impl Device {
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn set_exact_live_peak(&self, exact: bool) {
-        self.inner.lock_state().exact_live_peak = exact;
+        self.inner.exact_live_peak.store(exact, Relaxed);
     }
 
     /// Whether streams made from now on keep the device's live peak exact
     /// ([`Device::set_exact_live_peak`]).
     pub fn exact_live_peak(&self) -> bool {
-        self.inner.lock_state().exact_live_peak
+        self.inner.exact_live_peak.load(Relaxed)
     }
 
     /// The setting: events per stream that new streams record, [`Device::set_recording`]'s, else
