@@ -509,6 +509,17 @@ fn stacks_in_nccl_memory_register_as_a_window_and_stay_put_while_registered() ->
     Ok(())
 }
 
+/// Puts a shared GPU device back on driver memory and the default config when a one-rank test
+/// ends, however it ends.
+struct DriverMemoryBack<'a>(&'a Device);
+
+impl Drop for DriverMemoryBack<'_> {
+    fn drop(&mut self) {
+        let _ = gpu_pool::nccl::use_driver_memory(self.0);
+        let _ = self.0.set_pool_config(PoolConfig::default());
+    }
+}
+
 /// What one GPU can show of NCCL: a communicator of one rank, its groups, registrations and the
 /// refusals that need no peer.
 #[test]
@@ -519,14 +530,7 @@ fn one_rank_on_one_gpu_registers_once_and_never_a_growable_stack() -> TestResult
     if !nccl_loads("one_rank_nccl") {
         return Ok(());
     }
-    struct Back<'a>(&'a Device);
-    impl Drop for Back<'_> {
-        fn drop(&mut self) {
-            let _ = gpu_pool::nccl::use_driver_memory(self.0);
-            let _ = self.0.set_pool_config(PoolConfig::default());
-        }
-    }
-    let _back = Back(&gpu0);
+    let _back = DriverMemoryBack(&gpu0);
     // A growable stack is refused.
     {
         gpu0.set_growable_stacks(true)?;
@@ -583,14 +587,7 @@ fn a_panic_inside_an_nccl_capture_leaves_captures_and_registrations_working() ->
     if !nccl_loads("nccl_capture_panic") {
         return Ok(());
     }
-    struct Back<'a>(&'a Device);
-    impl Drop for Back<'_> {
-        fn drop(&mut self) {
-            let _ = gpu_pool::nccl::use_driver_memory(self.0);
-            let _ = self.0.set_pool_config(PoolConfig::default());
-        }
-    }
-    let _back = Back(&gpu0);
+    let _back = DriverMemoryBack(&gpu0);
     set_buffer_pool_config(&gpu0, 16 * MIB, 1)?;
     gpu_pool::nccl::use_nccl_memory(&gpu0)?;
     let s = Stream::new(&gpu0)?;
