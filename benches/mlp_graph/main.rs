@@ -60,7 +60,14 @@ const SHAPES: [(usize, usize); 5] = [
 const BIAS_RELU: usize = 0;
 const BIAS: usize = 1;
 const SOFTMAX: usize = 2;
-const NAMES: [&str; 3] = ["gpu-pool padded", "gpu-pool packed", "cudarc"];
+const NAMES: [&str; 5] = [
+    "gpu-pool padded",
+    "gpu-pool packed",
+    "packed, no workspace",
+    "packed, shared weights",
+    "cudarc",
+];
+const CUDARC: usize = NAMES.len() - 1;
 
 /// Every parameter is 64-bit (an address, or a leading dimension or size in elements), so every
 /// variant launches the same kernels with the same `u64` arguments.
@@ -146,10 +153,10 @@ unsafe fn gemm<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
 
 /// The pass on pool memory, into the temporaries `h` and `logits`; `probs` is written through its
 /// address (an output captured by shared reference, read between replays).
-fn layers(
+fn layers<W: GpuRead<f32>>(
     cs: &CudaStream,
     (blas, k): (&CudaBlas, &Kernels),
-    [x, w1, b1, w2, b2]: &[GpuMat<'_, f32>; 5],
+    [x, w1, b1, w2, b2]: [&W; 5],
     h: &mut impl GpuWrite<f32>,
     logits: &mut impl GpuWrite<f32>,
     probs: &GpuMat<'_, f32>,
@@ -192,7 +199,7 @@ fn forward_padded(
     let mut h = buffer!(BATCH, HIDDEN; f32)?;
     let mut logits = buffer!(BATCH, CLASSES; f32)?;
     with_blas_workspace(blas, room.view_mut(), |blas| {
-        layers(cs, (blas, k), net, &mut h, &mut logits, probs)
+        layers(cs, (blas, k), net.each_ref(), &mut h, &mut logits, probs)
     })?
 }
 
@@ -209,7 +216,40 @@ fn forward_packed(
     let mut h = buffer!(BATCH, HIDDEN; f32, packed)?;
     let mut logits = buffer!(BATCH, CLASSES; f32, packed)?;
     with_blas_workspace(blas, room.view_mut(), |blas| {
-        layers(cs, (blas, k), net, &mut h, &mut logits, probs)
+        layers(cs, (blas, k), net.each_ref(), &mut h, &mut logits, probs)
+    })?
+}
+
+/// The same with packed temporaries and cuBLAS's own workspace (the guide's capture).
+#[pooled(stream)]
+fn forward_no_workspace(
+    stream: &Stream,
+    (blas, k): (&CudaBlas, &Kernels),
+    net: &[GpuMat<'_, f32>; 5],
+    probs: &GpuMat<'_, f32>,
+) -> Result<(), PoolError> {
+    let cs = stream.cuda_stream().expect("a CUDA stream");
+    let mut h = buffer!(BATCH, HIDDEN; f32, packed)?;
+    let mut logits = buffer!(BATCH, CLASSES; f32, packed)?;
+    layers(cs, (blas, k), net.each_ref(), &mut h, &mut logits, probs)
+}
+
+/// The packed pass on weights shared as `SharedMat`s, read inside the capture.
+#[pooled(stream)]
+fn forward_shared(
+    stream: &Stream,
+    (blas, k): (&mut CudaBlas, &Kernels),
+    net: &[SharedMat<f32>; 5],
+    probs: &GpuMat<'_, f32>,
+) -> Result<(), PoolError> {
+    let cs = stream.cuda_stream().expect("a CUDA stream");
+    let mut room = buffer!(BLAS_WORKSPACE_BYTES; u8)?;
+    let mut h = buffer!(BATCH, HIDDEN; f32, packed)?;
+    let mut logits = buffer!(BATCH, CLASSES; f32, packed)?;
+    let [a, b, c, d, e] = net.each_ref().map(|m| m.read(stream));
+    let guards = [a?, b?, c?, d?, e?];
+    with_blas_workspace(blas, room.view_mut(), |blas| {
+        layers(cs, (blas, k), guards.each_ref(), &mut h, &mut logits, probs)
     })?
 }
 
@@ -298,9 +338,15 @@ fn main() -> Res<()> {
     device.set_fallback(Fallback::Error); // every gpu-pool temporary must come from the stack
     set_buffer_pool_config(&device, 128 << 20, 1)?; // two graphs, each with a 32 MiB workspace
     let stream = Stream::new(&device)?;
-    let (mut blas_padded, mut blas_packed) = match (stream.cublas(), stream.cublas()) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
+    let handles = (
+        stream.cublas(),
+        stream.cublas(),
+        stream.cublas(),
+        stream.cublas(),
+    );
+    let (mut blas_padded, mut blas_packed, blas_bare, mut blas_shared) = match handles {
+        (Ok(a), Ok(b), Ok(c), Ok(d)) => (a, b, c, d),
+        (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => {
             println!("no cuBLAS ({e}): the mlp_graph benchmark measured nothing");
             return Ok(());
         }
@@ -331,7 +377,12 @@ fn main() -> Res<()> {
     let net = &[a?, b?, c?, d?, e?];
     let [a, b, c, d, e] = host.each_ref().map(|v| cs.clone_htod(v));
     let cnet = &[a?, b?, c?, d?, e?];
+    let [a, b, c, d, e] =
+        std::array::from_fn(|i| SharedMat::from_host(&stream, SHAPES[i].0, SHAPES[i].1, &host[i]));
+    let shared = &[a?, b?, c?, d?, e?];
     let mut probs = [
+        GpuMat::<f32>::new_packed(&stream, BATCH, CLASSES)?,
+        GpuMat::<f32>::new_packed(&stream, BATCH, CLASSES)?,
         GpuMat::<f32>::new_packed(&stream, BATCH, CLASSES)?,
         GpuMat::<f32>::new_packed(&stream, BATCH, CLASSES)?,
     ];
@@ -340,6 +391,8 @@ fn main() -> Res<()> {
     // outputs are NaN until a replay writes them.
     forward_padded(&stream, (&mut blas_padded, &k), net, &probs[0])?;
     forward_packed(&stream, (&mut blas_packed, &k), net, &probs[1])?;
+    forward_no_workspace(&stream, (&blas_bare, &k), net, &probs[2])?;
+    forward_shared(&stream, (&mut blas_shared, &k), shared, &probs[3])?;
     forward_cudarc(&cs, (&blas_cudarc, &k), cnet, &mut probs_cudarc)?;
     for p in &mut probs {
         p.set_to(f32::NAN)?;
@@ -350,13 +403,16 @@ fn main() -> Res<()> {
 
     let padded = stream.capture(|s| forward_padded(s, (&mut blas_padded, &k), net, &probs[0]))?;
     let packed = stream.capture(|s| forward_packed(s, (&mut blas_packed, &k), net, &probs[1]))?;
+    let bare = stream.capture(|s| forward_no_workspace(s, (&blas_bare, &k), net, &probs[2]))?;
+    let with_shared =
+        stream.capture(|s| forward_shared(s, (&mut blas_shared, &k), shared, &probs[3]))?;
     // The mode `Stream::capture` uses too.
     cs.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
     let worked = forward_cudarc(&cs, (&blas_cudarc, &k), cnet, &mut probs_cudarc);
     let ended = cs.end_capture(sys::CUgraphInstantiate_flags(0));
     worked?;
     let plain = ended?.ok_or("cudarc's capture made no graph")?;
-    for (name, graph) in NAMES.iter().zip([&padded, &packed]) {
+    for (name, graph) in NAMES.iter().zip([&padded, &packed, &bare, &with_shared]) {
         let held = graph.stack_bytes();
         println!(
             "{name} nodes: {:?}; {held} stack bytes held",
@@ -369,13 +425,15 @@ fn main() -> Res<()> {
         match v {
             0 => padded.launch()?,
             1 => packed.launch()?,
+            2 => bare.launch()?,
+            3 => with_shared.launch()?,
             _ => plain.launch()?,
         }
         Ok(())
     };
     let wait = |v: usize| -> Res<()> {
         match v {
-            0 | 1 => stream.synchronize()?,
+            0..CUDARC => stream.synchronize()?,
             _ => cs.synchronize()?,
         }
         Ok(())
@@ -387,6 +445,8 @@ fn main() -> Res<()> {
     let outputs = [
         probs[0].to_vec()?,
         probs[1].to_vec()?,
+        probs[2].to_vec()?,
+        probs[3].to_vec()?,
         cs.clone_dtoh(&probs_cudarc)?,
     ];
     check(&outputs, &reference(&host))?;
@@ -454,12 +514,12 @@ fn reference([x, w1, b1, w2, b2]: &[Vec<f32>; 5]) -> Vec<f32> {
 }
 
 /// The variants agree (1e-5 relative), match the CPU (1e-4 absolute), and each row sums to 1.
-fn check(outputs: &[Vec<f32>; 3], expected: &[f32]) -> Res<()> {
+fn check(outputs: &[Vec<f32>; NAMES.len()], expected: &[f32]) -> Res<()> {
     let worst = |d: &mut dyn Iterator<Item = f32>| d.fold(0.0f32, f32::max);
     for (name, out) in NAMES.iter().zip(outputs) {
         let rel =
             |(a, b): (&f32, &f32)| (a - b).abs() / a.abs().max(b.abs()).max(f32::MIN_POSITIVE);
-        let vs_cudarc = worst(&mut out.iter().zip(&outputs[2]).map(rel));
+        let vs_cudarc = worst(&mut out.iter().zip(&outputs[CUDARC]).map(rel));
         let vs_cpu = worst(&mut out.iter().zip(expected).map(|(a, b)| (a - b).abs()));
         let sums = worst(
             &mut out
@@ -492,7 +552,7 @@ fn print_table(times: &[Vec<(f64, f64)>], rounds: usize, replays: usize) {
          | capture | median / replay | min | max | host queue / replay | vs `cudarc` |\n\
          |---|---:|---:|---:|---:|---:|"
     );
-    let base = sorted(&times[2], |s| s.0)[times[2].len() / 2];
+    let base = sorted(&times[CUDARC], |s| s.0)[times[CUDARC].len() / 2];
     for (name, t) in NAMES.iter().zip(times.iter()) {
         let (wall, host) = (sorted(t, |s| s.0), sorted(t, |s| s.1));
         let (m, lo, hi) = (wall[wall.len() / 2], wall[0], wall[wall.len() - 1]);

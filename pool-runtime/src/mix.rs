@@ -306,8 +306,7 @@ impl<'a> MixMemory<'a> {
         // `mem::forget(self)` would end the borrow with no drop to wait in.
         unsafe {
             if to_gpu {
-                let src = std::slice::from_raw_parts(host, bytes);
-                backend.upload(region, src, bytes, raw)?;
+                backend.upload_async(region, host, bytes, raw)?;
             } else {
                 backend.download_async(region, host, bytes, raw)?;
             }

@@ -208,6 +208,30 @@ impl CudaBackend {
         }
     }
 
+    /// Whether the driver knows any of `bytes` (page-locked, registered or managed memory), so an
+    /// asynchronous copy from or into it really is asynchronous. Pageable memory it does not know
+    /// (`CUDA_ERROR_INVALID_VALUE`) is staged, and the copy's call returns only once the bytes
+    /// may be reused (or, into it, are written). Any other answer counts as known: a wait too many
+    /// is only slower.
+    fn knows_host_memory(&self, bytes: &[u8]) -> bool {
+        let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
+            return false;
+        };
+        [first, last].into_iter().any(|byte| {
+            let mut kind = 0u32;
+            // SAFETY: a query of the driver's table of the address (no memory is accessed); the
+            // out-parameter is a u32, as `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` answers.
+            let asked = unsafe {
+                sys::cuPointerGetAttribute(
+                    (&raw mut kind).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                    std::ptr::from_ref(byte) as sys::CUdeviceptr,
+                )
+            };
+            asked != sys::CUresult::CUDA_ERROR_INVALID_VALUE
+        })
+    }
+
     fn memcpy2d(&self, copy: &sys::CUDA_MEMCPY2D, stream: &RawStream) -> Result<(), PoolError> {
         let _guard = self.guard()?;
         // Rows back to back on both sides are one run of bytes, and the driver queues a one-row
@@ -686,8 +710,13 @@ impl Backend for CudaBackend {
         copy.srcPitch = src_pitch;
         copy.dstDevice = dst.ptr;
         copy.dstPitch = dst.pitch;
-        // A copy from pageable memory returns once the source is staged, so `src` may go after.
-        self.memcpy2d(&copy, stream)
+        self.memcpy2d(&copy, stream)?;
+        // A copy from pageable memory returns once the source is staged, so `src` may go after;
+        // one from memory the driver knows (page-locked, managed) is still in flight.
+        if self.knows_host_memory(src) {
+            self.synchronize(stream)?;
+        }
+        Ok(())
     }
 
     unsafe fn download(
@@ -697,10 +726,14 @@ impl Backend for CudaBackend {
         dst_pitch: usize,
         stream: &RawStream,
     ) -> Result<(), PoolError> {
-        // SAFETY: forwarded contract; `dst` stays valid until the synchronize below returns.
+        // SAFETY: forwarded contract; `dst` stays valid until the copy is done, below.
         unsafe { self.download_async(src, dst.as_mut_ptr(), dst_pitch, stream) }?;
-        // `dst` is borrowed only for this call: the copy must be complete before returning.
-        self.synchronize(stream)
+        // `dst` is borrowed only for this call: the copy must be complete before returning. Into
+        // pageable memory the driver returns only once it is; into memory it knows, it does not.
+        if self.knows_host_memory(dst) {
+            self.synchronize(stream)?;
+        }
+        Ok(())
     }
 
     unsafe fn upload_async(

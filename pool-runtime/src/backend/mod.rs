@@ -199,7 +199,8 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// `dst` lies in live memory of this backend.
     unsafe fn fill(&self, dst: Region, pattern: &[u8], stream: &RawStream)
     -> Result<(), PoolError>;
-    /// Copies host rows (`src_pitch` bytes apart) into `dst`.
+    /// Copies host rows (`src_pitch` bytes apart) into `dst`, and returns once `src` may be
+    /// reused (the copy itself may still be in flight).
     ///
     /// # Safety
     /// `dst` lies in live memory of this backend; `src` holds `dst.rows` rows of `dst.width` bytes.
@@ -222,7 +223,8 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
         src_pitch: usize,
         stream: &RawStream,
     ) -> Result<(), PoolError>;
-    /// Copies `src` into host rows (`dst_pitch` bytes apart) and waits for the copy.
+    /// Copies `src` into host rows (`dst_pitch` bytes apart) and waits for the copy: when it
+    /// returns, everything queued on `stream` before it is done.
     ///
     /// # Safety
     /// `src` lies in live memory of this backend; `dst` has room for its rows.

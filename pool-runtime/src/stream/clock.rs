@@ -1,6 +1,7 @@
-//! Which of a stream's host copies are known to be done without asking the driver: each copy
-//! [`HostMem`](crate::HostMem) queues takes a ticket, and a [`Stream::synchronize`] covers every
-//! ticket taken before it began.
+//! Which of a stream's host copies and shared-memory reads are known to be done without asking
+//! the driver: each copy [`HostMem`](crate::HostMem) queues, and each end of a read of a
+//! [`SharedMat`](crate::SharedMat), takes a ticket, and a [`Stream::synchronize`] (or a download,
+//! which waits for the stream's work up to its copy) covers every ticket taken before it began.
 //!
 //! An event after every copy would mark each precisely, but on an H100 a `cuEventRecord` queued
 //! after a copy costs 300-700 ns of the host's time (`benches/copy`), on the path of the kernels
@@ -33,6 +34,17 @@ impl SyncClock {
         self.issued.fetch_add(1, Ordering::SeqCst) + 1
     }
 
+    /// The last ticket taken: a wait that begins after this load covers it.
+    pub(crate) fn issued(&self) -> u64 {
+        self.issued.load(Ordering::SeqCst)
+    }
+
+    /// Every ticket up to `issued` (loaded before a wait for the stream began) is done: the wait
+    /// returned.
+    pub(crate) fn cover(&self, issued: u64) {
+        self.covered.fetch_max(issued, Ordering::SeqCst);
+    }
+
     /// Whether the copy of `ticket` is known done.
     pub(crate) fn is_done(&self, ticket: u64) -> bool {
         self.covered.load(Ordering::SeqCst) >= ticket
@@ -45,9 +57,9 @@ impl SyncClock {
         backend: &dyn Backend,
         raw: &RawStream,
     ) -> Result<(), PoolError> {
-        let issued = self.issued.load(Ordering::SeqCst);
+        let issued = self.issued();
         backend.synchronize(raw)?;
-        self.covered.fetch_max(issued, Ordering::SeqCst);
+        self.cover(issued);
         Ok(())
     }
 

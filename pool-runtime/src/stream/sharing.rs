@@ -1,8 +1,15 @@
 //! Memory no stream owns ([`SharedMat`](crate::SharedMat)): its allocation, and the order of the
 //! work on it across streams. Each access goes through a stream: a read waits (on the GPU) for the
-//! last write, a write for the last write and every read since, and each access, when it ends,
-//! leaves an event the next ones wait on. No host waits, except where a capture cannot hold an
-//! event wait: there the host waits before the capture records the access.
+//! last write, a write for the last write and every read since. A write, when it ends, leaves an
+//! event the next accesses wait on.
+//!
+//! A read, when it ends, takes a ticket of its stream's clock instead (no driver call): weights
+//! that many streams read on every request and nobody writes cost their readers nothing but a
+//! lock. A later write waits for nothing if each reader stream has synchronized (or downloaded)
+//! since its read; otherwise it waits for that stream on the host, once, and from then on the
+//! memory's reads record an event each, so writes that follow reads wait on the GPU. No other host
+//! waits, except where a capture cannot hold an event wait: there the host waits before the
+//! capture records the access.
 //!
 //! The borrow checker orders the host side: a write needs `&mut` of the memory, so no read (or
 //! graph of one) is alive when a write begins. What remains is the GPU side, which the events
@@ -17,6 +24,7 @@ use crate::error::PoolError;
 use crate::sync::{Mutex, lock};
 
 use super::Stream;
+use super::clock::SyncClock;
 
 /// Reads of this many streams since the last write: the finished ones are dropped.
 const PRUNE_AT: usize = 8;
@@ -66,13 +74,63 @@ struct Uses {
     /// work runs after it already, so their next reads queue no wait (at most
     /// [`WAITED_KEPT`]; a stream past those waits again, which is only slower).
     write_waited: Vec<u64>,
-    /// The end of each stream's reads since that write (one event a stream: a later record on
-    /// the same stream covers the earlier ones).
-    reads: Vec<(u64, RawEvent)>,
+    /// The end of each stream's reads since that write (one mark a stream: a later one on the
+    /// same stream covers the earlier ones).
+    reads: Vec<(u64, ReadEnd)>,
+    /// A write had to wait on the host for reads their streams had not synchronized since: reads
+    /// are marked with events from then on ([`ReadEnd::Event`]), for later writes to wait on the
+    /// GPU.
+    read_events: bool,
     /// Accesses begun and not ended. The borrows make a live one impossible where it would
     /// conflict (a write needs `&mut` of the memory), so a conflicting one here is a guard that
     /// was forgotten (`mem::forget`) and will never record its end: its stream is waited for.
     open: Vec<Open>,
+}
+
+/// Where the work of a stream's reads ends.
+enum ReadEnd {
+    /// A ticket of the stream's clock, taken after the reads were queued: done once the stream
+    /// has synchronized since. Costs no driver call; a write that finds it not done waits for the
+    /// stream on the host.
+    Ticket {
+        clock: Arc<SyncClock>,
+        raw: RawStream,
+        ticket: u64,
+    },
+    /// An event recorded after the reads, for writes to wait on on the GPU.
+    Event(RawEvent),
+}
+
+impl ReadEnd {
+    /// Known done without a driver call.
+    fn is_done(&self) -> bool {
+        matches!(self, ReadEnd::Ticket { clock, ticket, .. } if clock.is_done(*ticket))
+    }
+
+    /// Waits on the host until the reads are done. A ticket waits for its whole stream:
+    /// `PoolError::CapturedElsewhere` while that stream is captured (a synchronize would end the
+    /// capture), which a later attempt, after the capture, gets past.
+    fn wait_host(
+        &self,
+        backend: &dyn crate::backend::Backend,
+        stream: u64,
+    ) -> Result<(), PoolError> {
+        match self {
+            ReadEnd::Ticket { clock, raw, ticket } if !clock.is_done(*ticket) => {
+                clock.synchronize_uncaptured(backend, raw, stream)
+            }
+            ReadEnd::Ticket { .. } => Ok(()),
+            ReadEnd::Event(event) => backend.wait_host(event),
+        }
+    }
+
+    /// The event to drop once unlocked, if any.
+    fn into_event(self) -> Option<RawEvent> {
+        match self {
+            ReadEnd::Event(event) => Some(event),
+            ReadEnd::Ticket { .. } => None,
+        }
+    }
 }
 
 /// An access under way on a stream (`count` guards of it).
@@ -300,11 +358,18 @@ impl SharedMemory {
             }
         }
         if access == Access::Write {
-            for (_, event) in uses.reads.iter().filter(|(on, _)| *on != me) {
-                if host {
-                    backend.wait_host(event)?;
-                } else {
-                    backend.wait_for(&stream.raw, event)?;
+            for (on, end) in uses.reads.iter().filter(|(on, _)| *on != me) {
+                match end {
+                    ReadEnd::Event(event) if !host => backend.wait_for(&stream.raw, event)?,
+                    _ if end.is_done() => {}
+                    _ => {
+                        if matches!(end, ReadEnd::Ticket { .. }) {
+                            // This memory is written after reads still in flight: mark the next
+                            // ones with events, which a write waits on without the host.
+                            uses.read_events = true;
+                        }
+                        end.wait_host(backend, *on)?;
+                    }
                 }
             }
         }
@@ -382,30 +447,63 @@ impl SharedMemory {
                 // Every read since the last write was waited for when this write began: none was
                 // on another stream while the write was open (eager reads need the `&SharedMat` the
                 // write borrows mutably; replays are refused), and this stream's are before it.
-                stale.extend(uses.reads.drain(..).map(|(_, e)| e));
+                stale.extend(uses.reads.drain(..).filter_map(|(_, e)| e.into_event()));
             }
             Access::Read => {
-                if let Some((_, event)) = uses.reads.iter().find(|(on, _)| *on == me) {
+                let mine = uses.reads.iter_mut().find(|(on, _)| *on == me);
+                if !uses.read_events {
+                    // A later ticket of the stream covers its earlier reads.
+                    let ticket = ReadEnd::Ticket {
+                        clock: Arc::clone(stream.clock()),
+                        raw: stream.raw.clone(),
+                        ticket: stream.clock().ticket(),
+                    };
+                    match mine {
+                        Some((_, end)) => stale.extend(std::mem::replace(end, ticket).into_event()),
+                        None => {
+                            stale.extend(self.prune_reads(uses));
+                            uses.reads.push((me, ticket));
+                        }
+                    }
+                    return Ok(stale);
+                }
+                if let Some((_, ReadEnd::Event(event))) = mine {
                     // This stream's read event, recorded again: it covers its earlier reads.
                     backend.rerecord(event, &stream.raw)?;
                     return Ok(stale);
                 }
-                let event = backend.record_event(&stream.raw)?;
-                if uses.reads.len() >= PRUNE_AT {
-                    // Streams come and go (one a request, say): reads that are done need no
-                    // wait, and would otherwise pile up until the next write.
-                    let (done, pending) = std::mem::take(&mut uses.reads)
-                        .into_iter()
-                        .partition(|(_, e)| backend.event_done(e).unwrap_or(false));
-                    uses.reads = pending;
-                    stale.extend(done.into_iter().map(|(_, e): (u64, RawEvent)| e));
-                }
-                if let Some(e) = event {
-                    uses.reads.push((me, e));
+                let Some(event) = backend.record_event(&stream.raw)? else {
+                    return Ok(stale);
+                };
+                match uses.reads.iter_mut().find(|(on, _)| *on == me) {
+                    Some((_, end)) => *end = ReadEnd::Event(event),
+                    None => {
+                        stale.extend(self.prune_reads(uses));
+                        uses.reads.push((me, ReadEnd::Event(event)));
+                    }
                 }
             }
         }
         Ok(stale)
+    }
+
+    /// Streams come and go (one a request, say): past [`PRUNE_AT`] of them, reads that are done
+    /// are forgotten, rather than pile up until the next write. Returns their events.
+    fn prune_reads(&self, uses: &mut Uses) -> Vec<RawEvent> {
+        if uses.reads.len() < PRUNE_AT {
+            return Vec::new();
+        }
+        let backend = self.device.backend();
+        let (done, pending) = std::mem::take(&mut uses.reads)
+            .into_iter()
+            .partition(|(_, end)| match end {
+                ReadEnd::Event(e) => backend.event_done(e).unwrap_or(false),
+                ticket => ticket.is_done(),
+            });
+        uses.reads = pending;
+        done.into_iter()
+            .filter_map(|(_, end): (u64, ReadEnd)| end.into_event())
+            .collect()
     }
 }
 
@@ -426,8 +524,13 @@ fn free(device: &Device, ptr: DevPtr, uses: Uses) {
         .open
         .iter()
         .try_for_each(|open| backend.synchronize(&open.raw));
-    let events = uses.write.into_iter().chain(uses.reads).map(|(_, e)| e);
-    for event in events {
+    for (stream, end) in uses.reads {
+        waited = waited.and(end.wait_host(backend, stream));
+        if let Some(event) = end.into_event() {
+            backend.drop_event(event);
+        }
+    }
+    if let Some((_, event)) = uses.write {
         waited = waited.and(backend.wait_host(&event));
         backend.drop_event(event);
     }

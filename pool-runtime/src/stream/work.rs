@@ -62,34 +62,38 @@ impl Stream {
         Ok(())
     }
 
-    /// Copies `data` (rows of `region.width` bytes, back to back) into `region`, and waits until
-    /// `data` has been read.
+    /// Copies `data` (rows of `region.width` bytes, back to back) into `region`, and returns once
+    /// `data` has been read: from pageable memory, as soon as the driver has staged it, with the
+    /// copy queued like any other work (no wait for the stream, as cudarc's `memcpy_htod`).
     ///
     /// # Safety
     /// `region` is live memory of this stream's device, not written by other work meanwhile.
     pub(crate) unsafe fn upload(&self, region: Region, data: &[u8]) -> Result<(), PoolError> {
         let stream = self.work_stream("upload")?;
-        let backend = self.device.backend();
-        // SAFETY: the caller's region; `data` stays borrowed until the synchronize below has seen
-        // the copy finish.
-        unsafe { backend.upload(region, data, region.width, stream) }?;
-        // From pageable memory the driver returns once it has staged the bytes, but from
-        // page-locked memory the copy is still in flight.
-        self.synchronize()
+        // SAFETY: the caller's region; the backend returns once `data` may be reused.
+        unsafe {
+            self.device
+                .backend()
+                .upload(region, data, region.width, stream)
+        }
     }
 
     /// Copies `region` into `out` (rows of `region.width` bytes, back to back) and waits for it.
+    /// The work queued before it is then done too: its clock says so, as a synchronize's would.
     ///
     /// # Safety
     /// `region` is live memory of this stream's device.
     pub(crate) unsafe fn download(&self, region: Region, out: &mut [u8]) -> Result<(), PoolError> {
         let stream = self.work_stream("download")?;
+        let issued = self.clock.issued();
         // SAFETY: the caller's region; the backend waits for the copy before returning.
         unsafe {
             self.device
                 .backend()
                 .download(region, out, region.width, stream)
-        }
+        }?;
+        self.clock.cover(issued);
+        Ok(())
     }
 
     /// Fills `region` with `pattern`, on this stream.
