@@ -8,3 +8,4 @@
 
 pub mod attention;
 pub mod harness;
+pub mod two_threads;
