@@ -479,17 +479,13 @@ fn run_on_cuda(
     )?;
     check("cudarc", &work, &got, CHECKED)?;
 
-    // Warm-up: a whole round each (stacks grow to the largest request, cuBLAS loads its kernels).
-    pooled::serve(&model, k, &mut workers, &work, n, false)?;
-    plain::serve(
-        ctx,
-        &plain_model,
-        &kernels,
-        &mut plain_workers,
-        &work,
-        n,
-        false,
-    )?;
+    // Warm-up: each worker alone serves the whole list, so every worker has served the largest
+    // request (its stack grown to it, cuBLAS's kernels loaded) whichever requests it takes later.
+    for i in 0..workers.len() {
+        pooled::serve(&model, k, &mut workers[i..=i], &work, n, false)?;
+        let alone = &mut plain_workers[i..=i];
+        plain::serve(ctx, &plain_model, &kernels, alone, &work, n, false)?;
+    }
 
     let before = device.stats().driver_alloc_calls;
     let (pooled_us, plain_us) = harness::interleave(
