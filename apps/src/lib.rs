@@ -6,4 +6,6 @@
 //! <app> [-- ROUNDS]`. On the host backend only the gpu-pool twin runs, as a correctness check
 //! (`cargo test -p gpu-pool-apps`).
 
+pub mod attention;
 pub mod harness;
+pub mod two_threads;
