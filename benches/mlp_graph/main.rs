@@ -11,6 +11,10 @@
 //!   `buffer!(rows, cols; f32)` (rows padded to 512 bytes), captured with `Stream::capture`;
 //!   cuBLAS works in a `buffer!(BLAS_WORKSPACE_BYTES; u8)` lent with `with_blas_workspace`;
 //! - `gpu-pool packed`: the same with `buffer!(rows, cols; f32, packed)` temporaries;
+//! - `packed, cuBLAS's workspace`: packed, on a cudarc `CudaBlas::new` handle with no workspace
+//!   lent (cuBLAS allocates its own inside the capture: allocation and free nodes);
+//! - `guide: shared weights`: the guide's code: packed, the weights `SharedMat`s read inside the
+//!   capture, the handle from `Stream::cublas` (a workspace of its own), nothing lent;
 //! - `cudarc`: plain cudarc on a stream of its own: `alloc_zeros` temporaries made inside the
 //!   capture (graph allocation, memset and free nodes), cuBLAS with its default workspace,
 //!   captured with `begin_capture` / `end_capture` and replayed with `CudaGraph::launch`.
@@ -63,8 +67,8 @@ const SOFTMAX: usize = 2;
 const NAMES: [&str; 5] = [
     "gpu-pool padded",
     "gpu-pool packed",
-    "packed, no workspace",
-    "packed, shared weights",
+    "packed, cuBLAS's workspace",
+    "guide: shared weights",
     "cudarc",
 ];
 const CUDARC: usize = NAMES.len() - 1;
@@ -190,7 +194,7 @@ fn layers<W: GpuRead<f32>>(
 #[pooled(stream)]
 fn forward_padded(
     stream: &Stream,
-    (blas, k): (&mut CudaBlas, &Kernels),
+    (blas, k): (&mut gpu_pool::Blas, &Kernels),
     net: &[GpuMat<'_, f32>; 5],
     probs: &GpuMat<'_, f32>,
 ) -> Result<(), PoolError> {
@@ -207,7 +211,7 @@ fn forward_padded(
 #[pooled(stream)]
 fn forward_packed(
     stream: &Stream,
-    (blas, k): (&mut CudaBlas, &Kernels),
+    (blas, k): (&mut gpu_pool::Blas, &Kernels),
     net: &[GpuMat<'_, f32>; 5],
     probs: &GpuMat<'_, f32>,
 ) -> Result<(), PoolError> {
@@ -220,7 +224,8 @@ fn forward_packed(
     })?
 }
 
-/// The same with packed temporaries and cuBLAS's own workspace (the guide's capture).
+/// The same with packed temporaries, on a handle with cuBLAS's default workspace (cudarc's
+/// `CudaBlas::new`).
 #[pooled(stream)]
 fn forward_no_workspace(
     stream: &Stream,
@@ -234,23 +239,21 @@ fn forward_no_workspace(
     layers(cs, (blas, k), net.each_ref(), &mut h, &mut logits, probs)
 }
 
-/// The packed pass on weights shared as `SharedMat`s, read inside the capture.
+/// The guide's pass: packed, on weights shared as `SharedMat`s read inside the capture, cuBLAS in
+/// the workspace `Stream::cublas` gave its handle.
 #[pooled(stream)]
 fn forward_shared(
     stream: &Stream,
-    (blas, k): (&mut CudaBlas, &Kernels),
+    (blas, k): (&CudaBlas, &Kernels),
     net: &[SharedMat<f32>; 5],
     probs: &GpuMat<'_, f32>,
 ) -> Result<(), PoolError> {
     let cs = stream.cuda_stream().expect("a CUDA stream");
-    let mut room = buffer!(BLAS_WORKSPACE_BYTES; u8)?;
     let mut h = buffer!(BATCH, HIDDEN; f32, packed)?;
     let mut logits = buffer!(BATCH, CLASSES; f32, packed)?;
     let [a, b, c, d, e] = net.each_ref().map(|m| m.read(stream));
     let guards = [a?, b?, c?, d?, e?];
-    with_blas_workspace(blas, room.view_mut(), |blas| {
-        layers(cs, (blas, k), guards.each_ref(), &mut h, &mut logits, probs)
-    })?
+    layers(cs, (blas, k), guards.each_ref(), &mut h, &mut logits, probs)
 }
 
 /// The pass in plain cudarc: the temporaries are allocated (and zeroed) on `cs` and freed when
@@ -338,19 +341,17 @@ fn main() -> Res<()> {
     device.set_fallback(Fallback::Error); // every gpu-pool temporary must come from the stack
     set_buffer_pool_config(&device, 128 << 20, 1)?; // two graphs, each with a 32 MiB workspace
     let stream = Stream::new(&device)?;
-    let handles = (
-        stream.cublas(),
-        stream.cublas(),
-        stream.cublas(),
-        stream.cublas(),
-    );
-    let (mut blas_padded, mut blas_packed, blas_bare, mut blas_shared) = match handles {
-        (Ok(a), Ok(b), Ok(c), Ok(d)) => (a, b, c, d),
-        (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => {
-            println!("no cuBLAS ({e}): the mlp_graph benchmark measured nothing");
-            return Ok(());
-        }
-    };
+    let (mut blas_padded, mut blas_packed, blas_shared) =
+        match (stream.cublas(), stream.cublas(), stream.cublas()) {
+            (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+            (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => {
+                println!("no cuBLAS ({e}): the mlp_graph benchmark measured nothing");
+                return Ok(());
+            }
+        };
+    // cudarc's own handle on the pool stream: cuBLAS's default workspace, which `Stream::cublas`
+    // replaces with one of the handle's own.
+    let blas_bare = CudaBlas::new(stream.cuda_stream().expect("a CUDA stream").clone())?;
     let cs = ctx.new_stream()?;
     let blas_cudarc = CudaBlas::new(cs.clone())?;
     println!(
@@ -392,7 +393,7 @@ fn main() -> Res<()> {
     forward_padded(&stream, (&mut blas_padded, &k), net, &probs[0])?;
     forward_packed(&stream, (&mut blas_packed, &k), net, &probs[1])?;
     forward_no_workspace(&stream, (&blas_bare, &k), net, &probs[2])?;
-    forward_shared(&stream, (&mut blas_shared, &k), shared, &probs[3])?;
+    forward_shared(&stream, (&blas_shared, &k), shared, &probs[3])?;
     forward_cudarc(&cs, (&blas_cudarc, &k), cnet, &mut probs_cudarc)?;
     for p in &mut probs {
         p.set_to(f32::NAN)?;
@@ -405,7 +406,7 @@ fn main() -> Res<()> {
     let packed = stream.capture(|s| forward_packed(s, (&mut blas_packed, &k), net, &probs[1]))?;
     let bare = stream.capture(|s| forward_no_workspace(s, (&blas_bare, &k), net, &probs[2]))?;
     let with_shared =
-        stream.capture(|s| forward_shared(s, (&mut blas_shared, &k), shared, &probs[3]))?;
+        stream.capture(|s| forward_shared(s, (&blas_shared, &k), shared, &probs[3]))?;
     // The mode `Stream::capture` uses too.
     cs.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
     let worked = forward_cudarc(&cs, (&blas_cudarc, &k), cnet, &mut probs_cudarc);

@@ -181,6 +181,11 @@ fn main() -> Res<()> {
         }
     };
     let rounds = run::count(0, "ROUNDS", 9);
+    println!(
+        "device: {} (driver {})",
+        device.id(),
+        run::driver_version().map_err(|e| e.to_string())?
+    );
     let loader = Stream::new(&device)?;
     let host: Vec<f32> = (0..D * D).map(|i| (i % 13) as f32 * 1e-3).collect();
     let weights = Arc::new(

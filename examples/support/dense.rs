@@ -35,7 +35,7 @@ pub fn largest_difference(got: &[f32], x: &[f32], w: &[f32], b: &[f32]) -> f32 {
 /// How the layer runs: cuBLAS and a kernel on a GPU, or CPU twins on the host backend.
 pub enum Engine {
     Gpu {
-        blas: gpu_pool::cudarc::cublas::CudaBlas,
+        blas: gpu_pool::Blas,
         kernels: super::kernels::Kernels,
     },
     Cpu,

@@ -4,6 +4,7 @@
 use cudarc::cublas::CudaBlas;
 
 use crate::backend::cuda::ContextGuard;
+use crate::capturing;
 use crate::error::PoolError;
 use crate::stream::Stream;
 use crate::view::{GpuViewMut, Keeper};
@@ -19,10 +20,17 @@ impl Stream {
     /// A cuBLAS handle whose work is queued on this stream, for cuBLAS calls on pool buffers
     /// (lent with [`GpuRead::as_cudarc`](crate::GpuRead::as_cudarc)). Feature `cublas`.
     ///
+    /// The handle works in a workspace of its own ([`BLAS_WORKSPACE_BYTES`], one driver
+    /// allocation, freed with the handle): so a GEMM captured into a graph
+    /// ([`Stream::capture`]) allocates nothing, where cuBLAS's default workspace puts an
+    /// allocation and a free node in the graph and slows every replay (3% on a captured MLP on
+    /// an H200, `benches/mlp_graph`).
+    ///
     /// Use it rather than cudarc's `CudaBlas::new`, which panics where `libcublas` cannot be
     /// loaded: `PoolError::NoCudaLibrary` if it cannot (checked first, wherever the stream runs);
     /// `PoolError::Unsupported` on the host backend; `PoolError::Cublas` if cuBLAS could not make
-    /// the handle (its `CublasError` as the source). The caller's current CUDA context is kept.
+    /// the handle (its `CublasError` as the source); `PoolError::CaptureAllocates` inside a
+    /// capture. The caller's current CUDA context is kept.
     ///
     /// ```no_run
     /// use gpu_pool_runtime::{Device, PoolError, Stream};
@@ -31,7 +39,7 @@ impl Stream {
     /// # drop(blas);
     /// # Ok::<(), PoolError>(())
     /// ```
-    pub fn cublas(&self) -> Result<CudaBlas, PoolError> {
+    pub fn cublas(&self) -> Result<Blas, PoolError> {
         if !cublas_present() {
             return Err(PoolError::NoCudaLibrary { library: "cublas" });
         }
@@ -41,9 +49,98 @@ impl Stream {
                 what: "cuBLAS",
             });
         };
+        if capturing::on_this_thread() {
+            return Err(PoolError::CaptureAllocates {
+                what: "Stream::cublas (its workspace)",
+                context: None,
+            });
+        }
+        let device = self.device();
+        let storage = device.storage();
+        let ptr = device.or_reclaim(|| storage.alloc(BLAS_WORKSPACE_BYTES, None))?;
+        let workspace = Workspace {
+            device: device.clone(),
+            stream: cuda.clone(),
+            ptr,
+        };
         // cudarc binds the stream's context to this thread; the caller's stays current.
         let _restore = ContextGuard::keep_current()?;
-        Ok(CudaBlas::new(cuda.clone())?)
+        let handle = CudaBlas::new(cuda.clone())?;
+        // SAFETY: a live handle; the workspace is `BLAS_WORKSPACE_BYTES` of device memory (256-byte
+        // aligned, as every driver allocation is) that the returned `Blas` owns and frees only
+        // after the handle is destroyed and its stream has finished. All the handle's work is
+        // queued on that one stream, so no two calls use the workspace at once; `set_stream` to
+        // another stream makes cuBLAS drop it for its default.
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *handle.handle(),
+                ptr as *mut std::ffi::c_void,
+                BLAS_WORKSPACE_BYTES,
+            )
+        }
+        .result()?;
+        Ok(Blas { handle, workspace })
+    }
+}
+
+/// A cuBLAS handle on a pool stream ([`Stream::cublas`]) with a workspace of its own: a cudarc
+/// `CudaBlas` (it derefs to one, for cudarc's `Gemm` and friends), whose GEMMs captured into a
+/// graph allocate nothing. Feature `cublas`.
+///
+/// ```no_run
+/// use gpu_pool_runtime::{Blas, Device, PoolError, Stream};
+/// let stream = Stream::new(&Device::cuda(0)?)?;
+/// let blas: Blas = stream.cublas()?;
+/// let handle: &gpu_pool_runtime::cudarc::cublas::CudaBlas = &blas;
+/// # let _ = handle;
+/// # Ok::<(), PoolError>(())
+/// ```
+pub struct Blas {
+    // Dropped first: the handle goes before its workspace.
+    handle: CudaBlas,
+    workspace: Workspace,
+}
+
+impl std::ops::Deref for Blas {
+    type Target = CudaBlas;
+    fn deref(&self) -> &CudaBlas {
+        &self.handle
+    }
+}
+
+impl std::fmt::Debug for Blas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Blas")
+            .field("workspace", &format_args!("{:#x}", self.workspace.ptr))
+            .field("bytes", &BLAS_WORKSPACE_BYTES)
+            .finish()
+    }
+}
+
+/// A handle's own workspace: freed once the work queued on its stream is done. Graphs that
+/// captured the handle's calls borrowed it, so they are gone by then.
+struct Workspace {
+    device: crate::Device,
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    ptr: crate::backend::DevPtr,
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let (device, stream, ptr) = (self.device.clone(), self.stream.clone(), self.ptr);
+        // Not inside a capture on this thread, where a wait or a free would break it.
+        capturing::after_captures(Box::new(move || {
+            if let Err(e) = stream.synchronize() {
+                // Work queued on it may still run: leaking the memory is the safe outcome.
+                tracing::error!(error = ?e, "waiting for a cuBLAS handle's stream failed; its workspace is leaked");
+                return;
+            }
+            // SAFETY: allocated from this device's storage by `Stream::cublas`, owned by this
+            // workspace alone, and the handle that used it is destroyed and its work done.
+            if let Err(e) = unsafe { device.storage().free(ptr, None) } {
+                tracing::error!(error = %e, "freeing a cuBLAS workspace failed");
+            }
+        }));
     }
 }
 
@@ -52,10 +149,10 @@ impl Stream {
 pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Runs `work` with `blas` working in a pool buffer: the handle's workspace is `workspace` while
-/// `work` runs (`cublasSetWorkspace`), and goes back to cuBLAS's default pool when it returns
-/// (or unwinds; `cublasSetStream` on its own stream resets it). So GEMMs captured into a CUDA graph allocate nothing (cuBLAS would otherwise allocate
-/// its workspace in the graph), and the workspace is stack memory that the graph holds like its
-/// other buffers. Feature `cublas`.
+/// `work` runs (`cublasSetWorkspace`), and its own again when `work` returns (or unwinds). A
+/// [`Blas`]'s own workspace already keeps captured GEMMs free of allocations; this puts the
+/// workspace where the graph's other buffers are instead (a [`GraphFamily`](crate::GraphFamily)'s
+/// shared region, say), so the graph holds it like them. Feature `cublas`.
 ///
 /// A closure rather than a guard: a guard could be forgotten (`mem::forget`), leaving the handle
 /// writing into memory the stack has handed out again. The handle is borrowed `&mut`, so no other
@@ -84,7 +181,7 @@ pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// its first 256-byte boundary (cuBLAS's alignment, where the workspace starts);
 /// `PoolError::NotContinuous` for padded rows; `PoolError::Cublas` if cuBLAS refuses it.
 pub fn with_blas_workspace<R>(
-    blas: &mut CudaBlas,
+    blas: &mut Blas,
     workspace: GpuViewMut<'_, u8>,
     work: impl FnOnce(&CudaBlas) -> R,
 ) -> Result<R, PoolError> {
@@ -133,26 +230,31 @@ pub fn with_blas_workspace<R>(
     unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr, bytes) }.result()?;
     let _restore = Restore {
         handle: *blas.handle(),
-        stream: handle_stream,
+        own: blas.workspace.ptr,
     };
     Ok(work(blas))
 }
 
-/// Gives a cuBLAS handle its default workspace pool back when dropped.
+/// Gives a [`Blas`] its own workspace back when dropped.
 struct Restore {
     handle: cudarc::cublas::sys::cublasHandle_t,
-    stream: cudarc::cublas::sys::cudaStream_t,
+    own: crate::backend::DevPtr,
 }
 
 impl Drop for Restore {
     fn drop(&mut self) {
         // SAFETY: the handle is borrowed by `with_blas_workspace` for as long as this lives, and
-        // `stream` is the one it queues on. Setting the stream resets the workspace to the
-        // default pool (cuBLAS's documented rule; a null workspace would leave it with none).
-        let restored = unsafe { cudarc::cublas::sys::cublasSetStream_v2(self.handle, self.stream) };
+        // `own` is the workspace its `Blas` owns (see `Stream::cublas`), on the same stream.
+        let restored = unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                self.handle,
+                self.own as *mut std::ffi::c_void,
+                BLAS_WORKSPACE_BYTES,
+            )
+        };
         if let Err(e) = restored.result() {
             // The handle would go on writing into memory about to be handed out again.
-            tracing::error!(error = ?e, "giving a cuBLAS handle its default workspace back failed");
+            tracing::error!(error = ?e, "giving a cuBLAS handle its own workspace back failed");
             std::process::abort();
         }
     }

@@ -127,8 +127,9 @@ pub use allocator::{
     AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
     StreamOrderedAllocator,
 };
+pub use backend::calls::DriverCalls;
 #[cfg(feature = "cublas")]
-pub use blas::{BLAS_WORKSPACE_BYTES, with_blas_workspace};
+pub use blas::{BLAS_WORKSPACE_BYTES, Blas, with_blas_workspace};
 pub use buffer::{BufferPool, GpuMat};
 pub use caching::{CachingPool, CachingStats};
 pub use config::{

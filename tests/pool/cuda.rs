@@ -896,8 +896,44 @@ fn a_panic_inside_any_capture_leaves_the_same_capture_working() -> TestResult {
     Ok(())
 }
 
-/// A panic inside `with_blas_workspace` gives the handle its default workspace back (the guard
-/// runs on unwind): the same call works right after.
+/// A panic inside `with_blas_workspace` gives the handle its own workspace back (the guard runs
+/// on unwind): the same call works right after.
+/// A handle's own workspace is one driver allocation, made with the handle and freed with it;
+/// inside a capture, where the allocation would join the graph, the handle is refused.
+#[cfg(feature = "cublas")]
+#[test]
+fn a_blas_handle_brings_its_workspace_and_frees_it() -> TestResult {
+    let Some((gpu, _lock)) = gpu("blas_own_workspace") else {
+        return Ok(());
+    };
+    let stream = Stream::new(&gpu)?;
+    let (allocs, frees) = (
+        gpu.stats().driver_alloc_calls,
+        gpu.stats().driver_free_calls,
+    );
+    let blas = stream.cublas()?;
+    let made = gpu.stats().driver_alloc_calls - allocs;
+    drop(blas);
+    stream.synchronize()?; // deferred frees run outside captures; none is under way here
+    let freed = gpu.stats().driver_free_calls - frees;
+    let mut refused = None;
+    let graph = stream.capture(|s| {
+        refused = Some(s.cublas().map(drop));
+        Ok(())
+    })?;
+    drop(graph);
+    println!(
+        "blas_own_workspace: {made} allocation and {freed} free for a handle; inside a capture: \
+         {refused:?}"
+    );
+    assert_eq!((made, freed), (1, 1));
+    assert!(matches!(
+        refused,
+        Some(Err(PoolError::CaptureAllocates { .. }))
+    ));
+    Ok(())
+}
+
 #[cfg(feature = "cublas")]
 #[test]
 fn a_panic_inside_with_blas_workspace_leaves_it_working() -> TestResult {
@@ -999,6 +1035,12 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
             .nodes()
     };
     let before = nodes_without(blas, &mut y)?;
+    // The control: cudarc's own handle on the same stream, with cuBLAS's default workspace, which
+    // cuBLAS allocates inside the capture.
+    let bare =
+        gpu_pool::cudarc::cublas::CudaBlas::new(stream.cuda_stream().expect("CUDA").clone())?;
+    let default_pool = nodes_without(&bare, &mut y)?;
+    drop(bare);
     let graph = stream.capture(|s| {
         let mut room = BufferPool::new(s).get_buffer_1d::<u8>(WORKSPACE)?;
         with_blas_workspace(blas, room.view_mut(), |blas| {
@@ -1014,20 +1056,30 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     let (held, after) = (graph.stack_bytes(), stream.stats().driver_alloc_calls);
     drop(graph);
     let worst = right(&y)?;
-    // Afterwards the handle has cuBLAS's default pool again: the same capture as before it.
+    // Afterwards the handle has its own workspace again: the same capture as before it.
     let restored = nodes_without(blas, &mut y)?;
     println!(
-        "captured dense layer: without a workspace {before:?}; with a 4 MiB stack workspace \
-         {nodes:?}, {held} stack bytes held, {} driver allocation calls in 10 replays, largest \
-         relative difference {worst:.2e}; without one again afterwards {restored:?}",
+        "captured dense layer: on cuBLAS's default workspace {default_pool:?}; in the handle's \
+         own {before:?}; with a 4 MiB stack workspace {nodes:?}, {held} stack bytes held, {} \
+         driver allocation calls in 10 replays, largest relative difference {worst:.2e}; in its \
+         own again afterwards {restored:?}",
         after - calls
+    );
+    assert!(
+        default_pool.allocs > 0,
+        "cuBLAS allocates its default workspace in the graph"
+    );
+    assert_eq!(
+        (before.allocs, before.frees),
+        (0, 0),
+        "Stream::cublas's own workspace"
     );
     assert_eq!((nodes.allocs, nodes.frees), (0, 0));
     assert!(nodes.kernels >= 2, "the GEMM and the bias/ReLU kernel");
     assert!(held >= WORKSPACE, "the graph holds the workspace");
     assert_eq!(after, calls);
     assert!(worst < 1e-4);
-    assert_eq!(restored, before, "the default workspace pool is back");
+    assert_eq!(restored, before, "the handle's own workspace is back");
 
     // Refused: memory of another stream (cuBLAS would use it out of that stream's order), shared
     // memory (a graph captured with it would outlive the access), and too little room after the

@@ -772,6 +772,122 @@ mod gpu {
         Ok(())
     }
 
+    /// A read of weights nobody wrote since this stream's last read asks nothing of the driver:
+    /// no event recorded, no wait queued (issue 30: the guide's server read five weights per
+    /// request, and each guard's end recorded an event). The control is the read after a write,
+    /// which must wait on the GPU.
+    #[test]
+    fn a_read_of_unchanged_weights_asks_the_driver_nothing() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_read_calls") else {
+            return Ok(());
+        };
+        let (loader, worker) = (Stream::new(&device)?, Stream::new(&device)?);
+        let mut weights = SharedMat::<f32>::from_host(&loader, 64, 64, &[0.5; 64 * 64])?;
+        let mut out = GpuMat::<f32>::new(&worker, 64, 64)?;
+        out.copy_from(&weights.read(&worker)?)?; // waits for the upload, once
+        let before = gpu_pool::DriverCalls::on_this_thread();
+        for _ in 0..100 {
+            let w = weights.read(&worker)?;
+            out.copy_from(&w)?;
+        }
+        let calls = gpu_pool::DriverCalls::on_this_thread().since(before);
+        println!("100 reads of unchanged weights, each with a copy: {calls:?}");
+        assert_eq!((calls.event_records, calls.stream_waits), (0, 0));
+        assert_eq!(calls.copies, 100);
+
+        weights.write(&loader)?.set_to(0.25)?;
+        let before = gpu_pool::DriverCalls::on_this_thread();
+        out.copy_from(&weights.read(&worker)?)?;
+        let calls = gpu_pool::DriverCalls::on_this_thread().since(before);
+        println!("the read after a write: {calls:?}");
+        assert_eq!(
+            calls.stream_waits, 1,
+            "a read after a write waits for it on the GPU"
+        );
+        assert!(out.to_vec()?.iter().all(|&v| v == 0.25));
+        Ok(())
+    }
+
+    /// Reads end with a ticket of their stream, not an event: a write that comes while a read's
+    /// work is still queued (behind a stall, never synchronized) waits for it on the host, and
+    /// from then on the memory's reads record events, so the next such write waits on the GPU
+    /// alone. Both writes leave the reads' copies whole. The control: the same copy, with the
+    /// write queued on another stream with nothing ordering it, is clobbered.
+    #[test]
+    fn a_write_waits_for_reads_whose_stream_has_not_synchronized() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_write_after_ticket_read") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (s, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&b, 1, 2)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        let mut copy = GpuMat::<u8>::new(&b, 1, N)?;
+        let mut outcomes = Vec::new();
+        for round in 0..2u8 {
+            shared.write(&s)?.set_to(1)?;
+            s.synchronize()?;
+            stall(&b, &k, &tick)?;
+            copy.copy_from(&shared.read(&b)?)?; // behind b's stall; b never synchronizes
+            let before = gpu_pool::DriverCalls::on_this_thread();
+            shared.write(&s)?.set_to(2 + round)?;
+            let calls = gpu_pool::DriverCalls::on_this_thread().since(before);
+            let clobbered = count_not(&copy.to_vec()?, 1);
+            println!(
+                "write {round} after an unsynchronized read: {clobbered} of {N} bytes of the                  read clobbered; host waits {}, GPU waits {}",
+                calls.host_waits, calls.stream_waits
+            );
+            outcomes.push((clobbered, calls.host_waits > 0, calls.stream_waits > 0));
+        }
+        assert_eq!(outcomes, [(0, true, false), (0, false, true)]);
+
+        // The control: no ordering at all.
+        shared.write(&s)?.set_to(1)?;
+        s.synchronize()?;
+        stall(&b, &k, &tick)?;
+        let read = shared.read(&b)?;
+        copy.copy_from(&read)?;
+        let raw = read.device_ptr();
+        drop(read);
+        let cs = s.cuda_stream().expect("CUDA");
+        // SAFETY: N bytes of live shared memory; the race with b's queued copy is this control's
+        // point (it shows the ordering above is what keeps the copy whole).
+        unsafe { gpu_pool::cudarc::driver::result::memset_d8_async(raw, 9, N, cs.cu_stream()) }?;
+        let clobbered = count_not(&copy.to_vec()?, 1);
+        println!("the control, a write ordered by nothing: {clobbered} of {N} bytes clobbered");
+        assert!(clobbered > 0);
+        Ok(())
+    }
+
+    /// A download into pageable memory returns with the copy done, and so with the stream's
+    /// earlier work done: a read ended before it needs no wait from a later write.
+    #[test]
+    fn a_download_covers_the_reads_before_it() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_download_covers") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let (s, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        let tick = GpuMat::<u8>::new(&b, 1, 2)?;
+        let mut shared = SharedMat::<u8>::new(&device, 1, N)?;
+        shared.write(&s)?.set_to(1)?;
+        let mut copy = GpuMat::<u8>::new(&b, 1, N)?;
+        stall(&b, &k, &tick)?;
+        copy.copy_from(&shared.read(&b)?)?;
+        let mut host = vec![0u8; N];
+        copy.download(&mut host)?; // behind the stall: returns once it is done
+        let before = gpu_pool::DriverCalls::on_this_thread();
+        shared.write(&s)?.set_to(2)?;
+        let calls = gpu_pool::DriverCalls::on_this_thread().since(before);
+        let wrong = count_not(&host, 1);
+        println!(
+            "downloaded behind a stall: {wrong} of {N} bytes wrong; the write after: {calls:?}"
+        );
+        assert_eq!(wrong, 0);
+        assert_eq!((calls.host_waits, calls.stream_waits), (0, 0));
+        Ok(())
+    }
+
     /// A read guard begun before a capture of its stream and dropped inside it: its eager work
     /// (queued before the capture) has no end event, so the access stays open, and a write on
     /// another stream waits for the stream instead of overtaking the read.

@@ -44,7 +44,7 @@ impl Model {
 #[derive(Debug)]
 pub struct Worker {
     stream: Stream,
-    blas: Option<CudaBlas>,
+    blas: Option<gpu_pool::Blas>,
     host: Vec<f32>,
 }
 
@@ -85,7 +85,7 @@ pub fn serve(
                 let (model, next) = (Arc::clone(model), &next);
                 s.spawn(move || -> Result<Vec<(usize, Vec<f32>)>, PoolError> {
                     let mut kept = Vec::new();
-                    let gpu = w.blas.as_ref().zip(kernels);
+                    let gpu = w.blas.as_deref().zip(kernels);
                     loop {
                         let i = next.fetch_add(1, Relaxed);
                         let Some(r) = work.requests.get(i).filter(|_| i < n) else {

@@ -14,6 +14,7 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{self, CUdevice_attribute, CUmemorytype};
 
+use super::calls::{Call, count};
 use super::{Backend, DevPtr, RawEvent, RawStream, Region};
 use crate::error::PoolError;
 use crate::id::DeviceId;
@@ -218,6 +219,7 @@ impl CudaBackend {
             return false;
         };
         [first, last].into_iter().any(|byte| {
+            count(Call::Other);
             let mut kind = 0u32;
             // SAFETY: a query of the driver's table of the address (no memory is accessed); the
             // out-parameter is a u32, as `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` answers.
@@ -233,6 +235,7 @@ impl CudaBackend {
     }
 
     fn memcpy2d(&self, copy: &sys::CUDA_MEMCPY2D, stream: &RawStream) -> Result<(), PoolError> {
+        count(Call::Copy);
         let _guard = self.guard()?;
         // Rows back to back on both sides are one run of bytes, and the driver queues a one-row
         // copy faster than a copy of many rows (40-70 ns less a copy on the H100): frames of
@@ -356,6 +359,7 @@ impl Backend for CudaBackend {
     }
 
     fn reserve(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+        count(Call::Memory);
         let granule = self.vmm_granularity.ok_or_else(|| self.no_vmm())?;
         let _guard = self.guard()?;
         let mut ptr: sys::CUdeviceptr = 0;
@@ -368,6 +372,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn unreserve(&self, ptr: DevPtr, bytes: usize) -> Result<(), PoolError> {
+        count(Call::Memory);
         let _guard = self.guard()?;
         // SAFETY: the caller's contract: a reservation of `bytes`, nothing mapped, freed once.
         unsafe { sys::cuMemAddressFree(ptr, bytes) }
@@ -376,6 +381,7 @@ impl Backend for CudaBackend {
     }
 
     fn map(&self, at: DevPtr, bytes: usize) -> Result<u64, PoolError> {
+        count(Call::Memory);
         let _guard = self.guard()?;
         let prop = device_memory(self.ctx.ordinal());
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -407,6 +413,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn unmap(&self, at: DevPtr, bytes: usize, handle: u64) -> Result<(), PoolError> {
+        count(Call::Memory);
         let _guard = self.guard()?;
         // SAFETY: the caller's contract: exactly what `map` mapped with `handle`, unused.
         unsafe { sys::cuMemUnmap(at, bytes) }
@@ -426,6 +433,7 @@ impl Backend for CudaBackend {
     }
 
     fn new_stream(&self) -> Result<RawStream, PoolError> {
+        count(Call::Other);
         let _guard = self.guard()?;
         self.ctx
             .new_stream()
@@ -434,6 +442,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self, stream: &RawStream) -> Result<(), PoolError> {
+        count(Call::HostWait);
         let _guard = self.guard()?;
         let s = self.cu_stream(stream)?;
         // This thread may be capturing a graph in a mode that forbids waiting for other streams
@@ -447,6 +456,7 @@ impl Backend for CudaBackend {
     }
 
     fn is_capturing(&self, stream: &RawStream) -> Result<bool, PoolError> {
+        count(Call::CaptureQuery);
         let _guard = self.guard()?;
         // SAFETY: the stream belongs to this context and is alive (the RawStream holds it).
         let status = unsafe { result::stream::is_capturing(self.cu_stream(stream)?) }
@@ -456,6 +466,7 @@ impl Backend for CudaBackend {
     }
 
     fn rerecord(&self, event: &RawEvent, stream: &RawStream) -> Result<(), PoolError> {
+        count(Call::EventRecord);
         let _guard = self.guard()?;
         let (RawEvent::Cuda(event), RawStream::Cuda(s)) = (event, stream) else {
             return Err(self.cu_stream(stream).unwrap_err());
@@ -468,6 +479,7 @@ impl Backend for CudaBackend {
     }
 
     fn record_event(&self, stream: &RawStream) -> Result<Option<RawEvent>, PoolError> {
+        count(Call::EventRecord);
         let _guard = self.guard()?;
         let RawStream::Cuda(s) = stream else {
             return Err(self.cu_stream(stream).unwrap_err());
@@ -483,6 +495,7 @@ impl Backend for CudaBackend {
     }
 
     fn wait_event(&self, stream: &RawStream, event: RawEvent) -> Result<(), PoolError> {
+        count(Call::StreamWait);
         let _guard = self.guard()?;
         let RawEvent::Cuda(event) = event;
         let s = match stream {
@@ -495,6 +508,7 @@ impl Backend for CudaBackend {
     }
 
     fn wait_for(&self, stream: &RawStream, event: &RawEvent) -> Result<(), PoolError> {
+        count(Call::StreamWait);
         let _guard = self.guard()?;
         let RawEvent::Cuda(event) = event;
         let RawStream::Cuda(s) = stream else {
@@ -505,6 +519,7 @@ impl Backend for CudaBackend {
     }
 
     fn wait_host(&self, event: &RawEvent) -> Result<(), PoolError> {
+        count(Call::HostWait);
         let _guard = self.guard()?;
         let RawEvent::Cuda(event) = event;
         event
@@ -513,6 +528,7 @@ impl Backend for CudaBackend {
     }
 
     fn event_done(&self, event: &RawEvent) -> Result<bool, PoolError> {
+        count(Call::Other);
         let _guard = self.guard()?;
         let RawEvent::Cuda(event) = event;
         event
@@ -537,12 +553,14 @@ impl Backend for CudaBackend {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+        count(Call::Memory);
         let _guard = self.guard()?;
         // SAFETY: plain allocation in the bound context.
         unsafe { result::malloc_sync(bytes.max(1)) }.map_err(self.oom_or("cuMemAlloc", bytes))
     }
 
     fn alloc_pitch(&self, width: usize, rows: usize) -> Result<(DevPtr, usize), PoolError> {
+        count(Call::Memory);
         let _guard = self.guard()?;
         let mut ptr = MaybeUninit::uninit();
         let mut pitch = MaybeUninit::uninit();
@@ -564,6 +582,7 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, PoolError> {
+        count(Call::Memory);
         let _guard = self.guard()?;
         // SAFETY: plain page-locked allocation in the bound context.
         let ptr = unsafe { result::malloc_host(bytes.max(1), 0) }
@@ -575,12 +594,14 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: usize) -> Result<(), PoolError> {
+        count(Call::Memory);
         let _guard = self.guard()?;
         // SAFETY: forwarded contract: from `alloc_pinned`, freed once.
         unsafe { result::free_host(ptr.cast()) }.map_err(|e| driver_error("cuMemFreeHost", e))
     }
 
     unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError> {
+        count(Call::Memory);
         let _guard = self.guard()?;
         // SAFETY: forwarded contract: a live allocation of this context, freed once.
         unsafe { result::free_sync(ptr) }.map_err(|e| driver_error("cuMemFree", e))
@@ -634,6 +655,7 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_async(&self, bytes: usize, stream: &RawStream) -> Result<DevPtr, PoolError> {
+        count(Call::Memory);
         let Some(pool) = self.mem_pool else {
             return self.alloc(bytes);
         };
@@ -644,6 +666,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn free_async(&self, ptr: DevPtr, stream: &RawStream) -> Result<(), PoolError> {
+        count(Call::Memory);
         if self.mem_pool.is_none() {
             // SAFETY: `alloc_async` used `alloc` then; forwarded contract.
             return unsafe { self.free(ptr) };
@@ -693,6 +716,7 @@ impl Backend for CudaBackend {
             // SAFETY: forwarded contract.
             _ => return unsafe { self.fill_by_doubling(dst, pattern, stream) },
         };
+        count(Call::Copy);
         done.result()
             .map_err(|e| driver_error("cuMemsetD2DAsync", e))
     }

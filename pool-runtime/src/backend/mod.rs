@@ -9,6 +9,7 @@ use std::fmt;
 
 use crate::error::PoolError;
 
+pub(crate) mod calls;
 pub(crate) mod host;
 
 #[cfg(feature = "cuda")]

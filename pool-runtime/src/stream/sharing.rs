@@ -71,8 +71,8 @@ struct Uses {
     /// rather than replaced: a wait already queued keeps the record it saw.
     write: Option<(u64, RawEvent)>,
     /// Streams that have waited, on the GPU, for that write since it was recorded: their later
-    /// work runs after it already, so their next reads queue no wait (at most
-    /// [`WAITED_KEPT`]; a stream past those waits again, which is only slower).
+    /// work runs after it already, so their next reads queue no wait (the last [`WAITED_KEPT`]
+    /// to wait; one forgotten waits again, which is only slower).
     write_waited: Vec<u64>,
     /// The end of each stream's reads since that write (one mark a stream: a later one on the
     /// same stream covers the earlier ones).
@@ -352,9 +352,12 @@ impl SharedMemory {
                 backend.wait_host(event)?;
             } else {
                 backend.wait_for(&stream.raw, event)?;
-                if uses.write_waited.len() < WAITED_KEPT {
-                    uses.write_waited.push(me);
+                if uses.write_waited.len() == WAITED_KEPT {
+                    // The longest remembered goes (streams come and go): the live ones wait once
+                    // more and are remembered again, rather than wait at every read.
+                    uses.write_waited.remove(0);
                 }
+                uses.write_waited.push(me);
             }
         }
         if access == Access::Write {
