@@ -7,3 +7,4 @@
 //! (`cargo test -p gpu-pool-apps`).
 
 pub mod harness;
+pub mod mlp_eager;
