@@ -8,3 +8,4 @@
 
 pub mod harness;
 pub mod mlp_eager;
+pub mod mlp_graph;
