@@ -6,6 +6,7 @@
 //! <app> [-- ROUNDS]`. On the host backend only the gpu-pool twin runs, as a correctness check
 //! (`cargo test -p gpu-pool-apps`).
 
+pub mod frame;
 pub mod harness;
 pub mod mlp_eager;
 pub mod mlp_graph;
