@@ -36,15 +36,16 @@ fn the_check_catches_a_wrong_output() {
         outputs.push(p.to_vec())
     })
     .unwrap();
-    mlp_eager::check("gpu-pool", &work, &outputs).expect("right as computed");
+    let want = mlp_eager::expected(&work);
+    mlp_eager::check("gpu-pool", &want, &outputs).expect("right as computed");
 
     let mut perturbed = outputs.clone();
     perturbed[3][1] *= 1.001;
-    assert!(mlp_eager::check("perturbed", &work, &perturbed).is_err());
+    assert!(mlp_eager::check("perturbed", &want, &perturbed).is_err());
     let mut missing = outputs.clone();
     missing.pop();
-    assert!(mlp_eager::check("one missing", &work, &missing).is_err());
+    assert!(mlp_eager::check("one missing", &want, &missing).is_err());
     let mut swapped = outputs.clone();
     swapped.swap(0, 1);
-    assert!(mlp_eager::check("swapped", &work, &swapped).is_err());
+    assert!(mlp_eager::check("swapped", &want, &swapped).is_err());
 }

@@ -269,21 +269,44 @@ pub fn largest_difference(got: &[f32], expected: &[f64]) -> f64 {
         )
 }
 
-/// Compares each step's output (`outputs[i]` for step `i`) with the reference and returns the
-/// largest difference; an error names the twin if it is above [`TOLERANCE`] or if not every step
-/// has an output.
-pub fn check(twin: &str, work: &Work, outputs: &[Vec<f32>]) -> Result<f64, String> {
-    if outputs.len() != work.steps() {
+/// The reference output of every step of `work`, computed on all the host's cores.
+pub fn expected(work: &Work) -> Vec<Vec<f64>> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let steps: Vec<usize> = (0..work.steps()).collect();
+    let chunk = steps.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = steps
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|&i| reference(&work.weights, work.input(i)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|p| p.join().expect("the reference does not panic"))
+            .collect()
+    })
+}
+
+/// Compares each step's output (`outputs[i]` for step `i`) with its reference (`expected[i]`,
+/// from [`expected`]) and returns the largest difference; an error names the twin if it is
+/// above [`TOLERANCE`] or if not every step has an output.
+pub fn check(twin: &str, expected: &[Vec<f64>], outputs: &[Vec<f32>]) -> Result<f64, String> {
+    if outputs.len() != expected.len() {
         return Err(format!(
             "{twin}: {} outputs for {} steps",
             outputs.len(),
-            work.steps()
+            expected.len()
         ));
     }
     let worst = outputs
         .iter()
-        .enumerate()
-        .map(|(i, got)| largest_difference(got, &reference(&work.weights, work.input(i))))
+        .zip(expected)
+        .map(|(got, want)| largest_difference(got, want))
         .fold(0.0, f64::max);
     println!("{twin}: largest relative difference from the f64 CPU reference {worst:.2e}");
     if worst > TOLERANCE {
@@ -301,7 +324,7 @@ pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> 
     let model = pooled::Model::load(&stream, &work.weights)?;
     let mut outputs = Vec::new();
     pooled::run(&stream, None, &model, work, |_, p| outputs.push(p.to_vec()))?;
-    Ok(check("gpu-pool", work, &outputs)?)
+    Ok(check("gpu-pool", &expected(work), &outputs)?)
 }
 
 /// The app: on CUDA, checks both twins, then times them interleaved and prints the table row; on
@@ -328,12 +351,13 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     let twin = plain::Twin::new(&ctx, &work.weights)?;
 
     // The check pass, which is also the warm-up: every batch size once on each twin.
+    let want = expected(&work);
     let mut got = Vec::new();
     pooled::run(&stream, gpu, &model, &work, |_, p| got.push(p.to_vec()))?;
-    check("gpu-pool", &work, &got)?;
+    check("gpu-pool", &want, &got)?;
     let mut got = Vec::new();
     twin.run(&kernels, &work, |_, p| got.push(p.to_vec()))?;
-    check("cudarc", &work, &got)?;
+    check("cudarc", &want, &got)?;
     pooled::run(&stream, gpu, &model, &work, |_, _| {})?;
     twin.run(&kernels, &work, |_, _| {})?;
 
