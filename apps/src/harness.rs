@@ -72,6 +72,16 @@ pub fn report(
     (pooled_src, plain_src): (&str, &str),
 ) {
     let ratio = pooled.quantile(0.5) / plain.quantile(0.5);
+    // Each round's pair ran back to back: the median of their ratios is steadier than the ratio
+    // of the medians where the machine's speed drifts between rounds.
+    let paired = Samples {
+        us: pooled
+            .us
+            .iter()
+            .zip(&plain.us)
+            .map(|(a, b)| a / b)
+            .collect(),
+    };
     let q = |s: &Samples| {
         format!(
             "{:.2} / {:.2} / {:.2}",
@@ -81,10 +91,13 @@ pub fn report(
         )
     };
     println!(
-        "{app}: gpu-pool {:.2} µs/{unit}, cudarc {:.2} µs/{unit} (medians of {} interleaved rounds): {ratio:.3}x",
+        "{app}: gpu-pool {:.2} µs/{unit}, cudarc {:.2} µs/{unit} (medians of {} interleaved rounds): {ratio:.3}x; median of the rounds' ratios {:.3}x (p10 {:.3}x, p90 {:.3}x)",
         pooled.quantile(0.5),
         plain.quantile(0.5),
-        pooled.us.len()
+        pooled.us.len(),
+        paired.quantile(0.5),
+        paired.quantile(0.1),
+        paired.quantile(0.9)
     );
     println!(
         "| app | µs per | gpu-pool p10 / median / p90 | cudarc p10 / median / p90 | ratio | lines (gpu-pool / cudarc) |"
@@ -99,10 +112,54 @@ pub fn report(
     );
 }
 
+/// Prints the pool's driver calls per unit of work, by kind (what the gpu-pool twin asked of the
+/// driver besides its kernels, cuBLAS calls and the copies cudarc made for it).
+pub fn print_calls_per_unit(calls: gpu_pool::DriverCalls, units: usize, unit: &str) {
+    let per = |n: u64| n as f64 / units.max(1) as f64;
+    println!(
+        "gpu-pool's own driver calls per {unit}: {:.2} in all ({:.2} event records, {:.2} GPU \
+         waits, {:.2} host waits, {:.2} capture queries, {:.2} copies and fills, {:.2} memory, \
+         {:.2} other)",
+        per(calls.total()),
+        per(calls.event_records),
+        per(calls.stream_waits),
+        per(calls.host_waits),
+        per(calls.capture_queries),
+        per(calls.copies),
+        per(calls.memory),
+        per(calls.other)
+    );
+}
+
 /// The first command-line argument as a number of rounds, else `default`.
 pub fn rounds_arg(default: usize) -> usize {
     std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(default)
+}
+
+/// What a good cudarc programmer does before allocating per request with `stream.alloc`: the
+/// device's default memory pool keeps freed memory instead of giving it back to the system at
+/// each synchronize (its release threshold, 0 by default, raised to the top, as NVIDIA's guide to
+/// stream-ordered allocation advises). cudarc has no safe call for it. Called for the cudarc
+/// twins; gpu-pool's stacks do not use the pool.
+pub fn keep_freed_pool_memory(
+    ctx: &gpu_pool::cudarc::driver::CudaContext,
+) -> Result<(), gpu_pool::cudarc::driver::DriverError> {
+    use gpu_pool::cudarc::driver::sys;
+    ctx.bind_to_thread()?;
+    let mut pool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: the context's device ordinal and an out-parameter for its pool; then the pool's
+    // attribute, which `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` reads as a u64.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result()?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut threshold).cast(),
+        )
+        .result()
+    }
 }

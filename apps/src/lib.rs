@@ -7,5 +7,8 @@
 //! (`cargo test -p gpu-pool-apps`).
 
 pub mod attention;
+pub mod frame;
 pub mod harness;
+pub mod mlp_eager;
+pub mod mlp_graph;
 pub mod two_threads;

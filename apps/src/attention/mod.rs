@@ -449,6 +449,7 @@ fn run_on_cuda(
     // temporary is allocated, used and freed on one worker's stream. gpu-pool's memory does not
     // use cudarc's events.
     unsafe { ctx.disable_event_tracking() };
+    crate::harness::keep_freed_pool_memory(&ctx)?;
     let kernels = Kernels::load(ctx)?;
     let work = Work::new(&Config::FULL);
     let (n, largest) = (work.requests.len(), work.largest());
@@ -488,8 +489,11 @@ fn run_on_cuda(
     }
 
     let before = device.stats().driver_alloc_calls;
+    workers.iter_mut().for_each(|w| {
+        w.take_calls();
+    });
     let (pooled_us, plain_us) = harness::interleave(
-        harness::rounds_arg(9),
+        harness::rounds_arg(15),
         || -> Result<_, Box<dyn Error + Send + Sync>> {
             let start = Instant::now();
             pooled::serve(&model, k, &mut workers, &work, n, false)?;
@@ -510,6 +514,12 @@ fn run_on_cuda(
         },
     )?;
     let alloc_calls = device.stats().driver_alloc_calls - before;
+    let calls = workers
+        .iter_mut()
+        .fold(gpu_pool::DriverCalls::default(), |sum, w| {
+            sum + w.take_calls()
+        });
+    harness::print_calls_per_unit(calls, n * pooled_us.us.len(), "request");
     println!(
         "gpu-pool driver allocation calls during the timed rounds: {alloc_calls}{}",
         if alloc_calls == 0 {

@@ -46,6 +46,8 @@ pub struct Worker {
     stream: Stream,
     blas: Option<gpu_pool::Blas>,
     host: Vec<f32>,
+    /// The pool's driver calls on this worker's threads, since the last `take_calls`.
+    calls: gpu_pool::DriverCalls,
 }
 
 impl Worker {
@@ -60,7 +62,13 @@ impl Worker {
             stream,
             blas,
             host: vec![0.0; largest],
+            calls: gpu_pool::DriverCalls::default(),
         })
+    }
+
+    /// The pool's driver calls this worker made since the last call, and a fresh count.
+    pub fn take_calls(&mut self) -> gpu_pool::DriverCalls {
+        std::mem::take(&mut self.calls)
     }
 }
 
@@ -86,9 +94,12 @@ pub fn serve(
                 s.spawn(move || -> Result<Vec<(usize, Vec<f32>)>, PoolError> {
                     let mut kept = Vec::new();
                     let gpu = w.blas.as_deref().zip(kernels);
+                    let start = gpu_pool::DriverCalls::on_this_thread();
                     loop {
                         let i = next.fetch_add(1, Relaxed);
                         let Some(r) = work.requests.get(i).filter(|_| i < n) else {
+                            let calls = gpu_pool::DriverCalls::on_this_thread().since(start);
+                            w.calls = w.calls + calls;
                             return Ok(kept);
                         };
                         let out = &mut w.host[..r.len()];

@@ -66,6 +66,23 @@ pub struct DriverCalls {
     pub other: u64,
 }
 
+impl std::ops::Add for DriverCalls {
+    type Output = DriverCalls;
+
+    /// The calls of two stretches (of two threads, say) together.
+    fn add(self, other: DriverCalls) -> DriverCalls {
+        DriverCalls {
+            event_records: self.event_records + other.event_records,
+            stream_waits: self.stream_waits + other.stream_waits,
+            host_waits: self.host_waits + other.host_waits,
+            capture_queries: self.capture_queries + other.capture_queries,
+            copies: self.copies + other.copies,
+            memory: self.memory + other.memory,
+            other: self.other + other.other,
+        }
+    }
+}
+
 impl DriverCalls {
     /// The calls this thread has made so far.
     #[must_use]
