@@ -9,8 +9,10 @@ use std::time::Duration;
 use gpu_pool::nccl::{Communicators, UniqueId};
 use gpu_pool::prelude::*;
 
+/// The launch plumbing of the `ranks` example (the GPU suite starts its rank processes with it
+/// too).
 #[path = "../../examples/support/ranks.rs"]
-mod ranks_support;
+pub(crate) mod ranks_support;
 
 use ranks_support::{ID_FILE, RANK, RankEnv, WORLD_SIZE, launch, publish_id, read_id};
 
