@@ -303,6 +303,46 @@ pub enum PoolError {
         problem: String,
     },
 
+    /// Text or bytes that are not an NCCL unique id (`nccl::UniqueId`), refused before NCCL sees
+    /// them (feature `nccl`).
+    #[error(
+        "not an NCCL unique id: {problem}. Pass on exactly the text rank 0's UniqueId printed \
+         (its Display: 256 hex digits) or its to_bytes, unchanged, to every other rank"
+    )]
+    NcclId {
+        /// What is wrong with it.
+        problem: String,
+    },
+
+    /// A rank outside its world, or a world of no ranks, refused before NCCL sees it
+    /// (feature `nccl`).
+    #[error(
+        "NCCL rank {rank} of a world of {world} ranks: ranks are numbered 0 to world - 1, every \
+         process passes the same world size (at least 1, at most i32::MAX) and a rank of its own"
+    )]
+    NcclRank {
+        /// The rank asked for.
+        rank: usize,
+        /// The world size asked for.
+        world: usize,
+    },
+
+    /// Ranks in other processes did not meet this one within the communicator's timeout; the
+    /// communicator was aborted (`ncclCommAbort`) and refuses every call from now on
+    /// (feature `nccl`).
+    #[error(
+        "{what} waited {waited:?} for ranks in other processes and gave up: a peer exited, \
+         hangs, never made this call, or made calls that differ (a count, a type, one call more). \
+         The communicator was aborted: make a new one from a new UniqueId on every rank, or \
+         raise the timeout (Communicators::set_timeout) if the peers are only slow"
+    )]
+    NcclTimeout {
+        /// What waited.
+        what: &'static str,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
+
     /// A device's stack memory is registered with NCCL, so it cannot be freed or replaced.
     #[error(
         "the stack memory of {device} is registered with an NCCL communicator: drop the \

@@ -14,8 +14,21 @@
 //! the buffer's own stream, the stack reuses the memory only after it.
 //!
 //! A graph of [`Communicators::capture`] replays every rank at once ([`RankGraphs::launch`]), so
-//! the ranks cannot fall out of step. Not covered: ranks in other processes (one process drives
-//! every rank here).
+//! the ranks cannot fall out of step.
+//!
+//! Ranks in other processes, on this host or others: rank 0 makes a [`UniqueId`] and hands it to
+//! the others by the program's own channel (an environment variable, a file, a pipe, a socket:
+//! it is 128 bytes, or 256 hex digits as text), and each process makes its rank with
+//! [`Communicators::from_rank`]. Such communicators are the same type: groups, captures, rank
+//! graphs and registration work as above, over the ranks this process holds. What a process
+//! cannot see is checked only on request: [`Communicators::set_verify_groups`] all-gathers a
+//! digest of each rank's group before the group (so a rank whose counts differ is refused on
+//! every rank instead of hanging NCCL), and [`Communicators::check_symmetric`] compares every
+//! rank's stack layout the same way. Their NCCL runs in non-blocking mode: no wait for a peer
+//! outlasts the communicator's timeout, after which it is aborted and `PoolError::NcclTimeout`
+//! says so. Wait for their work with [`Communicators::wait`] (it gives up at the timeout), not
+//! with a stream's `synchronize`, which would wait forever for a collective whose peer never
+//! comes.
 //!
 //! `libnccl` is loaded at run time, like the driver: where it is missing every call returns
 //! `PoolError::NoCudaLibrary`, never cudarc's panic.
@@ -45,9 +58,10 @@
 //! ```
 
 use std::cell::{Cell, RefCell};
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 use cudarc::driver::{CudaContext, DevicePtr, DevicePtrMut, DeviceSlice};
@@ -88,6 +102,33 @@ nccl_elements!(
     i64 => ncclInt64, u64 => ncclUint64, f32 => ncclFloat32, f64 => ncclFloat64,
 );
 
+/// `NCCL_CONFIG_INITIALIZER` with `blocking = 0`: every field NCCL's header leaves undefined is
+/// undefined here too (`NCCL_CONFIG_UNDEF_INT`, null), so NCCL picks them. NCCL copies at most
+/// the size it knows, so an older NCCL reads the fields it has.
+fn nonblocking_config() -> sys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        // The header these bindings were made from (2.28): the fields above are its.
+        version: 22800,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+    }
+}
+
 /// NCCL's own flag for a window that every rank registers alike (`NCCL_WIN_COLL_SYMMETRIC`).
 const NCCL_WIN_COLL_SYMMETRIC: i32 = 1;
 
@@ -111,6 +152,103 @@ fn failed(call: &'static str) -> impl Fn(result::NcclError) -> PoolError {
     move |e| PoolError::Nccl {
         call,
         source: NcclFailure(e).into(),
+    }
+}
+
+/// The first NCCL with non-blocking communicators (`ncclConfig_t.blocking`), 2.14.
+const NCCL_NONBLOCKING: i32 = 21400;
+
+/// Bytes of an NCCL unique id.
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// The id every rank of one communicator across processes is made from
+/// ([`Communicators::from_rank`]): rank 0 makes it ([`UniqueId::new`]) and hands it to every other
+/// rank by the program's own channel, as bytes ([`to_bytes`](Self::to_bytes)) or as text (its
+/// `Display`, 256 lowercase hex digits, which `str::parse` reads back: fit for an environment
+/// variable or a line of a file or pipe). It names rank 0's listening socket: make a new one for
+/// every communicator.
+///
+/// ```
+/// use gpu_pool_runtime::nccl::UniqueId;
+/// let id = UniqueId::from_bytes([7; 128]); // rank 0 makes it with UniqueId::new()
+/// let text = id.to_string(); // e.g. into an environment variable of the other ranks
+/// assert_eq!(text.len(), 256);
+/// let back: UniqueId = text.parse()?;
+/// assert_eq!(back, id);
+/// assert!("not an id".parse::<UniqueId>().is_err());
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UniqueId([u8; UNIQUE_ID_BYTES]);
+
+impl UniqueId {
+    /// A new id (`ncclGetUniqueId`), made by rank 0 only: it opens rank 0's bootstrap socket, to
+    /// which every rank connects. `PoolError::NoCudaLibrary` without `libnccl`.
+    pub fn new() -> Result<UniqueId, PoolError> {
+        present()?;
+        let id = result::get_uniqueid().map_err(failed("ncclGetUniqueId"))?;
+        Ok(UniqueId(id.internal.map(|c| c as u8)))
+    }
+
+    /// The id from its bytes, as [`to_bytes`](Self::to_bytes) gave them on rank 0.
+    #[must_use]
+    pub fn from_bytes(bytes: [u8; UNIQUE_ID_BYTES]) -> UniqueId {
+        UniqueId(bytes)
+    }
+
+    /// The id's bytes, to send to the other ranks.
+    #[must_use]
+    pub fn to_bytes(&self) -> [u8; UNIQUE_ID_BYTES] {
+        self.0
+    }
+
+    fn raw(&self) -> sys::ncclUniqueId {
+        sys::ncclUniqueId {
+            internal: self.0.map(|b| b as c_char),
+        }
+    }
+}
+
+impl std::fmt::Display for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UniqueId({self})")
+    }
+}
+
+impl std::str::FromStr for UniqueId {
+    type Err = PoolError;
+
+    /// Reads the text of `Display` back; whitespace around it (a line's end) is ignored.
+    /// `PoolError::NcclId` for anything but 256 hex digits.
+    fn from_str(text: &str) -> Result<UniqueId, PoolError> {
+        let text = text.trim();
+        if text.len() != 2 * UNIQUE_ID_BYTES {
+            return Err(PoolError::NcclId {
+                problem: format!(
+                    "{} characters, {} expected",
+                    text.chars().count(),
+                    2 * UNIQUE_ID_BYTES
+                ),
+            });
+        }
+        let mut bytes = [0; UNIQUE_ID_BYTES];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            let pair = text
+                .get(2 * i..2 * i + 2)
+                .filter(|p| p.bytes().all(|b| b.is_ascii_hexdigit()));
+            *byte = pair
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .ok_or_else(|| PoolError::NcclId {
+                    problem: format!("not a hex digit pair at character {}", 2 * i),
+                })?;
+        }
+        Ok(UniqueId(bytes))
     }
 }
 
@@ -154,10 +292,16 @@ impl Reduce {
     }
 }
 
-/// One communicator per pool stream, in one process: rank `i` works on `streams[i]`, each on a
-/// device of its own. See the [module](self) for what a group checks.
+/// NCCL ranks on pool streams: every rank in this process ([`new`](Self::new), rank `i` on
+/// `streams[i]`, each on a device of its own), or this process's rank of a world spread over
+/// processes ([`from_rank`](Self::from_rank)). See the [module](self) for what a group checks.
 pub struct Communicators<'s> {
+    /// The ranks this process holds, in rank order.
     ranks: Vec<Rank<'s>>,
+    /// Ranks in all processes.
+    world: usize,
+    /// Ranks in other processes: NCCL's non-blocking mode and what goes with it.
+    remote: Option<Remote>,
     /// Inside [`capture`](Communicators::capture): groups are captured, every rank at once.
     capturing: Cell<bool>,
     /// Each rank's symmetric window (its stack memory), while registered as one.
@@ -172,6 +316,91 @@ pub struct Communicators<'s> {
 struct Rank<'s> {
     comm: sys::ncclComm_t,
     stream: &'s Stream,
+    /// Its rank in the world.
+    rank: usize,
+}
+
+/// What communicators with ranks in other processes add: every wait for the peers gives up at
+/// `timeout` (NCCL's non-blocking mode, polled), and the cross-process checks' device memory.
+struct Remote {
+    timeout: Cell<Duration>,
+    /// Aborted (`ncclCommAbort`) after a timeout or a failure NCCL reported: the communicators
+    /// are gone, every call is refused.
+    aborted: Cell<bool>,
+    /// Each group is checked against every other rank's first ([`Communicators::set_verify_groups`]).
+    verify: Cell<bool>,
+    /// Per local rank, on its device: one slot sent and `world` slots gathered.
+    scratch: Vec<(Arc<CudaContext>, DevPtr)>,
+}
+
+/// Bytes each rank contributes to a check across processes: a tag word and three words.
+const SLOT: usize = 32;
+/// Tags of a slot: what the rank that sent it was checking.
+const TAG_GROUP: u64 = 0x6770_2d67_726f_7570;
+const TAG_REFUSED: u64 = 0x6770_2d72_6566_7573;
+const TAG_LAYOUT: u64 = 0x6770_2d6c_6179_6f75;
+
+/// FNV-1a over words: a digest that a change of any word, or of their order, changes.
+fn fnv(words: impl IntoIterator<Item = u64>) -> u64 {
+    words.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, w| {
+        w.to_le_bytes().iter().fold(h, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    })
+}
+
+fn slot(words: [u64; 4]) -> [u8; SLOT] {
+    let mut out = [0; SLOT];
+    for (chunk, w) in out.chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+fn words(slot: &[u8; SLOT]) -> [u64; 4] {
+    let mut out = [0; 4];
+    for (w, chunk) in out.iter_mut().zip(slot.chunks_exact(8)) {
+        let mut b = [0; 8];
+        b.copy_from_slice(chunk);
+        *w = u64::from_le_bytes(b);
+    }
+    out
+}
+
+/// Whether NCCL is done with the last call on `comm` (non-blocking mode): `Ok(false)` while it
+/// is in progress, NCCL's error where it failed (a peer's failure among them).
+fn settled(comm: sys::ncclComm_t) -> Result<bool, PoolError> {
+    let mut raw: u32 = 0;
+    // SAFETY: a live communicator; NCCL writes one `ncclResult_t` (a C enum, 4 bytes), read as
+    // u32 so that a status newer than these bindings is no invalid Rust enum.
+    unsafe { sys::ncclCommGetAsyncError(comm, (&raw mut raw).cast()) }
+        .result()
+        .map_err(failed("ncclCommGetAsyncError"))?;
+    use sys::ncclResult_t as R;
+    let status = match raw {
+        0 => return Ok(true),
+        7 => return Ok(false),
+        1 => R::ncclUnhandledCudaError,
+        2 => R::ncclSystemError,
+        4 => R::ncclInvalidArgument,
+        5 => R::ncclInvalidUsage,
+        6 => R::ncclRemoteError,
+        _ => R::ncclInternalError,
+    };
+    Err(PoolError::Nccl {
+        call: "ncclCommGetAsyncError (NCCL's or a peer's failure)",
+        source: NcclFailure(result::NcclError(status)).into(),
+    })
+}
+
+/// A pause while polling: short at first (an enqueue takes microseconds), longer later (a peer
+/// that connects takes seconds), so neither latency nor a core is wasted.
+fn pause(since: Instant) {
+    if since.elapsed() < Duration::from_millis(2) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
 
 impl Rank<'_> {
@@ -188,7 +417,13 @@ impl std::fmt::Debug for Communicators<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let streams: Vec<u64> = self.ranks.iter().map(|r| r.stream.id()).collect();
         f.debug_struct("Communicators")
+            .field("world", &self.world)
+            .field(
+                "ranks",
+                &self.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
+            )
             .field("streams", &streams)
+            .field("timeout", &self.timeout())
             .finish()
     }
 }
@@ -234,10 +469,13 @@ impl<'s> Communicators<'s> {
         let ranks = comms
             .into_iter()
             .zip(streams)
-            .map(|(comm, stream)| Rank { comm, stream })
+            .enumerate()
+            .map(|(rank, (comm, stream))| Rank { comm, stream, rank })
             .collect();
         Ok(Communicators {
             ranks,
+            world: streams.len(),
+            remote: None,
             capturing: Cell::new(false),
             windows: RefCell::new(None),
             registered: Cell::new(false),
@@ -245,16 +483,418 @@ impl<'s> Communicators<'s> {
         })
     }
 
-    /// How many ranks.
-    #[must_use]
-    pub fn world_size(&self) -> usize {
-        self.ranks.len()
+    /// Rank `rank` of a communicator of `world` ranks spread over processes (or hosts), on
+    /// `stream` (`ncclCommInitRankConfig`, non-blocking): every process calls it with the same
+    /// `id` (made by rank 0, [`UniqueId::new`]) and `world`, and a rank of its own. It returns
+    /// once every rank has joined, or gives up after `timeout` (`PoolError::NcclTimeout`): no
+    /// wait of these communicators for their peers outlasts it (see [`wait`](Self::wait)).
+    ///
+    /// Groups name ranks by their number in the world; this process's calls name only its own
+    /// rank, and the group checks what this process sees (its own buffers, peers that exist).
+    /// Whether the other ranks make the same calls is checked only with
+    /// [`set_verify_groups`](Self::set_verify_groups).
+    ///
+    /// Errors: `NcclRank` for a rank outside `0..world` or a world of no ranks (before anything
+    /// else); `Unsupported` for a host stream or an NCCL before 2.14; `NoCudaLibrary` without
+    /// `libnccl`; `Nccl` if NCCL fails; `NcclTimeout` if the other ranks did not join in time.
+    /// The caller's current CUDA context is kept.
+    ///
+    /// ```no_run
+    /// use gpu_pool_runtime::nccl::{Communicators, Reduce, UniqueId};
+    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use std::time::Duration;
+    /// let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
+    /// let world: usize = std::env::var("WORLD_SIZE").unwrap().parse().unwrap();
+    /// // Rank 0 made the id with UniqueId::new() and passed its text on.
+    /// let id: UniqueId = std::env::var("GPU_POOL_NCCL_ID").unwrap().parse()?;
+    /// let stream = Stream::new(&Device::cuda(rank)?)?;
+    /// let ranks = Communicators::from_rank(&stream, &id, rank, world, Duration::from_secs(300))?;
+    /// let mut grad = BufferPool::new(&stream).get_buffer_1d::<f32>(1024)?;
+    /// ranks.group(|g| g.all_reduce_in_place(rank, &mut grad, Reduce::Sum))?;
+    /// ranks.wait()?; // gives up (and aborts) if a peer never comes
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn from_rank(
+        stream: &'s Stream,
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Communicators<'s>, PoolError> {
+        let (Ok(nranks), Ok(me)) = (i32::try_from(world), i32::try_from(rank)) else {
+            return Err(PoolError::NcclRank { rank, world });
+        };
+        if rank >= world {
+            return Err(PoolError::NcclRank { rank, world });
+        }
+        let device = stream.device().id();
+        let Some(cuda) = stream.cuda_stream() else {
+            return Err(PoolError::Unsupported {
+                device,
+                what: "NCCL outside a CUDA device",
+            });
+        };
+        if version()? < NCCL_NONBLOCKING {
+            return Err(PoolError::Unsupported {
+                device,
+                what: "NCCL ranks across processes before NCCL 2.14 (no non-blocking mode)",
+            });
+        }
+        let ctx = cuda.context().clone();
+        // NCCL takes the rank's device from the current context.
+        let _bound = ContextGuard::bind(&ctx)?;
+        // Where the checks across processes meet: one slot sent, every rank's gathered.
+        let bytes = SLOT * (world + 1);
+        // SAFETY: an allocation of `bytes` on the bound device, freed in `Drop`.
+        let scratch = unsafe { cudarc::driver::result::malloc_sync(bytes) }
+            .map_err(|e| crate::backend::cuda::driver_error("cuMemAlloc", e))?;
+        let remote = Remote {
+            timeout: Cell::new(timeout),
+            aborted: Cell::new(false),
+            verify: Cell::new(false),
+            scratch: vec![(ctx, scratch)],
+        };
+        let mut config = nonblocking_config();
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` receives the communicator; `config` is a whole `ncclConfig_t` made as
+        // NCCL_CONFIG_INITIALIZER makes it, which NCCL reads only during the call.
+        let started = unsafe {
+            sys::ncclCommInitRankConfig(&raw mut comm, nranks, id.raw(), me, &raw mut config)
+        }
+        .result();
+        let comms = Communicators {
+            ranks: vec![Rank { comm, stream, rank }],
+            world,
+            remote: Some(remote),
+            capturing: Cell::new(false),
+            windows: RefCell::new(None),
+            registered: Cell::new(false),
+            out_of_step: Cell::new(false),
+        };
+        if let Err(e) = started {
+            // No communicator to wait for or abort when NCCL refused the call outright.
+            if comm.is_null() {
+                comms.remote.as_ref().expect("remote").aborted.set(true);
+            } else {
+                comms.abort();
+            }
+            return Err(failed("ncclCommInitRankConfig")(e));
+        }
+        // Every rank connects to rank 0's socket; a rank that never comes is the timeout.
+        comms.settle("Communicators::from_rank")?;
+        Ok(comms)
     }
 
-    /// The stream of rank `rank`, if there is such a rank.
+    /// How many ranks, in every process.
+    #[must_use]
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The ranks this process holds (all of them for [`new`](Self::new), one for
+    /// [`from_rank`](Self::from_rank)).
+    pub fn local_ranks(&self) -> impl Iterator<Item = usize> + '_ {
+        self.ranks.iter().map(|r| r.rank)
+    }
+
+    /// The stream of rank `rank`, if this process holds such a rank.
     #[must_use]
     pub fn stream(&self, rank: usize) -> Option<&'s Stream> {
-        self.ranks.get(rank).map(|r| r.stream)
+        self.ranks.iter().find(|r| r.rank == rank).map(|r| r.stream)
+    }
+
+    /// How long a wait for ranks in other processes lasts before it gives up (`None` for
+    /// communicators of one process, whose NCCL calls block: their groups are checked whole).
+    #[must_use]
+    pub fn timeout(&self) -> Option<Duration> {
+        self.remote.as_ref().map(|r| r.timeout.get())
+    }
+
+    /// Sets how long a wait for ranks in other processes lasts before it gives up and aborts the
+    /// communicator: the first step's (NCCL connects then) and the longest step's time, with a
+    /// margin. Nothing for communicators of one process.
+    pub fn set_timeout(&self, timeout: Duration) {
+        if let Some(remote) = &self.remote {
+            remote.timeout.set(timeout);
+        }
+    }
+
+    /// Checks every later eager group against the other processes' before NCCL sees it: each
+    /// rank all-gathers a digest of its part of the group (its collectives' kinds, counts, types,
+    /// reductions, roots and window offsets, and its sends and receives by peer), and a group on
+    /// which the ranks disagree, or that a rank refused, is refused on every rank
+    /// (`PoolError::NcclGroup`), none queues it, and they stay in step. It costs a small
+    /// all-gather and a wait for the stream per group: a debug and bring-up aid. Every process
+    /// must turn it on or off alike (a digest one rank sends and another does not await is the
+    /// timeout). Groups inside [`capture`](Self::capture) are not checked (a capture cannot wait):
+    /// run the step eagerly first, as NCCL wants anyway. Nothing for communicators of one process,
+    /// whose groups are always checked whole.
+    pub fn set_verify_groups(&self, on: bool) {
+        if let Some(remote) = &self.remote {
+            remote.verify.set(on);
+        }
+    }
+
+    /// Checks that every rank's stream laid its stack out alike (see
+    /// [`check_symmetric`](crate::check_symmetric)), in every process: each rank all-gathers its
+    /// [`Stream::layout_trace`] through NCCL and compares every rank's with rank 0's, so every
+    /// process gets the same answer. Call it on every rank at the same point of the program, as
+    /// a collective, outside any capture. A debug check: in builds without debug assertions it
+    /// returns `Ok(())` at once (every process must be built alike, or the debug ones time out).
+    ///
+    /// Errors: `PoolError::Asymmetric` naming the first rank that differs from rank 0;
+    /// `NcclTimeout` where a rank never made this call; `Unsupported` inside a capture.
+    pub fn check_symmetric(&self) -> Result<(), PoolError> {
+        if !cfg!(debug_assertions) {
+            return Ok(());
+        }
+        if self.remote.is_none() {
+            let streams: Vec<&Stream> = self.ranks.iter().map(|r| r.stream).collect();
+            return crate::check_symmetric(&streams);
+        }
+        self.refuse_aborted()?;
+        self.refuse_capture("Communicators::check_symmetric")?;
+        let nothing = crate::LayoutTrace::from_bytes([0; 24]);
+        let mine: Vec<[u8; SLOT]> = self
+            .ranks
+            .iter()
+            .map(|r| {
+                let t = r.stream.layout_trace().unwrap_or(nothing);
+                slot([TAG_LAYOUT, t.takes(), t.top(), t.digest()])
+            })
+            .collect();
+        let all = self.exchange(&mine, "Communicators::check_symmetric")?;
+        let traces: Vec<[u64; 4]> = all.iter().map(words).collect();
+        if let Some(r) = traces.iter().position(|w| w[0] != TAG_LAYOUT) {
+            return Err(PoolError::NcclGroup {
+                problem: format!(
+                    "rank {r} sent no layout trace to check_symmetric (it made another check at                      the same point: every rank must call check_symmetric together)"
+                ),
+            });
+        }
+        match traces.iter().position(|w| w != &traces[0]) {
+            None => Ok(()),
+            Some(rank) => {
+                let (t, t0) = (traces[rank], traces[0]);
+                Err(PoolError::Asymmetric {
+                    rank,
+                    takes: t[1],
+                    top: t[2],
+                    digest: t[3],
+                    takes0: t0[1],
+                    top0: t0[2],
+                    digest0: t0[3],
+                })
+            }
+        }
+    }
+
+    /// Waits until the work queued on this process's ranks' streams is done. For ranks in other
+    /// processes it gives up at the timeout: a collective whose peer never comes (it exited,
+    /// hangs, or made a different call) would otherwise never finish. Then, and where NCCL
+    /// reports a failure (a peer's among them), the communicator is aborted, which ends its
+    /// kernels, and refuses every call from then on.
+    ///
+    /// Errors: `NcclTimeout`; `Nccl` for NCCL's failure; `NcclGroup` once aborted;
+    /// `Unsupported` inside a capture (a capture cannot wait).
+    pub fn wait(&self) -> Result<(), PoolError> {
+        self.refuse_aborted()?;
+        self.refuse_capture("Communicators::wait")?;
+        self.wait_streams("Communicators::wait")
+    }
+
+    /// Refused once aborted: the communicators are gone.
+    fn refuse_aborted(&self) -> Result<(), PoolError> {
+        if self.remote.as_ref().is_some_and(|r| r.aborted.get()) {
+            return Err(PoolError::NcclGroup {
+                problem: "these communicators were aborted after a timeout or an NCCL failure;                           make new ones from a new UniqueId on every rank"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits and host reads cannot happen inside a capture of the ranks' streams.
+    fn refuse_capture(&self, what: &'static str) -> Result<(), PoolError> {
+        if self.capturing.get() || self.ranks.iter().any(|r| r.stream.in_own_capture()) {
+            return Err(PoolError::Unsupported {
+                device: self.ranks[0].stream.device().id(),
+                what: if what == "Communicators::wait" {
+                    "Communicators::wait inside a capture (wait after it, or after a replay)"
+                } else {
+                    "Communicators::check_symmetric inside a capture (check after it)"
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits for every local rank's stream: for ranks in other processes by polling, up to the
+    /// timeout, with NCCL's failures polled too.
+    fn wait_streams(&self, what: &'static str) -> Result<(), PoolError> {
+        let Some(remote) = &self.remote else {
+            return self.ranks.iter().try_for_each(|r| r.stream.synchronize());
+        };
+        let start = Instant::now();
+        for rank in &self.ranks {
+            let cuda = rank.cuda()?;
+            let _bound = ContextGuard::bind(cuda.context())?;
+            loop {
+                use cudarc::driver::sys::CUresult;
+                // SAFETY: a live stream; the query waits for nothing.
+                match unsafe { cudarc::driver::sys::cuStreamQuery(cuda.cu_stream()) } {
+                    CUresult::CUDA_SUCCESS => break,
+                    CUresult::CUDA_ERROR_NOT_READY => {}
+                    e => {
+                        return Err(crate::backend::cuda::driver_error(
+                            "cuStreamQuery",
+                            cudarc::driver::DriverError(e),
+                        ));
+                    }
+                }
+                if let Err(e) = settled(rank.comm) {
+                    self.abort();
+                    return Err(e);
+                }
+                if start.elapsed() >= remote.timeout.get() {
+                    self.abort();
+                    return Err(PoolError::NcclTimeout {
+                        what,
+                        waited: start.elapsed(),
+                    });
+                }
+                pause(start);
+            }
+            // Done: the pool's own bookkeeping of a wait, at once.
+            rank.stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// For ranks in other processes, waits until NCCL is done with the last call on every local
+    /// communicator (non-blocking mode returns first), up to the timeout; aborts on the timeout
+    /// and on a failure NCCL reports. Nothing for communicators of one process.
+    fn settle(&self, what: &'static str) -> Result<(), PoolError> {
+        let Some(remote) = &self.remote else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        for rank in &self.ranks {
+            loop {
+                match settled(rank.comm) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.abort();
+                        return Err(e);
+                    }
+                }
+                if start.elapsed() >= remote.timeout.get() {
+                    self.abort();
+                    return Err(PoolError::NcclTimeout {
+                        what,
+                        waited: start.elapsed(),
+                    });
+                }
+                pause(start);
+            }
+        }
+        Ok(())
+    }
+
+    /// Aborts every local communicator (`ncclCommAbort`, which ends their kernels), once; every
+    /// call is refused from then on.
+    fn abort(&self) {
+        let Some(remote) = &self.remote else {
+            return;
+        };
+        if remote.aborted.replace(true) {
+            return;
+        }
+        let _restore = ContextGuard::keep_current().ok();
+        for rank in &self.ranks {
+            // SAFETY: our communicator, aborted once (`aborted` is set above); nothing uses it
+            // after (every call checks `aborted` first).
+            if let Err(e) = unsafe { result::comm_abort(rank.comm) } {
+                tracing::error!(error = %failed("ncclCommAbort")(e), "aborting an NCCL communicator failed");
+            }
+        }
+    }
+
+    /// Every rank's slot, in rank order, from `mine` (one slot per local rank): an NCCL
+    /// all-gather on the local ranks' streams, waited for up to the timeout. Ranks in other
+    /// processes only, outside captures.
+    fn exchange(
+        &self,
+        mine: &[[u8; SLOT]],
+        what: &'static str,
+    ) -> Result<Vec<[u8; SLOT]>, PoolError> {
+        let remote = self
+            .remote
+            .as_ref()
+            .expect("exchange is for ranks in other processes");
+        let driver = crate::backend::cuda::driver_error;
+        let _restore = ContextGuard::keep_current()?;
+        for ((rank, slot), (ctx, scratch)) in self.ranks.iter().zip(mine).zip(&remote.scratch) {
+            let _bound = ContextGuard::bind(ctx)?;
+            // SAFETY: `scratch` holds `world + 1` slots on this device; a pageable source is
+            // staged before the call returns, so `slot` may go after it.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    *scratch,
+                    &slot[..],
+                    rank.cuda()?.cu_stream(),
+                )
+            }
+            .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+        }
+        result::group_start().map_err(failed("ncclGroupStart"))?;
+        let queued = self
+            .ranks
+            .iter()
+            .zip(&remote.scratch)
+            .try_for_each(|(rank, (_, scratch))| {
+                let stream = rank.cuda()?.cu_stream() as sys::cudaStream_t;
+                // SAFETY: the first slot is sent, the `world` after it receive every rank's, all
+                // in this rank's scratch; the all-gather is queued on the rank's stream, which
+                // is waited for before the slots are read.
+                unsafe {
+                    sys::ncclAllGather(
+                        *scratch as *const c_void,
+                        (*scratch + SLOT as DevPtr) as *mut c_void,
+                        SLOT,
+                        sys::ncclDataType_t::ncclUint8,
+                        rank.comm,
+                        stream,
+                    )
+                }
+                .result()
+                .map(drop)
+                .map_err(failed("ncclAllGather"))
+            });
+        let ended = result::group_end().map_err(failed("ncclGroupEnd"));
+        queued?;
+        ended?;
+        self.settle(what)?;
+        // The stream is idle after this: the copy below (to pageable memory, which the driver
+        // does before it returns) cannot wait on a collective that hangs.
+        self.wait_streams(what)?;
+        let mut all = vec![[0u8; SLOT]; self.world];
+        let (ctx, scratch) = &remote.scratch[0];
+        let _bound = ContextGuard::bind(ctx)?;
+        let stream = self.ranks[0].cuda()?.cu_stream();
+        // SAFETY: `scratch` holds `world` gathered slots after the first; `all` has room for them;
+        // the stream is idle, so the copy is all it waits for.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                all.as_flattened_mut(),
+                *scratch + SLOT as DevPtr,
+                stream,
+            )
+        }
+        .map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+        self.ranks[0].stream.synchronize()?;
+        Ok(all)
     }
 
     /// Runs `calls`, then checks the group they made and queues it as one NCCL group
@@ -271,11 +911,33 @@ impl<'s> Communicators<'s> {
     where
         's: 'b,
     {
+        self.refuse_aborted()?;
         let mut group = Group {
             ranks: &self.ranks,
+            world: self.world,
             ops: Vec::new(),
         };
-        let out = calls(&mut group)?;
+        let made = calls(&mut group);
+        let checked = made.and_then(|out| self.check_local(&group).map(|()| out));
+        // With the other processes' before anything returns: a rank that refused its part says
+        // so to the others, which then refuse theirs, so that none waits for it.
+        let verify = self.remote.as_ref().is_some_and(|r| r.verify.get())
+            && !self.capturing.get()
+            && !self.ranks.iter().any(|r| r.stream.in_own_capture());
+        if verify {
+            let digests = self.group_digests(&group, checked.is_err());
+            let all = self.exchange(&digests, "a group's check across processes");
+            let out = checked?;
+            across(&all?)?;
+            return self.queue(&group).map(|()| out);
+        }
+        let out = checked?;
+        self.queue(&group).map(|()| out)
+    }
+
+    /// What this process can check of a group: it is this communicators' own, they are in step,
+    /// and the ranks it holds agree (see [`Group::check`]).
+    fn check_local(&self, group: &Group<'_>) -> Result<(), PoolError> {
         if !std::ptr::eq(
             group.ranks.as_ptr().cast::<()>(),
             self.ranks.as_ptr().cast::<()>(),
@@ -292,19 +954,79 @@ impl<'s> Communicators<'s> {
                     .into(),
             });
         }
-        group.check(self.windows.borrow().as_deref())?;
+        group.check(self.windows.borrow().as_deref())
+    }
+
+    /// Queues a checked group as one NCCL group; for ranks in other processes, waits (up to the
+    /// timeout) until NCCL has queued it, so a capture under way records all of it.
+    fn queue(&self, group: &Group<'_>) -> Result<(), PoolError> {
         self.check_capture_state()?;
         let _restore = ContextGuard::keep_current()?;
         result::group_start().map_err(failed("ncclGroupStart"))?;
         let queued = group
             .ops
             .iter()
-            .try_for_each(|op| op.queue(&self.ranks[op.rank]));
+            .try_for_each(|op| op.queue(&self.ranks[op.local]));
         // Ended whatever happened: an open group would swallow the next NCCL call.
         let ended = result::group_end().map_err(failed("ncclGroupEnd"));
         queued?;
         ended?;
-        Ok(out)
+        self.settle("an NCCL group")
+    }
+
+    /// Each local rank's slot of `group` for the check across processes: its collectives'
+    /// digest, and the sums of its sends' and receives' digests keyed by (sender, receiver), which
+    /// add up to the same total over all ranks exactly when every send meets its receive.
+    fn group_digests(&self, group: &Group<'_>, refused: bool) -> Vec<[u8; SLOT]> {
+        let windows = self.windows.borrow();
+        let offset = |local: usize, ptr: u64| {
+            windows.as_deref().map_or(u64::MAX - 1, |w| {
+                let (base, bytes) = w[local];
+                if ptr >= base && ptr < base + bytes as DevPtr {
+                    ptr - base
+                } else {
+                    u64::MAX
+                }
+            })
+        };
+        let pair = |from: usize, to: usize, ops: &mut dyn Iterator<Item = &Op>| {
+            let mut any = false;
+            let h = fnv([from as u64, to as u64]
+                .into_iter()
+                .chain(ops.flat_map(|o| {
+                    any = true;
+                    [o.count as u64, o.dtype as u64]
+                })));
+            if any { h } else { 0 }
+        };
+        let mut out = Vec::with_capacity(self.ranks.len());
+        for (local, rank) in self.ranks.iter().enumerate() {
+            if refused {
+                out.push(slot([TAG_REFUSED, rank.rank as u64, 0, 0]));
+                continue;
+            }
+            let mine = || group.ops.iter().filter(move |o| o.local == local);
+            let collectives = fnv(mine().filter(|o| o.kind.is_collective()).flat_map(|o| {
+                let (kind, param) = o.kind.words();
+                [
+                    kind,
+                    param,
+                    o.count as u64,
+                    o.dtype as u64,
+                    offset(local, o.send),
+                    offset(local, o.recv),
+                ]
+            }));
+            let (mut sends, mut recvs) = (0u64, 0u64);
+            for peer in 0..self.world {
+                let mut to = mine().filter(|o| o.kind == Kind::Send { peer });
+                sends = sends.wrapping_add(pair(rank.rank, peer, &mut to));
+                let mut from = mine().filter(|o| o.kind == Kind::Recv { peer });
+                recvs = recvs.wrapping_add(pair(peer, rank.rank, &mut from));
+            }
+            out.push(slot([TAG_GROUP, collectives, sends, recvs]));
+        }
+        out
     }
 
     /// Every rank's stream eager, or every one in this communicator's own
@@ -372,6 +1094,7 @@ impl<'s> Communicators<'s> {
         &'a self,
         work: impl FnOnce() -> Result<(), PoolError> + 'a,
     ) -> Result<RankGraphs<'a>, PoolError> {
+        self.refuse_aborted()?;
         if self.registered.get() || self.capturing.get() {
             return Err(PoolError::Unsupported {
                 device: self.ranks[0].stream.device().id(),
@@ -438,6 +1161,7 @@ impl<'s> Communicators<'s> {
             NCCL_REGISTER
         };
         let loaded = version()?;
+        self.refuse_aborted()?;
         if self.capturing.get() || self.registered.get() {
             return Err(PoolError::Unsupported {
                 device: self.ranks[0].stream.device().id(),
@@ -532,6 +1256,12 @@ impl<'s> Communicators<'s> {
         } else {
             register(&mut registered.handles)?;
         }
+        // Ranks in other processes: a window's registration meets theirs (up to the timeout).
+        self.settle(if as_window {
+            "ncclCommWindowRegister"
+        } else {
+            "ncclCommRegister"
+        })?;
         if registered.handles.iter().any(|h| h.1.is_null()) {
             return Err(PoolError::Unsupported {
                 device: self.ranks[0].stream.device().id(),
@@ -551,6 +1281,10 @@ impl Drop for Communicators<'_> {
     fn drop(&mut self) {
         // NCCL switches devices as it tears down; the caller's context stays current.
         let _restore = ContextGuard::keep_current().ok();
+        if let Some(remote) = &self.remote {
+            self.drop_remote(remote);
+            return;
+        }
         for rank in &self.ranks {
             // Work NCCL queued must finish before its communicator goes.
             if let Err(e) = rank.stream.synchronize() {
@@ -561,6 +1295,55 @@ impl Drop for Communicators<'_> {
             // SAFETY: our communicator, its work done, destroyed once.
             if let Err(e) = unsafe { result::comm_destroy(rank.comm) } {
                 tracing::error!(error = %failed("ncclCommDestroy")(e), "destroying an NCCL communicator failed");
+            }
+        }
+    }
+}
+
+impl Communicators<'_> {
+    /// Tears down communicators with ranks in other processes without waiting past the timeout:
+    /// their work, then `ncclCommFinalize` (which flushes what NCCL still sends), then
+    /// `ncclCommDestroy`; an abort instead where any of it fails or times out. The scratch memory
+    /// goes last, once no kernel can touch it.
+    fn drop_remote(&self, remote: &Remote) {
+        let finished = self
+            .refuse_aborted()
+            .and_then(|()| self.wait_streams("dropping Communicators"));
+        if let Err(e) = finished {
+            tracing::error!(error = %e, "NCCL work of communicators being dropped did not finish; aborted");
+        }
+        if !remote.aborted.get() {
+            let finalized = self.ranks.iter().try_for_each(|rank| {
+                // SAFETY: our communicator, its work done, finalized once.
+                unsafe { result::comm_finalize(rank.comm) }
+                    .map(drop)
+                    .map_err(failed("ncclCommFinalize"))
+            });
+            match finalized.and_then(|()| self.settle("ncclCommFinalize")) {
+                Ok(()) => {
+                    remote.aborted.set(true); // gone from here on, as after an abort
+                    for rank in &self.ranks {
+                        // SAFETY: our communicator, finalized above, destroyed once.
+                        if let Err(e) = unsafe { result::comm_destroy(rank.comm) } {
+                            tracing::error!(error = %failed("ncclCommDestroy")(e), "destroying an NCCL communicator failed");
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "finalizing NCCL communicators failed; aborting them");
+                    self.abort();
+                }
+            }
+        }
+        for ((ctx, scratch), rank) in remote.scratch.iter().zip(&self.ranks) {
+            // The abort ended NCCL's kernels; what is left on the stream is ordinary work.
+            let _ = rank.stream.synchronize();
+            let Ok(_bound) = ContextGuard::bind(ctx) else {
+                continue;
+            };
+            // SAFETY: our allocation; every kernel that used it is done (above), freed once.
+            if let Err(e) = unsafe { cudarc::driver::result::free_sync(*scratch) } {
+                tracing::error!(error = %crate::backend::cuda::driver_error("cuMemFree", e), "freeing NCCL check memory failed");
             }
         }
     }
@@ -615,9 +1398,15 @@ impl Drop for Registered<'_, '_> {
         let _restore = ContextGuard::keep_current().ok();
         self.comms.registered.set(false);
         *self.comms.windows.borrow_mut() = None;
-        for rank in &self.comms.ranks {
-            // NCCL may still read the memory for queued work.
-            let _ = rank.stream.synchronize();
+        // NCCL may still read the memory for queued work (a wait that gives up at the timeout
+        // for ranks in other processes: it aborts them, which ends that work).
+        let _ = self.comms.wait_streams("dropping Registered");
+        if self.comms.refuse_aborted().is_err() {
+            // Aborted: NCCL dropped its registrations with the communicators.
+            for (device, _) in &self.handles {
+                device.inner.unpin_stack_memory();
+            }
+            return;
         }
         let any = self.handles.iter().any(|h| !h.1.is_null());
         if any && self.as_window {
@@ -642,6 +1431,9 @@ impl Drop for Registered<'_, '_> {
         if any && self.as_window {
             let _ = result::group_end();
         }
+        if let Err(e) = self.comms.settle("ncclCommDeregister") {
+            tracing::error!(error = %e, "deregistering stack memory did not finish; aborted");
+        }
         for (device, _) in &self.handles {
             device.inner.unpin_stack_memory();
         }
@@ -655,14 +1447,16 @@ impl Drop for Registered<'_, '_> {
 /// [`SharedMat`](crate::SharedMat) access of the rank's own stream (`PoolError::Unsupported`
 /// for memory of another stream, `NotContinuous` for a region narrower than its buffer).
 pub struct Group<'b> {
+    /// The ranks this process holds.
     ranks: &'b [Rank<'b>],
+    world: usize,
     ops: Vec<Op>,
 }
 
 impl std::fmt::Debug for Group<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Group")
-            .field("world", &self.ranks.len())
+            .field("world", &self.world)
             .field("calls", &self.ops.len())
             .finish()
     }
@@ -671,7 +1465,10 @@ impl std::fmt::Debug for Group<'_> {
 /// One call of a group: on which rank, what, and the memory it names (alive for the group's
 /// `'b`).
 struct Op {
+    /// The rank in the world.
     rank: usize,
+    /// Its place among the ranks this process holds.
+    local: usize,
     kind: Kind,
     /// Elements NCCL is told (each rank's part, for a gather).
     count: usize,
@@ -692,6 +1489,17 @@ enum Kind {
 impl Kind {
     fn is_collective(self) -> bool {
         !matches!(self, Kind::Send { .. } | Kind::Recv { .. })
+    }
+
+    /// The kind and its parameter as words, for a digest.
+    fn words(self) -> (u64, u64) {
+        match self {
+            Kind::AllReduce(op) => (1, op as u64),
+            Kind::AllGather => (2, 0),
+            Kind::Broadcast { root } => (3, root as u64),
+            Kind::Send { peer } => (4, peer as u64),
+            Kind::Recv { peer } => (5, peer as u64),
+        }
     }
 }
 
@@ -738,21 +1546,27 @@ impl Op {
 }
 
 impl<'b> Group<'b> {
-    /// `rank`'s stream, if there is such a rank and `stream` is it.
+    /// Where `rank` is among the ranks this process holds, if it holds it and `stream` is its.
     fn rank_of(
         &self,
         rank: usize,
         stream: Option<&Stream>,
         device: crate::id::DeviceId,
-    ) -> Result<(), PoolError> {
-        let Some(r) = self.ranks.get(rank) else {
+    ) -> Result<usize, PoolError> {
+        let Some(local) = self.ranks.iter().position(|r| r.rank == rank) else {
             return Err(PoolError::NcclGroup {
-                problem: format!(
-                    "rank {rank} named, the communicator has {}",
-                    self.ranks.len()
-                ),
+                problem: if rank < self.world {
+                    format!(
+                        "rank {rank} named, which another process holds: each process names only \
+                         its own ranks ({:?})",
+                        self.ranks.iter().map(|r| r.rank).collect::<Vec<_>>()
+                    )
+                } else {
+                    format!("rank {rank} named, the communicator has {}", self.world)
+                },
             });
         };
+        let r = &self.ranks[local];
         if stream.map(Stream::id) != Some(r.stream.id()) {
             return Err(PoolError::Unsupported {
                 device,
@@ -760,18 +1574,22 @@ impl<'b> Group<'b> {
                        rank's buffers from its own stream)",
             });
         }
-        Ok(())
+        Ok(local)
     }
 
     /// The address and elements of `view`, memory that `rank` may hand NCCL to read.
-    fn lend<T: Pod>(&self, rank: usize, view: &GpuView<'_, T>) -> Result<(u64, usize), PoolError> {
-        self.rank_of(rank, view.stream(), view.device)?;
+    fn lend<T: Pod>(
+        &self,
+        rank: usize,
+        view: &GpuView<'_, T>,
+    ) -> Result<(u64, usize, usize), PoolError> {
+        let local = self.rank_of(rank, view.stream(), view.device)?;
         continuous(view.is_continuous(), view.rows(), view.cols(), view.step())?;
         let lent = view.as_cudarc()?;
         // The memory's own stream: no event, and a capture of someone else's is refused as for
         // any lent buffer.
         let (ptr, _same_stream) = lent.device_ptr(lent.stream());
-        Ok((ptr, lent.len()))
+        Ok((ptr, lent.len(), local))
     }
 
     /// The address and elements of `view`, memory that `rank` may hand NCCL to write: lent through
@@ -780,19 +1598,19 @@ impl<'b> Group<'b> {
         &self,
         rank: usize,
         mut view: GpuViewMut<'_, T>,
-    ) -> Result<(u64, usize), PoolError> {
-        self.rank_of(rank, view.stream(), view.device)?;
+    ) -> Result<(u64, usize, usize), PoolError> {
+        let local = self.rank_of(rank, view.stream(), view.device)?;
         continuous(view.is_continuous(), view.rows(), view.cols(), view.step())?;
         let mut lent = view.as_cudarc_mut()?;
         let len = lent.len();
         let stream = lent.stream().clone();
         let (ptr, _same_stream) = lent.device_ptr_mut(&stream);
-        Ok((ptr, len))
+        Ok((ptr, len, local))
     }
 
     fn push<T: NcclElement>(
         &mut self,
-        rank: usize,
+        (rank, local): (usize, usize),
         kind: Kind,
         count: usize,
         send: u64,
@@ -800,6 +1618,7 @@ impl<'b> Group<'b> {
     ) {
         self.ops.push(Op {
             rank,
+            local,
             kind,
             count,
             dtype: T::TYPE,
@@ -817,15 +1636,15 @@ impl<'b> Group<'b> {
         recv: &'b mut impl GpuWrite<T>,
         op: Reduce,
     ) -> Result<(), PoolError> {
-        let (src, n) = self.lend(rank, &send.view())?;
-        let (dst, m) = self.lend_mut(rank, recv.view_mut())?;
+        let (src, n, local) = self.lend(rank, &send.view())?;
+        let (dst, m, _) = self.lend_mut(rank, recv.view_mut())?;
         if n != m {
             return Err(PoolError::ShapeMismatch {
                 expected: m,
                 actual: n,
             });
         }
-        self.push::<T>(rank, Kind::AllReduce(op.raw()), n, src, dst);
+        self.push::<T>((rank, local), Kind::AllReduce(op.raw()), n, src, dst);
         Ok(())
     }
 
@@ -836,8 +1655,8 @@ impl<'b> Group<'b> {
         buffer: &'b mut impl GpuWrite<T>,
         op: Reduce,
     ) -> Result<(), PoolError> {
-        let (ptr, n) = self.lend_mut(rank, buffer.view_mut())?;
-        self.push::<T>(rank, Kind::AllReduce(op.raw()), n, ptr, ptr);
+        let (ptr, n, local) = self.lend_mut(rank, buffer.view_mut())?;
+        self.push::<T>((rank, local), Kind::AllReduce(op.raw()), n, ptr, ptr);
         Ok(())
     }
 
@@ -849,16 +1668,16 @@ impl<'b> Group<'b> {
         send: &'b impl GpuRead<T>,
         recv: &'b mut impl GpuWrite<T>,
     ) -> Result<(), PoolError> {
-        let (src, n) = self.lend(rank, &send.view())?;
-        let (dst, m) = self.lend_mut(rank, recv.view_mut())?;
-        let whole = n.checked_mul(self.ranks.len());
+        let (src, n, local) = self.lend(rank, &send.view())?;
+        let (dst, m, _) = self.lend_mut(rank, recv.view_mut())?;
+        let whole = n.checked_mul(self.world);
         if whole != Some(m) {
             return Err(PoolError::ShapeMismatch {
                 expected: m,
                 actual: whole.unwrap_or(usize::MAX),
             });
         }
-        self.push::<T>(rank, Kind::AllGather, n, src, dst);
+        self.push::<T>((rank, local), Kind::AllGather, n, src, dst);
         Ok(())
     }
 
@@ -869,8 +1688,8 @@ impl<'b> Group<'b> {
         buffer: &'b mut impl GpuWrite<T>,
         root: usize,
     ) -> Result<(), PoolError> {
-        let (ptr, n) = self.lend_mut(rank, buffer.view_mut())?;
-        self.push::<T>(rank, Kind::Broadcast { root }, n, ptr, ptr);
+        let (ptr, n, local) = self.lend_mut(rank, buffer.view_mut())?;
+        self.push::<T>((rank, local), Kind::Broadcast { root }, n, ptr, ptr);
         Ok(())
     }
 
@@ -882,8 +1701,8 @@ impl<'b> Group<'b> {
         buffer: &'b impl GpuRead<T>,
         peer: usize,
     ) -> Result<(), PoolError> {
-        let (ptr, n) = self.lend(rank, &buffer.view())?;
-        self.push::<T>(rank, Kind::Send { peer }, n, ptr, 0);
+        let (ptr, n, local) = self.lend(rank, &buffer.view())?;
+        self.push::<T>((rank, local), Kind::Send { peer }, n, ptr, 0);
         Ok(())
     }
 
@@ -894,22 +1713,24 @@ impl<'b> Group<'b> {
         buffer: &'b mut impl GpuWrite<T>,
         peer: usize,
     ) -> Result<(), PoolError> {
-        let (ptr, n) = self.lend_mut(rank, buffer.view_mut())?;
-        self.push::<T>(rank, Kind::Recv { peer }, n, 0, ptr);
+        let (ptr, n, local) = self.lend_mut(rank, buffer.view_mut())?;
+        self.push::<T>((rank, local), Kind::Recv { peer }, n, 0, ptr);
         Ok(())
     }
 
-    /// Whether the group can be queued as it is: ranks and peers exist, every rank makes the
-    /// same collectives in the same order (kind, count, type, reduction, root and, while the stacks
-    /// are a symmetric window, the window offsets of its buffers), and the sends from each rank to
-    /// each peer meet that peer's receives from it, in order, of the same count and type.
+    /// Whether the group can be queued as it is, as far as this process sees it: ranks and
+    /// peers exist, every rank it holds makes the same collectives in the same order (kind,
+    /// count, type, reduction, root and, while the stacks are a symmetric window, the window
+    /// offsets of its buffers), and the sends from each of its ranks to each other of its ranks
+    /// meet that rank's receives, in order, of the same count and type. Ranks in other processes
+    /// are not seen here (see [`Communicators::set_verify_groups`]).
     fn check(&self, windows: Option<&[(DevPtr, usize)]>) -> Result<(), PoolError> {
-        let world = self.ranks.len();
-        // Where `ptr` lies in `rank`'s symmetric window: NCCL's symmetric kernels reach a peer's
+        let world = self.world;
+        // Where `ptr` lies in a rank's symmetric window: NCCL's symmetric kernels reach a peer's
         // buffer at the same offset in the peer's window, so the offsets must agree.
-        let offset = |rank: usize, ptr: u64| {
+        let offset = |local: usize, ptr: u64| {
             windows.and_then(|w| {
-                let (base, bytes) = w[rank];
+                let (base, bytes) = w[local];
                 (ptr >= base && ptr < base + bytes as DevPtr).then(|| ptr - base)
             })
         };
@@ -924,29 +1745,31 @@ impl<'b> Group<'b> {
                 return mismatch(format!("rank {} names rank {n} of {world}", op.rank));
             }
         }
-        let collectives = |rank: usize| {
+        let collectives = |local: usize| {
             self.ops
                 .iter()
-                .filter(move |o| o.rank == rank && o.kind.is_collective())
+                .filter(move |o| o.local == local && o.kind.is_collective())
                 .map(move |o| {
-                    let at = windows.map(|_| (offset(rank, o.send), offset(rank, o.recv)));
+                    let at = windows.map(|_| (offset(local, o.send), offset(local, o.recv)));
                     (o.kind, o.count, o.dtype as u32, at)
                 })
         };
         let first: Vec<_> = collectives(0).collect();
-        for rank in 1..world {
-            let theirs: Vec<_> = collectives(rank).collect();
+        for (local, held) in self.ranks.iter().enumerate().skip(1) {
+            let theirs: Vec<_> = collectives(local).collect();
             if theirs != first {
                 return mismatch(format!(
-                    "rank {rank} makes {} collective(s), rank 0 {}, and they differ in kind, \
+                    "rank {} makes {} collective(s), rank {} {}, and they differ in kind, \
                      count, type or window offset: {theirs:?} against {first:?}",
+                    held.rank,
                     theirs.len(),
+                    self.ranks[0].rank,
                     first.len()
                 ));
             }
         }
-        for from in 0..world {
-            for to in 0..world {
+        for from in self.ranks.iter().map(|r| r.rank) {
+            for to in self.ranks.iter().map(|r| r.rank) {
                 let sends = self
                     .ops
                     .iter()
@@ -967,6 +1790,40 @@ impl<'b> Group<'b> {
         }
         Ok(())
     }
+}
+
+/// Whether every rank's slot of a group's check across processes agrees (see
+/// [`Communicators::set_verify_groups`]).
+fn across(all: &[[u8; SLOT]]) -> Result<(), PoolError> {
+    let slots: Vec<[u64; 4]> = all.iter().map(words).collect();
+    let refuse = |problem: String| Err(PoolError::NcclGroup { problem });
+    if let Some(r) = slots.iter().position(|w| w[0] == TAG_REFUSED) {
+        return refuse(format!(
+            "rank {r} refused its part of this group (its own error says why), so no rank \
+             queued it"
+        ));
+    }
+    if let Some(r) = slots.iter().position(|w| w[0] != TAG_GROUP) {
+        return refuse(format!(
+            "rank {r} made another check at this point (check_symmetric, or a group without \
+             set_verify_groups(true)): every rank must make the same calls"
+        ));
+    }
+    if let Some(r) = slots.iter().position(|w| w[1] != slots[0][1]) {
+        return refuse(format!(
+            "rank {r}'s collectives differ from rank 0's (in number, kind, count, type, \
+             reduction, root or window offset)"
+        ));
+    }
+    let total = |i: usize| slots.iter().fold(0u64, |t, w| t.wrapping_add(w[i]));
+    if total(2) != total(3) {
+        return refuse(
+            "the sends and receives across ranks do not meet (a send without its receive, or one \
+             of another count or type)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Stack memory from `ncclMemAlloc`, freed with `ncclMemFree`, on one device.
@@ -1094,6 +1951,8 @@ impl RankGraphs<'_> {
     /// of step; the communicators refuse every group from then on); the driver's error if this
     /// one fails, which marks them so.
     pub fn launch(&self) -> Result<(), PoolError> {
+        // An aborted communicator's kernels would replay on freed state.
+        self.comms.refuse_aborted()?;
         if self.comms.out_of_step.get() {
             return Err(PoolError::NcclGroup {
                 problem: "a replay of these communicators failed part-way, so their ranks may be \

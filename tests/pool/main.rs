@@ -26,6 +26,8 @@ mod model_pools;
 mod multi_gpu;
 mod observe;
 mod pplcv;
+#[cfg(feature = "nccl")]
+mod ranks;
 mod seams;
 mod seed;
 mod shared;

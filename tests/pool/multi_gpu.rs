@@ -3,6 +3,7 @@
 //! test says what it skipped where a second GPU or `libnccl` is missing.
 
 use std::error::Error;
+use std::time::Duration;
 
 use gpu_pool::nccl::{Communicators, Reduce};
 use gpu_pool::prelude::*;
@@ -12,6 +13,7 @@ use gpu_pool::{
 };
 
 use crate::common::{GpuLock, gpu, skipped};
+use crate::ranks::ranks_support::{RankEnv, launch, publish_id, read_id};
 
 type TestResult = Result<(), Box<dyn Error>>;
 
@@ -620,5 +622,232 @@ fn a_panic_inside_an_nccl_capture_leaves_captures_and_registrations_working() ->
     );
     drop(registered?);
     assert!(x.to_vec()?.iter().all(|&v| v == 2.5), "a sum over one rank");
+    Ok(())
+}
+
+/// One rank's step when every rank is a process of its own: its gradient (rank r fills it with
+/// r + 1) is summed over both ranks into `sum`, and rank 1 sends rank 0 its gradient, which lands
+/// in `got` on rank 0. Both ranks take the same three temporaries: the stacks stay symmetric.
+fn rank_step(
+    ranks: &Communicators<'_>,
+    s: &Stream,
+    r: usize,
+    n: usize,
+    sum: &mut GpuMat<'_, f32>,
+    got: &mut GpuMat<'_, f32>,
+) -> Result<(), PoolError> {
+    gpu_scope!(s, {
+        let mut grad = buffer!(n; f32)?;
+        let mut reduced = buffer!(n; f32)?;
+        let mut received = buffer!(n; f32)?;
+        grad.set_to((r + 1) as f32)?;
+        ranks.group(|g| {
+            g.all_reduce(r, &grad, &mut reduced, Reduce::Sum)?;
+            if r == 1 {
+                g.send(1, &grad, 0)
+            } else {
+                g.recv(0, &mut received, 1)
+            }
+        })?;
+        sum.copy_from(&reduced)?;
+        if r == 0 {
+            got.copy_from(&received)?;
+        }
+    });
+    Ok(())
+}
+
+/// Elements of `sum` that are not 3 and of `got` (rank 0's) that are not 2.
+fn rank_wrong(
+    r: usize,
+    sum: &GpuMat<'_, f32>,
+    got: &GpuMat<'_, f32>,
+) -> Result<(usize, usize), PoolError> {
+    Ok((wrong(sum, 3.0)?, if r == 0 { wrong(got, 2.0)? } else { 0 }))
+}
+
+/// The body of each rank process of the test below; nothing in an ordinary run (only a process
+/// started with the rank variables is a rank). Rank r works on cuda:r.
+#[test]
+fn nccl_two_process_rank() -> TestResult {
+    let Some(env) = RankEnv::from_env()? else {
+        return Ok(());
+    };
+    let r = env.rank;
+    let id = if r == 0 {
+        let id = gpu_pool::nccl::UniqueId::new()?;
+        publish_id(&env.id_file, &id)?;
+        id
+    } else {
+        read_id(&env.id_file, Duration::from_secs(60))?
+    };
+    let gpu = Device::cuda(r)?;
+    gpu.set_fallback(Fallback::Driver);
+    gpu.set_growable_stacks(false)?;
+    set_buffer_pool_config(&gpu, 64 * MIB, 2)?;
+    gpu_pool::nccl::use_nccl_memory(&gpu)?; // for the window below
+    let s = Stream::new(&gpu)?;
+    let ranks = Communicators::from_rank(&s, &id, r, env.world, Duration::from_secs(60))?;
+    println!(
+        "rank {r}: communicator of {} made on {}: {ranks:?}",
+        env.world,
+        gpu.id()
+    );
+    let n = (4 * MIB) / 4 + 3; // 4 MiB and a ragged tail
+    let mut sum = GpuMat::<f32>::new(&s, 1, n)?;
+    let mut got = GpuMat::<f32>::new(&s, 1, n)?;
+    let calls = || gpu.stats().driver_alloc_calls;
+
+    // Eager. The first step connects NCCL, its group checked against the other rank's.
+    ranks.set_verify_groups(true);
+    rank_step(&ranks, &s, r, n, &mut sum, &mut got)?;
+    ranks.set_verify_groups(false);
+    ranks.wait()?;
+    let before = calls();
+    const STEPS: usize = 20;
+    for _ in 0..STEPS {
+        rank_step(&ranks, &s, r, n, &mut sum, &mut got)?;
+    }
+    ranks.wait()?;
+    let eager = (rank_wrong(r, &sum, &got)?, calls() - before);
+    println!(
+        "rank {r}: eager, {STEPS} steps of {n} f32: wrong (sum, received) = {:?}; driver \
+         allocations after the first step = {}",
+        eager.0, eager.1
+    );
+    assert_eq!(eager, ((0, 0), 0));
+    ranks.check_symmetric()?;
+    println!(
+        "rank {r}: stacks symmetric across the processes: {:?}",
+        s.layout_trace()
+    );
+
+    // Captured: this rank's graph, replayed as often as the other rank replays its own.
+    sum.set_to(0.0)?;
+    got.set_to(0.0)?;
+    {
+        let graphs = ranks.capture(|| rank_step(&ranks, &s, r, n, &mut sum, &mut got))?;
+        let before = calls();
+        for _ in 0..STEPS {
+            graphs.launch()?;
+        }
+        ranks.wait()?;
+        let replays = calls() - before;
+        println!(
+            "rank {r}: captured, {STEPS} replays: driver allocations = {replays}; graph {:?}",
+            graphs.nodes()?
+        );
+        assert_eq!(replays, 0);
+    }
+    let captured = rank_wrong(r, &sum, &got)?;
+    println!("rank {r}: captured: wrong (sum, received) = {captured:?}");
+    assert_eq!(captured, (0, 0));
+
+    // The stacks registered as buffers, then as a symmetric window.
+    for as_window in [false, true] {
+        let registered = ranks.register_stacks(as_window)?;
+        for _ in 0..3 {
+            rank_step(&ranks, &s, r, n, &mut sum, &mut got)?;
+        }
+        ranks.wait()?;
+        let w = rank_wrong(r, &sum, &got)?;
+        println!("rank {r}: registered (window: {as_window}): wrong = {w:?}");
+        assert_eq!(w, (0, 0));
+        ranks.check_symmetric()?;
+        drop(registered);
+    }
+
+    // Verified groups: counts that differ across the processes are refused on both ranks, and
+    // so is a group one rank refuses itself; nothing is queued, and a good group works after.
+    ranks.set_verify_groups(true);
+    let pool = BufferPool::new(&s);
+    let mut a = pool.get_buffer_1d::<f32>(if r == 0 { 1000 } else { 999 })?;
+    a.set_to(1.0)?;
+    let counts = ranks.group(|g| g.all_reduce_in_place(r, &mut a, Reduce::Sum));
+    println!("rank {r}: counts 1000 against 999: {counts:?}");
+    assert!(
+        matches!(counts, Err(PoolError::NcclGroup { .. })),
+        "{counts:?}"
+    );
+    let mut b = pool.get_buffer_1d::<f32>(1000)?;
+    b.set_to((r + 1) as f32)?;
+    let lone = ranks.group(|g| {
+        if r == 1 {
+            g.send(1, &b, 5) // no rank 5: refused here, and so on rank 0
+        } else {
+            g.recv(0, &mut b, 1)
+        }
+    });
+    println!("rank {r}: a group rank 1 refused: {lone:?}");
+    assert!(matches!(lone, Err(PoolError::NcclGroup { .. })), "{lone:?}");
+    ranks.group(|g| g.all_reduce_in_place(r, &mut b, Reduce::Max))?;
+    ranks.wait()?;
+    assert!(
+        b.to_vec()?.iter().all(|&v| v == 2.0),
+        "the good group after"
+    );
+    assert!(
+        a.to_vec()?.iter().all(|&v| v == 1.0),
+        "the refused group queued nothing"
+    );
+    ranks.set_verify_groups(false);
+    drop((b, a));
+
+    // A collective rank 1 never makes: rank 0's wait gives up at the timeout, aborts, and the
+    // communicator refuses every call from then on.
+    ranks.set_timeout(Duration::from_secs(5));
+    if r == 0 {
+        let mut x = pool.get_buffer_1d::<f32>(1000)?;
+        ranks.group(|g| g.all_reduce_in_place(0, &mut x, Reduce::Sum))?;
+        let start = std::time::Instant::now();
+        let waited = ranks.wait();
+        println!(
+            "rank 0: a collective without its peer: {waited:?} after {:?}",
+            start.elapsed()
+        );
+        assert!(
+            matches!(waited, Err(PoolError::NcclTimeout { .. })),
+            "{waited:?}"
+        );
+        let after = ranks.group(|g| g.all_reduce_in_place(0, &mut x, Reduce::Sum));
+        assert!(
+            matches!(after, Err(PoolError::NcclGroup { .. })),
+            "{after:?}"
+        );
+        s.synchronize()?; // the abort ended the kernel: the stream drains
+    }
+    println!("rank {r}: done");
+    Ok(())
+}
+
+#[test]
+fn nccl_ranks_in_two_processes_reduce_send_capture_register_verify_and_time_out() -> TestResult {
+    if RankEnv::from_env()?.is_some() {
+        return Ok(()); // a rank process: no launching from there
+    }
+    let Some((gpu0, gpu1, _lock)) = two_gpus("multi_gpu_ranks") else {
+        return Ok(());
+    };
+    let _reset = Reset(&gpu0, &gpu1);
+    if !nccl_loads("multi_gpu_ranks") {
+        return Ok(());
+    }
+    let args = [
+        "multi_gpu::nccl_two_process_rank",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let runs = launch(2, &args, Duration::from_secs(300))?;
+    for run in &runs {
+        println!(
+            "multi_gpu_ranks: rank {} ({}):\n{}",
+            run.rank, run.status, run.output
+        );
+    }
+    for run in &runs {
+        assert!(run.ok, "rank {} failed: {}", run.rank, run.status);
+        assert!(run.output.contains(&format!("rank {}: done", run.rank)));
+    }
     Ok(())
 }
