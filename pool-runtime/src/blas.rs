@@ -3,10 +3,17 @@
 
 use cudarc::cublas::CudaBlas;
 
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaStream;
+
+use crate::backend::DevPtr;
 use crate::backend::cuda::ContextGuard;
 use crate::capturing;
 use crate::error::PoolError;
+use crate::storage::Storage;
 use crate::stream::Stream;
+use crate::sync::lock;
 use crate::view::{GpuViewMut, Keeper};
 
 /// Whether `libcublas` can be loaded. cudarc panics on the first cuBLAS call when it cannot, so
@@ -56,30 +63,37 @@ impl Stream {
             });
         }
         let device = self.device();
-        let storage = device.storage();
-        let ptr = device.or_reclaim(|| storage.alloc(BLAS_WORKSPACE_BYTES, None))?;
-        let workspace = Workspace {
-            device: device.clone(),
-            stream: cuda.clone(),
-            ptr,
+        let workspace = match Workspace::idle_on(cuda) {
+            Some(workspace) => workspace,
+            None => {
+                let storage = device.storage();
+                let ptr = device.or_reclaim(|| storage.alloc(BLAS_WORKSPACE_BYTES, None))?;
+                Workspace {
+                    storage: Arc::clone(storage),
+                    stream: cuda.clone(),
+                    ptr,
+                }
+            }
         };
         // cudarc binds the stream's context to this thread; the caller's stays current.
         let _restore = ContextGuard::keep_current()?;
         let handle = CudaBlas::new(cuda.clone())?;
         // SAFETY: a live handle; the workspace is `BLAS_WORKSPACE_BYTES` of device memory (256-byte
-        // aligned, as every driver allocation is) that the returned `Blas` owns and frees only
-        // after the handle is destroyed and its stream has finished. All the handle's work is
-        // queued on that one stream, so no two calls use the workspace at once; `set_stream` to
-        // another stream makes cuBLAS drop it for its default.
+        // aligned, as every driver allocation is) used only by work queued on this handle's
+        // stream (`Workspace`'s rule), so in that stream's order; `set_stream` to another stream
+        // (`unsafe` in cudarc) makes cuBLAS drop it for its default.
         unsafe {
             cudarc::cublas::sys::cublasSetWorkspace_v2(
                 *handle.handle(),
-                ptr as *mut std::ffi::c_void,
+                workspace.ptr as *mut std::ffi::c_void,
                 BLAS_WORKSPACE_BYTES,
             )
         }
         .result()?;
-        Ok(Blas { handle, workspace })
+        Ok(Blas {
+            handle,
+            workspace: Some(workspace),
+        })
     }
 }
 
@@ -96,9 +110,16 @@ impl Stream {
 /// # Ok::<(), PoolError>(())
 /// ```
 pub struct Blas {
-    // Dropped first: the handle goes before its workspace.
     handle: CudaBlas,
-    workspace: Workspace,
+    /// Taken by the drop, which keeps it for the next handle on its stream.
+    workspace: Option<Workspace>,
+}
+
+impl Blas {
+    /// The address of the handle's own workspace.
+    fn workspace_ptr(&self) -> DevPtr {
+        self.workspace.as_ref().map_or(0, |w| w.ptr)
+    }
 }
 
 impl std::ops::Deref for Blas {
@@ -111,36 +132,79 @@ impl std::ops::Deref for Blas {
 impl std::fmt::Debug for Blas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Blas")
-            .field("workspace", &format_args!("{:#x}", self.workspace.ptr))
+            .field("workspace", &format_args!("{:#x}", self.workspace_ptr()))
             .field("bytes", &BLAS_WORKSPACE_BYTES)
             .finish()
     }
 }
 
-/// A handle's own workspace: freed once the work queued on its stream is done. Graphs that
-/// captured the handle's calls borrowed it, so they are gone by then.
+/// A handle's own workspace, and the one CUDA stream whose work may use it: the handle's, and
+/// graphs captured from that stream (a pool graph replays on its stream, and so does cudarc's).
+///
+/// A graph can outlive the handle it captured (the handle shared through an `Arc` the capture's
+/// closure dropped, or a capture through cudarc), so a dropped handle's workspace is not freed:
+/// it waits in [`IDLE`] for the next handle on the same stream, whose work is ordered after
+/// everything queued there before, replays included. It is freed once nothing else holds its
+/// stream (no pool stream, graph or cudarc handle can queue work there again), after the stream
+/// is done.
 struct Workspace {
-    device: crate::Device,
-    stream: std::sync::Arc<cudarc::driver::CudaStream>,
-    ptr: crate::backend::DevPtr,
+    storage: Arc<Storage>,
+    stream: Arc<CudaStream>,
+    ptr: DevPtr,
 }
 
-impl Drop for Workspace {
+/// Workspaces of dropped handles, for the next handle on their stream.
+static IDLE: Mutex<Vec<Workspace>> = Mutex::new(Vec::new());
+
+impl Workspace {
+    /// An idle workspace whose stream is `stream`, if there is one; frees those whose stream
+    /// nothing else holds any longer.
+    fn idle_on(stream: &Arc<CudaStream>) -> Option<Workspace> {
+        let mut idle = lock(&IDLE);
+        let found = idle
+            .iter()
+            .position(|w| Arc::ptr_eq(&w.stream, stream))
+            .map(|i| idle.swap_remove(i));
+        Self::free_orphans(&mut idle);
+        found
+    }
+
+    /// Frees the idle workspaces whose stream is held only by them (a strong count of one: no
+    /// stream, graph or handle left to queue work on it), once it is done; outside captures on
+    /// this thread, where a wait or a free would break them.
+    fn free_orphans(idle: &mut Vec<Workspace>) {
+        let orphans: Vec<Workspace> = idle
+            .extract_if(.., |w| Arc::strong_count(&w.stream) == 1)
+            .collect();
+        for w in orphans {
+            capturing::after_captures(Box::new(move || {
+                if let Err(e) = w.stream.synchronize() {
+                    // Work queued on it may still run: leaking the memory is the safe outcome.
+                    tracing::error!(error = ?e, "waiting for a cuBLAS workspace's stream failed; the workspace is leaked");
+                    return;
+                }
+                // SAFETY: allocated from this storage by `Stream::cublas`, owned by this
+                // workspace alone; nothing can queue work on its stream any more (this is the
+                // last holder), and the work queued there is done.
+                if let Err(e) = unsafe { w.storage.free(w.ptr, None) } {
+                    tracing::error!(error = %e, "freeing a cuBLAS workspace failed");
+                }
+            }));
+        }
+    }
+}
+
+impl Drop for Blas {
+    /// The workspace waits for the next handle on its stream (the handle is destroyed right
+    /// after, with no work left to queue: a next handle's work on the stream comes after its
+    /// last). Dropping a handle inside a capture breaks the capture: `cublasDestroy` waits for
+    /// the device.
     fn drop(&mut self) {
-        let (device, stream, ptr) = (self.device.clone(), self.stream.clone(), self.ptr);
-        // Not inside a capture on this thread, where a wait or a free would break it.
-        capturing::after_captures(Box::new(move || {
-            if let Err(e) = stream.synchronize() {
-                // Work queued on it may still run: leaking the memory is the safe outcome.
-                tracing::error!(error = ?e, "waiting for a cuBLAS handle's stream failed; its workspace is leaked");
-                return;
-            }
-            // SAFETY: allocated from this device's storage by `Stream::cublas`, owned by this
-            // workspace alone, and the handle that used it is destroyed and its work done.
-            if let Err(e) = unsafe { device.storage().free(ptr, None) } {
-                tracing::error!(error = %e, "freeing a cuBLAS workspace failed");
-            }
-        }));
+        if let Some(workspace) = self.workspace.take() {
+            let mut idle = lock(&IDLE);
+            idle.push(workspace);
+            Workspace::free_orphans(&mut idle);
+        }
     }
 }
 
@@ -230,7 +294,7 @@ pub fn with_blas_workspace<R>(
     unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr, bytes) }.result()?;
     let _restore = Restore {
         handle: *blas.handle(),
-        own: blas.workspace.ptr,
+        own: blas.workspace_ptr(),
     };
     Ok(work(blas))
 }
@@ -238,7 +302,7 @@ pub fn with_blas_workspace<R>(
 /// Gives a [`Blas`] its own workspace back when dropped.
 struct Restore {
     handle: cudarc::cublas::sys::cublasHandle_t,
-    own: crate::backend::DevPtr,
+    own: DevPtr,
 }
 
 impl Drop for Restore {

@@ -458,6 +458,20 @@ pub enum PoolError {
     )]
     CaptureKeptBuffers,
 
+    /// A copy between device memory and a host slice borrowed only for the call
+    /// (`upload`, `download`, `to_vec`) was asked for inside the stream's own capture: the graph
+    /// would copy from or into the slice at every replay, after the slice is gone.
+    #[error(
+        "{what} copies to or from a host slice borrowed only for the call, inside a CUDA graph \
+         capture: every replay would copy from or into the slice after it is gone; copy before or \
+         after the capture, or through `HostMem` (`upload_async` / `download_async`), whose \
+         memory the graph can keep"
+    )]
+    CaptureHostCopy {
+        /// The operation refused.
+        what: &'static str,
+    },
+
     /// Work that crosses streams was asked for while one of them is being captured into a CUDA
     /// graph: the other stream would join the capture (and replays would write its memory after
     /// its buffers are gone) or the capture would depend on work outside it.

@@ -251,7 +251,12 @@ impl<T: Pod> HostMem<T> {
                 Mark::Ticket { clock, ticket, raw } => {
                     if !clock.is_done(*ticket) {
                         self.events.set(true);
-                        clock.synchronize_uncaptured(backend, raw, entry.stream)?;
+                        clock.synchronize_uncaptured(
+                            backend,
+                            raw,
+                            entry.stream,
+                            SyncClock::HOST_COPY,
+                        )?;
                     }
                 }
             }
@@ -464,7 +469,7 @@ fn event_after(
     if backend.is_capturing(raw)? {
         // The wait's own error, which says to drop the memory after the capture.
         return clock
-            .synchronize_uncaptured(backend, raw, stream_id)
+            .synchronize_uncaptured(backend, raw, stream_id, SyncClock::HOST_COPY)
             .map(|()| None);
     }
     match backend.record_event(raw) {
@@ -487,7 +492,7 @@ fn wait_for_copies(device: &Device, in_flight: &mut Vec<InFlight>) -> Result<boo
             Mark::Ticket { clock, ticket, .. } if clock.is_done(*ticket) => Ok(()),
             Mark::Ticket { clock, raw, .. } => {
                 whole_stream = true;
-                clock.synchronize_uncaptured(backend, raw, entry.stream)
+                clock.synchronize_uncaptured(backend, raw, entry.stream, SyncClock::HOST_COPY)
             }
             Mark::Event(event) => backend.wait_host(event),
         };

@@ -5,8 +5,11 @@
 //! a `GpuMat` cannot be shared by two workers, nor stored beside its stream in a struct. A
 //! `SharedMat` belongs to its device instead: it is `Send + Sync`, every access names the stream it
 //! runs on ([`read`](SharedMat::read) with `&self`, [`write`](SharedMat::write) with `&mut self`),
-//! and the pool orders the accesses across streams on the GPU: a read waits for the last write, a
-//! write for the last write and every read since, through events (no host wait). The access guards
+//! and the pool orders the accesses across streams: a read waits on the GPU for the last write, a
+//! write for the last write and every read since. A read ends with a ticket of its stream (no
+//! driver call); a write that finds a read whose stream has not synchronized or downloaded since
+//! waits for that stream on the host, once, and the memory's later reads record events, which
+//! later writes wait for on the GPU. The access guards
 //! implement [`GpuRead`](crate::GpuRead) / [`GpuWrite`](crate::GpuWrite), so they go wherever a
 //! buffer does: kernel arguments, `copy_from`, uploads, cudarc's device-memory traits.
 //!
@@ -151,6 +154,14 @@ impl<T: Pod> SharedMat<T> {
 
     /// Writes on `stream`: work queued on `stream` while the guard lives runs after the last write
     /// and every read since; later reads and writes, on any stream, wait for it.
+    ///
+    /// A read whose stream has not synchronized (or downloaded) since may still be queued: the
+    /// host waits for that stream, once for this memory (its later reads record events, waited
+    /// for on the GPU). So a reader stream must not have queued work that waits on this thread
+    /// (an NCCL collective whose peer this thread launches, say): write such memory before the
+    /// readers start, or from a thread that does not feed them. `PoolError::CapturedElsewhere`
+    /// while that reader stream is being captured (write after the capture ends); the errors of
+    /// [`read`](Self::read) otherwise.
     pub fn write<'a>(&'a mut self, stream: &'a Stream) -> Result<SharedWrite<'a, T>, PoolError> {
         self.begin(stream, Access::Write)?;
         Ok(SharedWrite {

@@ -783,7 +783,19 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
         })
         .unwrap_err();
     println!("a download inside a capture: {err}");
-    assert!(matches!(err, PoolError::Driver { .. }), "{err}");
+    assert!(matches!(err, PoolError::CaptureHostCopy { .. }), "{err}");
+    usable(&stream)?;
+
+    // An upload from a pageable slice: the driver would record it, reading the slice at every
+    // replay after it is gone.
+    let err = stream
+        .capture(|s| {
+            let mut b = BufferPool::new(s).get_buffer_1d::<u8>(64)?;
+            b.upload(&[7u8; 64])
+        })
+        .unwrap_err();
+    println!("an upload inside a capture: {err}");
+    assert!(matches!(err, PoolError::CaptureHostCopy { .. }), "{err}");
     usable(&stream)?;
 
     // Keeping a buffer through `&mut` of an outer vector does not compile (the vector would stay
@@ -898,35 +910,88 @@ fn a_panic_inside_any_capture_leaves_the_same_capture_working() -> TestResult {
 
 /// A panic inside `with_blas_workspace` gives the handle its own workspace back (the guard runs
 /// on unwind): the same call works right after.
-/// A handle's own workspace is one driver allocation, made with the handle and freed with it;
-/// inside a capture, where the allocation would join the graph, the handle is refused.
+/// A handle's own workspace is one driver allocation. A graph may outlive the handle that
+/// captured into it (here the handle is shared through an `Rc` the capture's closure owned), so a
+/// dropped handle's workspace is kept for the next handle on the same stream, whose work comes
+/// after the graph's replays there, and never handed to another stream; it is freed once nothing
+/// holds its stream. Inside a capture, where the allocation would join the graph, a handle is
+/// refused.
 #[cfg(feature = "cublas")]
 #[test]
-fn a_blas_handle_brings_its_workspace_and_frees_it() -> TestResult {
+fn a_blas_workspace_outlives_the_graphs_that_used_it_and_stays_on_its_stream() -> TestResult {
+    use crate::common::dense::{BATCH, IN, OUT, dense_relu_gpu, largest_difference, parameters};
     let Some((gpu, _lock)) = gpu("blas_own_workspace") else {
         return Ok(());
     };
-    let stream = Stream::new(&gpu)?;
-    let (allocs, frees) = (
-        gpu.stats().driver_alloc_calls,
-        gpu.stats().driver_free_calls,
+    let kernels = crate::common::kernels::Kernels::load(&gpu);
+    let (wv, bv) = parameters();
+    let xv: Vec<f32> = (0..BATCH * IN)
+        .map(|i| (i % 89) as f32 / 89.0 - 0.5)
+        .collect();
+    let allocs = || gpu.stats().driver_alloc_calls;
+    let frees = || gpu.stats().driver_free_calls;
+    let (stream, other) = (Stream::new(&gpu)?, Stream::new(&gpu)?);
+    let (w, b) = (
+        GpuMat::from_host(&stream, IN, OUT, &wv)?,
+        GpuMat::from_host(&stream, 1, OUT, &bv)?,
     );
-    let blas = stream.cublas()?;
-    let made = gpu.stats().driver_alloc_calls - allocs;
-    drop(blas);
-    stream.synchronize()?; // deferred frees run outside captures; none is under way here
-    let freed = gpu.stats().driver_free_calls - frees;
+    let x = GpuMat::from_host(&stream, BATCH, IN, &xv)?;
+    let mut y = GpuMat::<f32>::new(&stream, BATCH, OUT)?;
+
+    let before = allocs();
+    let blas = std::rc::Rc::new(stream.cublas()?);
+    let made = allocs() - before;
+    let inside = std::rc::Rc::clone(&blas);
+    let (k, out) = (&kernels, &mut y);
+    let graph = stream.capture(move |s| dense_relu_gpu(s, &inside, k, &x, &w, &b, out))?;
+    let (before, freed_before) = (allocs(), frees());
+    drop(blas); // the last handle: the graph still writes its workspace at every replay
+    let elsewhere = other.cublas()?; // must not be given that workspace
+    let fresh_elsewhere = allocs() - before;
+    for _ in 0..20 {
+        graph.launch()?;
+    }
+    stream.synchronize()?;
+    let again = stream.cublas()?; // the same stream: its workspace again, after the replays
+    let reused = allocs() - before - fresh_elsewhere == 0;
+    let freed_meanwhile = frees() - freed_before;
+    drop(graph);
+    let worst = largest_difference(&y.to_vec()?, &xv, &wv, &bv);
+    println!(
+        "blas_own_workspace: {made} allocation for a handle; after it was dropped with its graph \
+         alive: {fresh_elsewhere} new for another stream's handle, the same stream's next handle \
+         reused it: {reused}, {freed_meanwhile} frees; the replays' largest relative difference \
+         {worst:.2e}"
+    );
+    assert!(worst < 1e-4);
+    assert_eq!(made, 1);
+    assert_eq!(
+        fresh_elsewhere, 1,
+        "another stream never gets a workspace a graph may use"
+    );
+    assert!(reused);
+    assert_eq!(freed_meanwhile, 0);
+
+    // Once nothing holds the other stream, its idle workspace goes back (at the next handle's
+    // making or dropping), after the stream is done.
+    drop(elsewhere);
+    drop(other);
+    let freed_before = frees();
+    drop(again);
+    stream.synchronize()?;
+    println!(
+        "blas_own_workspace: frees once the other stream is gone: {}",
+        frees() - freed_before
+    );
+    assert_eq!(frees() - freed_before, 1);
+
     let mut refused = None;
     let graph = stream.capture(|s| {
         refused = Some(s.cublas().map(drop));
         Ok(())
     })?;
     drop(graph);
-    println!(
-        "blas_own_workspace: {made} allocation and {freed} free for a handle; inside a capture: \
-         {refused:?}"
-    );
-    assert_eq!((made, freed), (1, 1));
+    println!("blas_own_workspace: a handle made inside a capture: {refused:?}");
     assert!(matches!(
         refused,
         Some(Err(PoolError::CaptureAllocates { .. }))

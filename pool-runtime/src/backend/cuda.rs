@@ -209,6 +209,17 @@ impl CudaBackend {
         }
     }
 
+    /// Whether everything queued on `stream` is done (`cuStreamQuery`).
+    fn stream_idle(&self, stream: &RawStream) -> Result<bool, PoolError> {
+        count(Call::Other);
+        // SAFETY: the stream belongs to this context and is alive (the RawStream holds it).
+        match unsafe { sys::cuStreamQuery(self.cu_stream(stream)?) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(driver_error("cuStreamQuery", DriverError(e))),
+        }
+    }
+
     /// Whether the driver knows any of `bytes` (page-locked, registered or managed memory), so an
     /// asynchronous copy from or into it really is asynchronous. Pageable memory it does not know
     /// (`CUDA_ERROR_INVALID_VALUE`) is staged, and the copy's call returns only once the bytes
@@ -734,6 +745,8 @@ impl Backend for CudaBackend {
         copy.srcPitch = src_pitch;
         copy.dstDevice = dst.ptr;
         copy.dstPitch = dst.pitch;
+        // The pointer query below asks this context.
+        let _guard = self.guard()?;
         self.memcpy2d(&copy, stream)?;
         // A copy from pageable memory returns once the source is staged, so `src` may go after;
         // one from memory the driver knows (page-locked, managed) is still in flight.
@@ -750,11 +763,14 @@ impl Backend for CudaBackend {
         dst_pitch: usize,
         stream: &RawStream,
     ) -> Result<(), PoolError> {
+        let _guard = self.guard()?;
         // SAFETY: forwarded contract; `dst` stays valid until the copy is done, below.
         unsafe { self.download_async(src, dst.as_mut_ptr(), dst_pitch, stream) }?;
         // `dst` is borrowed only for this call: the copy must be complete before returning. Into
-        // pageable memory the driver returns only once it is; into memory it knows, it does not.
-        if self.knows_host_memory(dst) {
+        // pageable memory the driver returns only once it is, and into memory it knows it does
+        // not; the stream's query confirms the first (the caller counts on the stream's earlier
+        // work being done too), for one call where it is right, a wait where it is not.
+        if self.knows_host_memory(dst) || !self.stream_idle(stream)? {
             self.synchronize(stream)?;
         }
         Ok(())

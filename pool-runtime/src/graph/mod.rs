@@ -492,8 +492,9 @@ impl Stream {
     /// stack cannot serve; `CaptureKeptBuffers` if a buffer taken inside outlives the capture;
     /// `CaptureCrossStream` for work that would reach another stream (preferred over the error
     /// the closure returned after it); `CapturedElsewhere` if the stream is already being captured;
-    /// the closure's own error; `PoolError::Driver` if the driver refused the capture (a
-    /// synchronizing call such as `download` inside it). The stream stays usable after any of them.
+    /// `CaptureHostCopy` for an `upload` or `download` of a host slice inside it; the closure's
+    /// own error; `PoolError::Driver` if the driver refused the capture (a synchronizing call
+    /// inside it). The stream stays usable after any of them.
     pub fn capture<'a, F>(&'a self, work: F) -> Result<Graph<'a>, PoolError>
     where
         F: FnOnce(&'a Stream) -> Result<(), PoolError> + 'a,

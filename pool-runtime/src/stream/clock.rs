@@ -63,24 +63,29 @@ impl SyncClock {
         Ok(())
     }
 
-    /// [`synchronize`](Self::synchronize), for a copy's host memory: `PoolError::CapturedElsewhere`
-    /// while the stream captures a graph, where the driver refuses a synchronize (and it would end
-    /// the capture). Nothing is lost: the wait can be asked again once the capture is over.
+    /// [`synchronize`](Self::synchronize), for a ticket's sake: `PoolError::CapturedElsewhere`
+    /// (for `what`, which says when to ask again) while the stream captures a graph, where the
+    /// driver refuses a synchronize (and it would end the capture). Nothing is lost: the wait can
+    /// be asked again once the capture is over.
     pub(crate) fn synchronize_uncaptured(
         &self,
         backend: &dyn Backend,
         raw: &RawStream,
         stream_id: u64,
+        what: &'static str,
     ) -> Result<(), PoolError> {
         if backend.is_capturing(raw)? {
             return Err(PoolError::CapturedElsewhere {
-                what: "a wait for a host copy in flight (touch or drop the host memory after the \
-                       capture ends)",
+                what,
                 stream: stream_id,
             });
         }
         self.synchronize(backend, raw)
     }
+
+    /// What a wait for a host copy is refused as, under a capture of its stream.
+    pub(crate) const HOST_COPY: &'static str =
+        "a wait for a host copy in flight (touch or drop the host memory after the capture ends)";
 }
 
 impl Stream {

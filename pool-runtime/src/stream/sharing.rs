@@ -116,9 +116,14 @@ impl ReadEnd {
         stream: u64,
     ) -> Result<(), PoolError> {
         match self {
-            ReadEnd::Ticket { clock, raw, ticket } if !clock.is_done(*ticket) => {
-                clock.synchronize_uncaptured(backend, raw, stream)
-            }
+            ReadEnd::Ticket { clock, raw, ticket } if !clock.is_done(*ticket) => clock
+                .synchronize_uncaptured(
+                    backend,
+                    raw,
+                    stream,
+                    "a write of shared memory waiting for a read on a stream being captured \
+                     (write after that capture ends)",
+                ),
             ReadEnd::Ticket { .. } => Ok(()),
             ReadEnd::Event(event) => backend.wait_host(event),
         }

@@ -69,6 +69,7 @@ impl Stream {
     /// # Safety
     /// `region` is live memory of this stream's device, not written by other work meanwhile.
     pub(crate) unsafe fn upload(&self, region: Region, data: &[u8]) -> Result<(), PoolError> {
+        self.refuse_host_copy_in_capture("upload")?;
         let stream = self.work_stream("upload")?;
         // SAFETY: the caller's region; the backend returns once `data` may be reused.
         unsafe {
@@ -84,6 +85,7 @@ impl Stream {
     /// # Safety
     /// `region` is live memory of this stream's device.
     pub(crate) unsafe fn download(&self, region: Region, out: &mut [u8]) -> Result<(), PoolError> {
+        self.refuse_host_copy_in_capture("download")?;
         let stream = self.work_stream("download")?;
         let issued = self.clock.issued();
         // SAFETY: the caller's region; the backend waits for the copy before returning.
@@ -93,6 +95,16 @@ impl Stream {
                 .download(region, out, region.width, stream)
         }?;
         self.clock.cover(issued);
+        Ok(())
+    }
+
+    /// `PoolError::CaptureHostCopy` inside this stream's own capture: the copy would not run now
+    /// (the driver records it, from pageable memory too) and would run at each replay, on a slice
+    /// long gone. (Another capture of the stream is `work_stream`'s refusal.)
+    fn refuse_host_copy_in_capture(&self, what: &'static str) -> Result<(), PoolError> {
+        if self.in_own_capture() {
+            return Err(PoolError::CaptureHostCopy { what });
+        }
         Ok(())
     }
 
