@@ -28,7 +28,9 @@ impl Stream {
     /// (lent with [`GpuRead::as_cudarc`](crate::GpuRead::as_cudarc)). Feature `cublas`.
     ///
     /// The handle works in a workspace of its own ([`BLAS_WORKSPACE_BYTES`], one driver
-    /// allocation, freed with the handle): so a GEMM captured into a graph
+    /// allocation, which a dropped handle leaves to the next handle on this stream, since a graph
+    /// may still use it, and which is freed once nothing holds the stream): so a GEMM captured
+    /// into a graph
     /// ([`Stream::capture`]) allocates nothing, where cuBLAS's default workspace puts an
     /// allocation and a free node in the graph and slows every replay (3% on a captured MLP on
     /// an H200, `benches/mlp_graph`).
@@ -75,6 +77,22 @@ impl Stream {
                 }
             }
         };
+        let handle = match Self::blas_handle(cuda, workspace.ptr) {
+            Ok(handle) => handle,
+            Err(e) => {
+                // Nothing used it: it waits for the next handle like a dropped one's.
+                lock(&IDLE).push(workspace);
+                return Err(e);
+            }
+        };
+        Ok(Blas {
+            handle,
+            workspace: Some(workspace),
+        })
+    }
+
+    /// A cuBLAS handle on `cuda` working in the workspace at `ptr`.
+    fn blas_handle(cuda: &Arc<CudaStream>, ptr: DevPtr) -> Result<CudaBlas, PoolError> {
         // cudarc binds the stream's context to this thread; the caller's stays current.
         let _restore = ContextGuard::keep_current()?;
         let handle = CudaBlas::new(cuda.clone())?;
@@ -85,15 +103,12 @@ impl Stream {
         unsafe {
             cudarc::cublas::sys::cublasSetWorkspace_v2(
                 *handle.handle(),
-                workspace.ptr as *mut std::ffi::c_void,
+                ptr as *mut std::ffi::c_void,
                 BLAS_WORKSPACE_BYTES,
             )
         }
         .result()?;
-        Ok(Blas {
-            handle,
-            workspace: Some(workspace),
-        })
+        Ok(handle)
     }
 }
 
