@@ -451,7 +451,7 @@ fn run_on_cuda(
     // temporary is allocated, used and freed on one worker's stream. gpu-pool's memory does not
     // use cudarc's events.
     unsafe { ctx.disable_event_tracking() };
-    crate::harness::keep_freed_pool_memory(&ctx)?;
+    crate::harness::keep_freed_pool_memory(ctx)?;
     let kernels = Kernels::load(ctx)?;
     let work = Work::new(&Config::FULL);
     let (n, largest) = (work.requests.len(), work.largest());

@@ -248,7 +248,7 @@ fn run_on_cuda(
     // every slice is allocated, used and freed on one thread's stream, in that stream's order.
     // gpu-pool's memory does not use cudarc's events.
     unsafe { ctx.disable_event_tracking() };
-    crate::harness::keep_freed_pool_memory(&ctx)?;
+    crate::harness::keep_freed_pool_memory(ctx)?;
     let kernels = Kernels::load(ctx)?;
     let lists: Vec<_> = (0..THREADS).map(|t| steps(&Config::FULL, t)).collect();
     let units = lists.iter().map(Vec::len).sum();
