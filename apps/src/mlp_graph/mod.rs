@@ -1,4 +1,4 @@
-//! `mlp_graph`: the MLP of [`mlp_eager`](crate::mlp_eager) at batch 32, its forward pass captured
+//! `mlp_graph`: the MLP of [`mlp_eager`] at batch 32, its forward pass captured
 //! once into a CUDA graph and replayed. Per step: a new input is uploaded from a pageable `Vec`,
 //! the graph is launched, and the probabilities are downloaded into a pageable `Vec`. A second
 //! measure is the replays alone: `REPLAYS` launches, then one synchronize, no copies.
