@@ -523,6 +523,7 @@ impl<'s> Communicators<'s> {
     ///   full behind a collective that waits: the driver blocks the launching thread;
     /// - the final `synchronize` of the streams in the communicators' drop after an abort, which
     ///   waits for the work queued after the aborted collectives (not for a peer).
+    ///
     /// Errors: `NcclRank` for a rank outside `0..world` or a world of no ranks (before anything
     /// else); `Unsupported` for a host stream or an NCCL before 2.14; `NoCudaLibrary` without
     /// `libnccl`; `Nccl` if NCCL fails; `NcclTimeout` if the other ranks did not join in time.
@@ -959,7 +960,10 @@ impl<'s> Communicators<'s> {
 
     /// Runs `calls`, then checks the group they made and queues it as one NCCL group
     /// (`ncclGroupStart` .. `ncclGroupEnd`): one thread drives every rank without a deadlock.
-    /// The buffers are borrowed until the group is queued, on their ranks' streams.
+    /// The buffers are borrowed until the group is queued, on their ranks' streams. Never call
+    /// it inside an NCCL group of your own (`cudarc::nccl::result::group_start`): the pool's
+    /// group end would then queue nothing, and the buffers would be released before NCCL ran on
+    /// them (see the [module](self)).
     ///
     /// Errors: `calls`' own (nothing is queued); `PoolError::NcclGroup` for a group whose ranks
     /// disagree (nothing is queued); `Nccl` if NCCL refuses. Inside a [`Stream::capture`] of every
