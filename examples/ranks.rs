@@ -143,14 +143,17 @@ fn rank_process(env: &RankEnv, steps: usize) -> Result<(), PoolError> {
     // Two 16 MiB buffers a rank, padding included: a 64 MiB stack, the same on every rank.
     gpu_pool::set_buffer_pool_config(&gpu, 64 << 20, 1)?;
     let stream = Stream::new(&gpu)?;
+    // The buffers the collectives use before the communicator, so that it drops first: on an
+    // error path its drop gives up at the timeout and aborts NCCL's kernels, whereas freeing a
+    // GpuMat waits for the device, which a collective whose peer never comes would never leave.
+    let mut sum = GpuMat::<f32>::new(&stream, 1, N)?;
+    let mut got = GpuMat::<f32>::new(&stream, 1, N)?;
     let ranks = Communicators::from_rank(&stream, &id, rank, env.world, TIMEOUT)?;
     println!(
         "rank {rank} of {} on {}: communicator made",
         env.world,
         gpu.id()
     );
-    let mut sum = GpuMat::<f32>::new(&stream, 1, N)?;
-    let mut got = GpuMat::<f32>::new(&stream, 1, N)?;
     let want_sum = (env.world * (env.world + 1) / 2) as f32;
 
     // The first step connects NCCL; its group is checked against every other rank's first.

@@ -67,10 +67,20 @@ impl RankEnv {
 }
 
 /// Rank 0's part: writes `id`'s text to `path` at once (a file written aside, then renamed), so a
-/// rank never reads half of it.
+/// rank never reads half of it. The file is made new (an old one of that name is an error, not
+/// overwritten) and readable by this user only: anyone who reads the id can join the
+/// communicator.
 pub fn publish_id(path: &Path, id: &UniqueId) -> std::io::Result<()> {
+    use std::io::Write;
     let aside = path.with_extension(format!("part{}", std::process::id()));
-    std::fs::write(&aside, format!("{id}\n"))?;
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    let mut file = open.open(&aside)?;
+    file.write_all(format!("{id}\n").as_bytes())?;
+    file.sync_all()?;
+    drop(file);
     std::fs::rename(&aside, path)
 }
 
@@ -111,40 +121,74 @@ pub struct RankRun {
     pub output: String,
 }
 
-/// A fresh path for the id file of one launch (the file itself is not made).
-pub fn fresh_id_file() -> PathBuf {
+/// A fresh path for the id file of one launch, in a new directory only this user can enter
+/// (made here, never one that existed: an old run's id, or another user's file, is never read);
+/// the file itself is not made. [`remove_id_file`] removes both.
+pub fn fresh_id_file() -> std::io::Result<PathBuf> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    std::env::temp_dir().join(format!("gpu-pool-nccl-id-{}-{nanos}", std::process::id()))
+    let dir = std::env::temp_dir().join(format!("gpu-pool-nccl-{}-{nanos}", std::process::id()));
+    let mut make = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut make, 0o700);
+    make.create(&dir)?;
+    Ok(dir.join("id"))
 }
+
+/// Removes the id file of [`fresh_id_file`] and its directory, whatever is left of them.
+pub fn remove_id_file(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// How long the other ranks may still run after one failed, to print their own error, before
+/// they are killed (they would otherwise wait for it until their NCCL timeout).
+pub const SIBLING_GRACE: Duration = Duration::from_secs(3);
 
 /// Starts this executable once per rank, with `args` and the rank's variables, and waits for
 /// every one, killing those still running after `deadline` (a rank that hangs would otherwise
-/// hang its launcher); the id file is removed afterwards. Ranks run side by side (NCCL needs them
-/// all at once), each printing into its own pipes, which threads drain (a rank blocked on a full
-/// pipe while its peer waits for it in NCCL would hang both).
+/// hang its launcher), and the others [`SIBLING_GRACE`] after one failed; the id file is removed
+/// afterwards. If a rank cannot be started, those started are killed and waited for. Ranks run
+/// side by side (NCCL needs them all at once), each printing into its own pipes, which threads
+/// drain (a rank blocked on a full pipe while its peer waits for it in NCCL would hang both).
 pub fn launch(world: usize, args: &[&str], deadline: Duration) -> std::io::Result<Vec<RankRun>> {
     let exe = std::env::current_exe()?;
-    let id_file = fresh_id_file();
-    let children = (0..world)
-        .map(|rank| {
-            Command::new(&exe)
-                .args(args)
-                .env(RANK, rank.to_string())
-                .env(WORLD_SIZE, world.to_string())
-                .env(ID_FILE, &id_file)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-        })
-        .collect::<std::io::Result<Vec<_>>>()?;
+    let id_file = fresh_id_file()?;
+    let mut children = Vec::with_capacity(world);
+    for rank in 0..world {
+        let started = Command::new(&exe)
+            .args(args)
+            .env(RANK, rank.to_string())
+            .env(WORLD_SIZE, world.to_string())
+            .env(ID_FILE, &id_file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match started {
+            Ok(child) => children.push(child),
+            Err(e) => {
+                // The ranks started would wait for this one until their timeout.
+                for mut child in children {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                remove_id_file(&id_file);
+                return Err(e);
+            }
+        }
+    }
     let start = Instant::now();
+    let first_failure = std::sync::OnceLock::<(usize, Instant)>::new();
+    let first_failure = &first_failure;
     let runs = std::thread::scope(|scope| {
         let waits: Vec<_> = children
             .into_iter()
-            .map(|mut child| {
+            .enumerate()
+            .map(|(rank, mut child)| {
                 let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
                     scope.spawn(move || {
                         let mut text = Vec::new();
@@ -159,12 +203,29 @@ pub fn launch(world: usize, args: &[&str], deadline: Duration) -> std::io::Resul
                 scope.spawn(move || -> std::io::Result<_> {
                     let status = loop {
                         if let Some(status) = child.try_wait()? {
+                            if !status.success() {
+                                let _ = first_failure.set((rank, Instant::now()));
+                            }
                             break (status.success(), status.to_string());
                         }
                         if start.elapsed() >= deadline {
                             child.kill()?;
                             child.wait()?;
+                            let _ = first_failure.set((rank, Instant::now()));
                             break (false, format!("killed: still running after {deadline:?}"));
+                        }
+                        if let Some((failed, at)) = first_failure.get()
+                            && at.elapsed() >= SIBLING_GRACE
+                        {
+                            child.kill()?;
+                            child.wait()?;
+                            break (
+                                false,
+                                format!(
+                                    "killed: still running {SIBLING_GRACE:?} after rank \
+                                     {failed} failed"
+                                ),
+                            );
                         }
                         std::thread::sleep(Duration::from_millis(20));
                     };
@@ -192,6 +253,6 @@ pub fn launch(world: usize, args: &[&str], deadline: Duration) -> std::io::Resul
             })
             .collect()
     });
-    let _ = std::fs::remove_file(&id_file);
+    remove_id_file(&id_file);
     runs
 }

@@ -21,14 +21,23 @@
 //! it is 128 bytes, or 256 hex digits as text), and each process makes its rank with
 //! [`Communicators::from_rank`]. Such communicators are the same type: groups, captures, rank
 //! graphs and registration work as above, over the ranks this process holds. What a process
-//! cannot see is checked only on request: [`Communicators::set_verify_groups`] all-gathers a
-//! digest of each rank's group before the group (so a rank whose counts differ is refused on
-//! every rank instead of hanging NCCL), and [`Communicators::check_symmetric`] compares every
-//! rank's stack layout the same way. Their NCCL runs in non-blocking mode: no wait for a peer
-//! outlasts the communicator's timeout, after which it is aborted and `PoolError::NcclTimeout`
-//! says so. Wait for their work with [`Communicators::wait`] (it gives up at the timeout), not
-//! with a stream's `synchronize`, which would wait forever for a collective whose peer never
-//! comes.
+//! cannot see is checked on request, and always while the stacks are registered:
+//! [`Communicators::set_verify_groups`] all-gathers a digest of each rank's group before the group
+//! (so a rank whose counts differ is refused on every rank instead of hanging NCCL, or, through a
+//! registration, reaching other buffers of a peer's stack), and [`Communicators::check_symmetric`]
+//! compares every rank's stack layout the same way. Their NCCL runs in non-blocking mode: NCCL's
+//! own waits for a peer give up at the communicator's timeout, after which it is aborted and
+//! `PoolError::NcclTimeout` says so. Wait for their work with [`Communicators::wait`] (it gives up
+//! at the timeout), not with a stream's `synchronize`, which would wait forever for a collective
+//! whose peer never comes; on an error path, drop (or [`abort`](Communicators::abort)) the
+//! communicators before the buffers their collectives use (see [`Communicators::from_rank`] for
+//! the waits the timeout does not bound).
+//!
+//! Never open an NCCL group of your own (`cudarc::nccl::result::group_start`) around
+//! [`Communicators::group`]: NCCL nests groups, so the pool's `ncclGroupEnd` would not queue the
+//! collectives, the group's buffers would be released (and their stack memory handed out again)
+//! before NCCL ran on them, and the checks of the whole group would be bypassed. Put every call
+//! of one NCCL group into one `Communicators::group`.
 //!
 //! `libnccl` is loaded at run time, like the driver: where it is missing every call returns
 //! `PoolError::NoCudaLibrary`, never cudarc's panic.
@@ -339,6 +348,7 @@ const SLOT: usize = 32;
 const TAG_GROUP: u64 = 0x6770_2d67_726f_7570;
 const TAG_REFUSED: u64 = 0x6770_2d72_6566_7573;
 const TAG_LAYOUT: u64 = 0x6770_2d6c_6179_6f75;
+const TAG_REGISTER: u64 = 0x6770_2d72_6567_6973;
 
 /// FNV-1a over words: a digest that a change of any word, or of their order, changes.
 fn fnv(words: impl IntoIterator<Item = u64>) -> u64 {
@@ -491,8 +501,28 @@ impl<'s> Communicators<'s> {
     ///
     /// Groups name ranks by their number in the world; this process's calls name only its own
     /// rank, and the group checks what this process sees (its own buffers, peers that exist).
-    /// Whether the other ranks make the same calls is checked only with
-    /// [`set_verify_groups`](Self::set_verify_groups).
+    /// Whether the other ranks make the same calls is checked with
+    /// [`set_verify_groups`](Self::set_verify_groups), and always while the stacks are registered
+    /// ([`register_stacks`](Self::register_stacks)).
+    ///
+    /// What the timeout bounds: the joining here, each group's hand-over to NCCL (and its check
+    /// across processes), [`wait`](Self::wait), [`check_symmetric`](Self::check_symmetric),
+    /// [`register_stacks`](Self::register_stacks) and its drop, and the drop of the
+    /// communicators (its wait for their work, `ncclCommFinalize`): each such call gives up at
+    /// one deadline, `timeout` after it began, aborts the communicators and returns
+    /// `NcclTimeout` (or logs it, in a drop). Each call has a timeout of its own: a `group` and a
+    /// `wait` after it may take up to two. What it does not bound, since it is no NCCL call:
+    /// - a stream's `synchronize`, `to_vec` or any download or host copy on a stream whose
+    ///   collective waits for a peer: they wait for the device, forever if the peer never comes
+    ///   (call [`wait`](Self::wait) first);
+    /// - freeing device memory: dropping a `GpuMat` (or other memory from the driver) waits for
+    ///   the whole device (`cuMemFree`), so on an error path drop the communicators, or call
+    ///   [`abort`](Self::abort), before the buffers their collectives use (declare the buffers
+    ///   before the communicators, which then drop first);
+    /// - a launch (a kernel, a copy, a graph replay, NCCL's own) into a stream whose queue is
+    ///   full behind a collective that waits: the driver blocks the launching thread;
+    /// - the final `synchronize` of the streams in the communicators' drop after an abort, which
+    ///   waits for the work queued after the aborted collectives (not for a peer).
     ///
     /// Errors: `NcclRank` for a rank outside `0..world` or a world of no ranks (before anything
     /// else); `Unsupported` for a host stream or an NCCL before 2.14; `NoCudaLibrary` without
@@ -581,7 +611,7 @@ impl<'s> Communicators<'s> {
             return Err(failed("ncclCommInitRankConfig")(e));
         }
         // Every rank connects to rank 0's socket; a rank that never comes is the timeout.
-        comms.settle("Communicators::from_rank")?;
+        comms.settle("Communicators::from_rank", Instant::now())?;
         Ok(comms)
     }
 
@@ -626,9 +656,17 @@ impl<'s> Communicators<'s> {
     /// (`PoolError::NcclGroup`), none queues it, and they stay in step. It costs a small
     /// all-gather and a wait for the stream per group: a debug and bring-up aid. Every process
     /// must turn it on or off alike (a digest one rank sends and another does not await is the
-    /// timeout). Groups inside [`capture`](Self::capture) are not checked (a capture cannot wait):
+    /// timeout). While the stacks are registered ([`register_stacks`](Self::register_stacks))
+    /// every eager group is checked so whatever the setting: NCCL reaches a peer's buffers
+    /// through the registration, so a group whose counts differ would reach other live buffers of
+    /// the peer's stack. Groups inside [`capture`](Self::capture) are not checked (a capture cannot wait):
     /// run the step eagerly first, as NCCL wants anyway. Nothing for communicators of one process,
     /// whose groups are always checked whole.
+    ///
+    /// This rank's own refusals (a check of the group, a stream captured outside
+    /// [`capture`](Self::capture)) are made before the exchange and sent as a refusal; a failure
+    /// after it (NCCL refusing the call, or the exchange failing) aborts the communicators, so
+    /// the peers fail or time out rather than meet another collective.
     pub fn set_verify_groups(&self, on: bool) {
         if let Some(remote) = &self.remote {
             remote.verify.set(on);
@@ -690,17 +728,20 @@ impl<'s> Communicators<'s> {
     }
 
     /// Waits until the work queued on this process's ranks' streams is done. For ranks in other
-    /// processes it gives up at the timeout: a collective whose peer never comes (it exited,
-    /// hangs, or made a different call) would otherwise never finish. Then, and where NCCL
-    /// reports a failure (a peer's among them), the communicator is aborted, which ends its
-    /// kernels, and refuses every call from then on.
+    /// processes it gives up at the timeout (counted from this call): a collective whose peer
+    /// never comes (it exited, hangs, or made a different call) would otherwise never finish.
+    /// Then, and where NCCL reports a failure (a peer's among them), the communicator is aborted,
+    /// which ends its kernels, and refuses every call from then on. It polls the stream and
+    /// NCCL without blocking, so nothing in it waits past the deadline; the waits it cannot bound
+    /// (a memory free, a full launch queue) are listed at [`from_rank`](Self::from_rank): after an
+    /// error here, drop the communicators before the buffers their collectives used.
     ///
     /// Errors: `NcclTimeout`; `Nccl` for NCCL's failure; `NcclGroup` once aborted;
     /// `Unsupported` inside a capture (a capture cannot wait).
     pub fn wait(&self) -> Result<(), PoolError> {
         self.refuse_aborted()?;
         self.refuse_capture("Communicators::wait")?;
-        self.wait_streams("Communicators::wait")
+        self.wait_streams("Communicators::wait", Instant::now())
     }
 
     /// Refused once aborted: the communicators are gone.
@@ -729,13 +770,13 @@ impl<'s> Communicators<'s> {
         Ok(())
     }
 
-    /// Waits for every local rank's stream: for ranks in other processes by polling, up to the
-    /// timeout, with NCCL's failures polled too.
-    fn wait_streams(&self, what: &'static str) -> Result<(), PoolError> {
+    /// Waits for every local rank's stream: for ranks in other processes by polling, until the
+    /// timeout after `start` (one deadline for every wait of one call), with NCCL's failures
+    /// polled too.
+    fn wait_streams(&self, what: &'static str, start: Instant) -> Result<(), PoolError> {
         let Some(remote) = &self.remote else {
             return self.ranks.iter().try_for_each(|r| r.stream.synchronize());
         };
-        let start = Instant::now();
         for rank in &self.ranks {
             let cuda = rank.cuda()?;
             let _bound = ContextGuard::bind(cuda.context())?;
@@ -773,12 +814,12 @@ impl<'s> Communicators<'s> {
 
     /// For ranks in other processes, waits until NCCL is done with the last call on every local
     /// communicator (non-blocking mode returns first), up to the timeout; aborts on the timeout
-    /// and on a failure NCCL reports. Nothing for communicators of one process.
-    fn settle(&self, what: &'static str) -> Result<(), PoolError> {
+    /// and on a failure NCCL reports. Nothing for communicators of one process. The timeout counts
+    /// from `start`: a call that settles and then waits gives up at one deadline, not two.
+    fn settle(&self, what: &'static str, start: Instant) -> Result<(), PoolError> {
         let Some(remote) = &self.remote else {
             return Ok(());
         };
-        let start = Instant::now();
         for rank in &self.ranks {
             loop {
                 match settled(rank.comm) {
@@ -802,9 +843,14 @@ impl<'s> Communicators<'s> {
         Ok(())
     }
 
-    /// Aborts every local communicator (`ncclCommAbort`, which ends their kernels), once; every
-    /// call is refused from then on.
-    fn abort(&self) {
+    /// Aborts this process's communicators now (`ncclCommAbort`, which ends their kernels), once:
+    /// for an error path of ranks in other processes, before the buffers their collectives use
+    /// are dropped (freeing device memory waits for the device, so a collective whose peer never
+    /// comes would hang the drop). The peers' calls then fail or time out. Every later call is
+    /// refused (`PoolError::NcclGroup`); dropping the communicators after it waits for nothing.
+    /// Nothing for communicators of one process ([`new`](Self::new)): their NCCL calls block,
+    /// so no collective of theirs is left waiting for a peer.
+    pub fn abort(&self) {
         let Some(remote) = &self.remote else {
             return;
         };
@@ -823,11 +869,26 @@ impl<'s> Communicators<'s> {
 
     /// Every rank's slot, in rank order, from `mine` (one slot per local rank): an NCCL
     /// all-gather on the local ranks' streams, waited for up to the timeout. Ranks in other
-    /// processes only, outside captures.
+    /// processes only, outside captures. Any failure aborts the communicator: the peers' part of
+    /// the all-gather may be queued already, and an abort is what they can see (they fail or time
+    /// out instead of meeting this rank's next collective with their all-gather).
     fn exchange(
         &self,
         mine: &[[u8; SLOT]],
         what: &'static str,
+    ) -> Result<Vec<[u8; SLOT]>, PoolError> {
+        let all = self.exchange_once(mine, what, Instant::now());
+        if all.is_err() {
+            self.abort();
+        }
+        all
+    }
+
+    fn exchange_once(
+        &self,
+        mine: &[[u8; SLOT]],
+        what: &'static str,
+        start: Instant,
     ) -> Result<Vec<[u8; SLOT]>, PoolError> {
         let remote = self
             .remote
@@ -875,10 +936,10 @@ impl<'s> Communicators<'s> {
         let ended = result::group_end().map_err(failed("ncclGroupEnd"));
         queued?;
         ended?;
-        self.settle(what)?;
+        self.settle(what, start)?;
         // The stream is idle after this: the copy below (to pageable memory, which the driver
         // does before it returns) cannot wait on a collective that hangs.
-        self.wait_streams(what)?;
+        self.wait_streams(what, start)?;
         let mut all = vec![[0u8; SLOT]; self.world];
         let (ctx, scratch) = &remote.scratch[0];
         let _bound = ContextGuard::bind(ctx)?;
@@ -899,7 +960,10 @@ impl<'s> Communicators<'s> {
 
     /// Runs `calls`, then checks the group they made and queues it as one NCCL group
     /// (`ncclGroupStart` .. `ncclGroupEnd`): one thread drives every rank without a deadlock.
-    /// The buffers are borrowed until the group is queued, on their ranks' streams.
+    /// The buffers are borrowed until the group is queued, on their ranks' streams. Never call
+    /// it inside an NCCL group of your own (`cudarc::nccl::result::group_start`): the pool's
+    /// group end would then queue nothing, and the buffers would be released before NCCL ran on
+    /// them (see the [module](self)).
     ///
     /// Errors: `calls`' own (nothing is queued); `PoolError::NcclGroup` for a group whose ranks
     /// disagree (nothing is queued); `Nccl` if NCCL refuses. Inside a [`Stream::capture`] of every
@@ -918,13 +982,24 @@ impl<'s> Communicators<'s> {
             ops: Vec::new(),
         };
         let made = calls(&mut group);
-        let checked = made.and_then(|out| self.check_local(&group).map(|()| out));
-        // With the other processes' before anything returns: a rank that refused its part says
-        // so to the others, which then refuse theirs, so that none waits for it.
-        let verify = self.remote.as_ref().is_some_and(|r| r.verify.get())
-            && !self.capturing.get()
-            && !self.ranks.iter().any(|r| r.stream.in_own_capture());
-        if verify {
+        // Every check of this rank's own comes before the exchange below: a rank that refused
+        // after its peers committed would leave them in the collective until the timeout.
+        let capture_state = self.check_capture_state();
+        let checked = made.and_then(|out| {
+            self.check_local(&group)?;
+            capture_state.clone()?;
+            Ok(out)
+        });
+        if self.verifies_groups() {
+            if let Err(e) = capture_state {
+                // A stream captured by someone else's capture cannot carry the exchange (it
+                // would be recorded, not run): the peers are waiting for it, so this rank
+                // aborts, and they fail or time out instead of hanging.
+                self.abort();
+                return Err(e);
+            }
+            // With the other processes' before anything is queued: a rank that refused its
+            // part says so to the others, which then refuse theirs, so that none waits for it.
             let digests = self.group_digests(&group, checked.is_err());
             let all = self.exchange(&digests, "a group's check across processes");
             let out = checked?;
@@ -933,6 +1008,20 @@ impl<'s> Communicators<'s> {
         }
         let out = checked?;
         self.queue(&group).map(|()| out)
+    }
+
+    /// Whether eager groups are checked across processes: on request
+    /// ([`set_verify_groups`](Self::set_verify_groups)), and always while the stacks are
+    /// registered, whatever the setting: NCCL then reaches a peer's buffer through the peer's
+    /// registration (at this rank's offset in the peer's window), so a group whose counts or
+    /// order differ across the ranks would read and write other live buffers of the peer's stack.
+    /// Groups inside [`capture`](Self::capture) are not (a capture cannot wait; registration and
+    /// capture exclude each other).
+    fn verifies_groups(&self) -> bool {
+        self.remote
+            .as_ref()
+            .is_some_and(|r| r.verify.get() || self.registered.get())
+            && !self.capturing.get()
     }
 
     /// What this process can check of a group: it is this communicators' own, they are in step,
@@ -958,9 +1047,19 @@ impl<'s> Communicators<'s> {
     }
 
     /// Queues a checked group as one NCCL group; for ranks in other processes, waits (up to the
-    /// timeout) until NCCL has queued it, so a capture under way records all of it.
+    /// timeout) until NCCL has queued it, so a capture under way records all of it. For ranks in
+    /// other processes any failure here aborts the communicator: part of the group may be queued,
+    /// and the peers have queued theirs, so only an abort leaves them a clean failure or timeout
+    /// rather than a collective that meets the wrong one.
     fn queue(&self, group: &Group<'_>) -> Result<(), PoolError> {
-        self.check_capture_state()?;
+        let queued = self.queue_once(group);
+        if queued.is_err() {
+            self.abort(); // nothing for communicators of one process
+        }
+        queued
+    }
+
+    fn queue_once(&self, group: &Group<'_>) -> Result<(), PoolError> {
         let _restore = ContextGuard::keep_current()?;
         result::group_start().map_err(failed("ncclGroupStart"))?;
         let queued = group
@@ -971,62 +1070,16 @@ impl<'s> Communicators<'s> {
         let ended = result::group_end().map_err(failed("ncclGroupEnd"));
         queued?;
         ended?;
-        self.settle("an NCCL group")
+        self.settle("an NCCL group", Instant::now())
     }
 
     /// Each local rank's slot of `group` for the check across processes: its collectives'
     /// digest, and the sums of its sends' and receives' digests keyed by (sender, receiver), which
     /// add up to the same total over all ranks exactly when every send meets its receive.
     fn group_digests(&self, group: &Group<'_>, refused: bool) -> Vec<[u8; SLOT]> {
+        let held: Vec<usize> = self.ranks.iter().map(|r| r.rank).collect();
         let windows = self.windows.borrow();
-        let offset = |local: usize, ptr: u64| {
-            windows.as_deref().map_or(u64::MAX - 1, |w| {
-                let (base, bytes) = w[local];
-                if ptr >= base && ptr < base + bytes as DevPtr {
-                    ptr - base
-                } else {
-                    u64::MAX
-                }
-            })
-        };
-        let pair = |from: usize, to: usize, ops: &mut dyn Iterator<Item = &Op>| {
-            let mut any = false;
-            let h = fnv([from as u64, to as u64]
-                .into_iter()
-                .chain(ops.flat_map(|o| {
-                    any = true;
-                    [o.count as u64, o.dtype as u64]
-                })));
-            if any { h } else { 0 }
-        };
-        let mut out = Vec::with_capacity(self.ranks.len());
-        for (local, rank) in self.ranks.iter().enumerate() {
-            if refused {
-                out.push(slot([TAG_REFUSED, rank.rank as u64, 0, 0]));
-                continue;
-            }
-            let mine = || group.ops.iter().filter(move |o| o.local == local);
-            let collectives = fnv(mine().filter(|o| o.kind.is_collective()).flat_map(|o| {
-                let (kind, param) = o.kind.words();
-                [
-                    kind,
-                    param,
-                    o.count as u64,
-                    o.dtype as u64,
-                    offset(local, o.send),
-                    offset(local, o.recv),
-                ]
-            }));
-            let (mut sends, mut recvs) = (0u64, 0u64);
-            for peer in 0..self.world {
-                let mut to = mine().filter(|o| o.kind == Kind::Send { peer });
-                sends = sends.wrapping_add(pair(rank.rank, peer, &mut to));
-                let mut from = mine().filter(|o| o.kind == Kind::Recv { peer });
-                recvs = recvs.wrapping_add(pair(peer, rank.rank, &mut from));
-            }
-            out.push(slot([TAG_GROUP, collectives, sends, recvs]));
-        }
-        out
+        digests(&held, self.world, windows.as_deref(), &group.ops, refused)
     }
 
     /// Every rank's stream eager, or every one in this communicator's own
@@ -1134,10 +1187,18 @@ impl<'s> Communicators<'s> {
     /// Windows need memory from [`use_nccl_memory`]; buffers take either. Every rank's device
     /// must have the same stack config for a window (its size is every rank's).
     ///
+    /// With ranks in other processes it is a collective: every rank calls it at the same point
+    /// with the same `as_window`. Before NCCL sees anything, the ranks all-gather whether they
+    /// register and how (a rank's own refusal is sent too) and their stack memory's size, and
+    /// refuse on every rank alike if they disagree. While registered, every eager group is
+    /// checked across processes (see [`set_verify_groups`](Self::set_verify_groups)).
+    ///
     /// Errors: `Unsupported` for an NCCL too old, a second registration while one lives, a
     /// growable stack, or a window over memory not from [`use_nccl_memory`]; `InvalidConfig` for
-    /// ranks whose stack memory differs in size; `Nccl` if NCCL refuses (nothing stays
-    /// registered).
+    /// a window over stack memory that differs in size between ranks (in this process or
+    /// across), or ranks that disagree on `as_window`; `NcclGroup` on every rank where one rank
+    /// refused its part; `NcclTimeout` where a rank never called it; `Nccl` if NCCL refuses
+    /// (nothing stays registered).
     ///
     /// ```no_run
     /// use gpu_pool_runtime::nccl::{Communicators, use_nccl_memory};
@@ -1155,13 +1216,129 @@ impl<'s> Communicators<'s> {
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn register_stacks(&self, as_window: bool) -> Result<Registered<'_, 's>, PoolError> {
+        self.refuse_aborted()?;
+        let mut registered = None;
+        // This rank's own checks, then its stacks pinned: whatever fails, the peers hear of it
+        // below before any registration, as a refusal.
+        let local = self.may_register(as_window).and_then(|()| {
+            let registered = registered.insert(Registered {
+                comms: self,
+                handles: Vec::with_capacity(self.ranks.len()),
+                as_window,
+            });
+            let mut ranges = Vec::with_capacity(self.ranks.len());
+            for rank in &self.ranks {
+                let device = rank.stream.device();
+                let range = device.inner.pin_stack_memory()?;
+                registered
+                    .handles
+                    .push((device.clone(), std::ptr::null_mut()));
+                ranges.push(range);
+            }
+            Ok(ranges)
+        });
+        let ranges = if self.remote.is_some() && !self.capturing.get() {
+            // Ranks in other processes: every rank's size before NCCL sees any registration, so
+            // that a window of another size (whose symmetric kernels would reach past a peer's
+            // memory) is refused on every rank alike.
+            let mine: Vec<[u8; SLOT]> = match &local {
+                Ok(ranges) => ranges
+                    .iter()
+                    .map(|r| slot([TAG_REGISTER, u64::from(as_window), r.1 as u64, 0]))
+                    .collect(),
+                Err(_) => self
+                    .ranks
+                    .iter()
+                    .map(|r| slot([TAG_REFUSED, r.rank as u64, 0, 0]))
+                    .collect(),
+            };
+            let all = self.exchange(&mine, "register_stacks' check across processes");
+            let ranges = local?;
+            registrations_agree(&all?.iter().map(words).collect::<Vec<_>>())?;
+            ranges
+        } else {
+            local?
+        };
+        let Some(mut registered) = registered else {
+            unreachable!("the stacks were pinned into a Registered");
+        };
+        if as_window && ranges.iter().any(|r| r.1 != ranges[0].1) {
+            return Err(PoolError::InvalidConfig {
+                reason: "a symmetric window needs the same stack memory size on every rank: \
+                         give every device the same set_buffer_pool_config"
+                    .into(),
+            });
+        }
+        let _restore = ContextGuard::keep_current()?;
+        let register = |handles: &mut Vec<(Device, *mut c_void)>| -> Result<(), PoolError> {
+            for ((rank, (base, bytes)), handle) in self.ranks.iter().zip(&ranges).zip(handles) {
+                let ptr = *base as *mut c_void;
+                // SAFETY: `ptr..ptr + bytes` is the device's stack memory, pinned above: it stays
+                // allocated until the handle is deregistered (`Registered::drop`). `handle.1`
+                // receives the handle.
+                let status = unsafe {
+                    if as_window {
+                        sys::ncclCommWindowRegister(
+                            rank.comm,
+                            ptr,
+                            *bytes,
+                            (&raw mut handle.1).cast(),
+                            NCCL_WIN_COLL_SYMMETRIC,
+                        )
+                    } else {
+                        sys::ncclCommRegister(rank.comm, ptr, *bytes, &raw mut handle.1)
+                    }
+                };
+                status.result().map_err(failed(if as_window {
+                    "ncclCommWindowRegister"
+                } else {
+                    "ncclCommRegister"
+                }))?;
+            }
+            Ok(())
+        };
+        if as_window {
+            // Collective: every rank registers in one group.
+            result::group_start().map_err(failed("ncclGroupStart"))?;
+            let done = register(&mut registered.handles);
+            let ended = result::group_end().map_err(failed("ncclGroupEnd"));
+            done?;
+            ended?;
+        } else {
+            register(&mut registered.handles)?;
+        }
+        // Ranks in other processes: a window's registration meets theirs (up to the timeout).
+        self.settle(
+            if as_window {
+                "ncclCommWindowRegister"
+            } else {
+                "ncclCommRegister"
+            },
+            Instant::now(),
+        )?;
+        if registered.handles.iter().any(|h| h.1.is_null()) {
+            return Err(PoolError::Unsupported {
+                device: self.ranks[0].stream.device().id(),
+                what: "an NCCL registration that gave no handle (NCCL_WIN_ENABLE or the \
+                       transport turned it off)",
+            });
+        }
+        self.registered.set(true);
+        if as_window {
+            *self.windows.borrow_mut() = Some(ranges);
+        }
+        Ok(registered)
+    }
+
+    /// What this rank checks before registering its stacks (see
+    /// [`register_stacks`](Self::register_stacks)).
+    fn may_register(&self, as_window: bool) -> Result<(), PoolError> {
         let needed = if as_window {
             NCCL_WINDOWS
         } else {
             NCCL_REGISTER
         };
         let loaded = version()?;
-        self.refuse_aborted()?;
         if self.capturing.get() || self.registered.get() {
             return Err(PoolError::Unsupported {
                 device: self.ranks[0].stream.device().id(),
@@ -1197,83 +1374,7 @@ impl<'s> Communicators<'s> {
                 },
             });
         }
-        let mut registered = Registered {
-            comms: self,
-            handles: Vec::with_capacity(self.ranks.len()),
-            as_window,
-        };
-        let mut ranges = Vec::with_capacity(self.ranks.len());
-        for rank in &self.ranks {
-            let device = rank.stream.device();
-            let range = device.inner.pin_stack_memory()?;
-            registered
-                .handles
-                .push((device.clone(), std::ptr::null_mut()));
-            ranges.push(range);
-        }
-        if as_window && ranges.iter().any(|r| r.1 != ranges[0].1) {
-            return Err(PoolError::InvalidConfig {
-                reason: "a symmetric window needs the same stack memory size on every rank: \
-                         give every device the same set_buffer_pool_config"
-                    .into(),
-            });
-        }
-        let _restore = ContextGuard::keep_current()?;
-        let register = |handles: &mut Vec<(Device, *mut c_void)>| -> Result<(), PoolError> {
-            for ((rank, (base, bytes)), slot) in self.ranks.iter().zip(&ranges).zip(handles) {
-                let ptr = *base as *mut c_void;
-                // SAFETY: `ptr..ptr + bytes` is the device's stack memory, pinned above: it stays
-                // allocated until the handle is deregistered (`Registered::drop`). `slot.1`
-                // receives the handle.
-                let status = unsafe {
-                    if as_window {
-                        sys::ncclCommWindowRegister(
-                            rank.comm,
-                            ptr,
-                            *bytes,
-                            (&raw mut slot.1).cast(),
-                            NCCL_WIN_COLL_SYMMETRIC,
-                        )
-                    } else {
-                        sys::ncclCommRegister(rank.comm, ptr, *bytes, &raw mut slot.1)
-                    }
-                };
-                status.result().map_err(failed(if as_window {
-                    "ncclCommWindowRegister"
-                } else {
-                    "ncclCommRegister"
-                }))?;
-            }
-            Ok(())
-        };
-        if as_window {
-            // Collective: every rank registers in one group.
-            result::group_start().map_err(failed("ncclGroupStart"))?;
-            let done = register(&mut registered.handles);
-            let ended = result::group_end().map_err(failed("ncclGroupEnd"));
-            done?;
-            ended?;
-        } else {
-            register(&mut registered.handles)?;
-        }
-        // Ranks in other processes: a window's registration meets theirs (up to the timeout).
-        self.settle(if as_window {
-            "ncclCommWindowRegister"
-        } else {
-            "ncclCommRegister"
-        })?;
-        if registered.handles.iter().any(|h| h.1.is_null()) {
-            return Err(PoolError::Unsupported {
-                device: self.ranks[0].stream.device().id(),
-                what: "an NCCL registration that gave no handle (NCCL_WIN_ENABLE or the \
-                       transport turned it off)",
-            });
-        }
-        self.registered.set(true);
-        if as_window {
-            *self.windows.borrow_mut() = Some(ranges);
-        }
-        Ok(registered)
+        Ok(())
     }
 }
 
@@ -1308,7 +1409,7 @@ impl Communicators<'_> {
     fn drop_remote(&self, remote: &Remote) {
         let finished = self
             .refuse_aborted()
-            .and_then(|()| self.wait_streams("dropping Communicators"));
+            .and_then(|()| self.wait_streams("dropping Communicators", Instant::now()));
         if let Err(e) = finished {
             tracing::error!(error = %e, "NCCL work of communicators being dropped did not finish; aborted");
         }
@@ -1319,7 +1420,7 @@ impl Communicators<'_> {
                     .map(drop)
                     .map_err(failed("ncclCommFinalize"))
             });
-            match finalized.and_then(|()| self.settle("ncclCommFinalize")) {
+            match finalized.and_then(|()| self.settle("ncclCommFinalize", Instant::now())) {
                 Ok(()) => {
                     remote.aborted.set(true); // gone from here on, as after an abort
                     for rank in &self.ranks {
@@ -1400,7 +1501,8 @@ impl Drop for Registered<'_, '_> {
         *self.comms.windows.borrow_mut() = None;
         // NCCL may still read the memory for queued work (a wait that gives up at the timeout
         // for ranks in other processes: it aborts them, which ends that work).
-        let _ = self.comms.wait_streams("dropping Registered");
+        let start = Instant::now();
+        let _ = self.comms.wait_streams("dropping Registered", start);
         if self.comms.refuse_aborted().is_err() {
             // Aborted: NCCL dropped its registrations with the communicators.
             for (device, _) in &self.handles {
@@ -1431,7 +1533,7 @@ impl Drop for Registered<'_, '_> {
         if any && self.as_window {
             let _ = result::group_end();
         }
-        if let Err(e) = self.comms.settle("ncclCommDeregister") {
+        if let Err(e) = self.comms.settle("ncclCommDeregister", start) {
             tracing::error!(error = %e, "deregistering stack memory did not finish; aborted");
         }
         for (device, _) in &self.handles {
@@ -1792,6 +1894,65 @@ impl<'b> Group<'b> {
     }
 }
 
+/// The slots of [`Communicators::group_digests`], of the ranks `held` (world ranks, in local
+/// order) with `windows` (per local rank, while registered as one) for `ops`.
+fn digests(
+    held: &[usize],
+    world: usize,
+    windows: Option<&[(DevPtr, usize)]>,
+    ops: &[Op],
+    refused: bool,
+) -> Vec<[u8; SLOT]> {
+    let offset = |local: usize, ptr: u64| {
+        windows.map_or(u64::MAX - 1, |w| {
+            let (base, bytes) = w[local];
+            if ptr >= base && ptr < base + bytes as DevPtr {
+                ptr - base
+            } else {
+                u64::MAX
+            }
+        })
+    };
+    let pair = |from: usize, to: usize, ops: &mut dyn Iterator<Item = &Op>| {
+        let mut any = false;
+        let h = fnv([from as u64, to as u64]
+            .into_iter()
+            .chain(ops.flat_map(|o| {
+                any = true;
+                [o.count as u64, o.dtype as u64]
+            })));
+        if any { h } else { 0 }
+    };
+    let mut out = Vec::with_capacity(held.len());
+    for (local, &rank) in held.iter().enumerate() {
+        if refused {
+            out.push(slot([TAG_REFUSED, rank as u64, 0, 0]));
+            continue;
+        }
+        let mine = || ops.iter().filter(move |o| o.local == local);
+        let collectives = fnv(mine().filter(|o| o.kind.is_collective()).flat_map(|o| {
+            let (kind, param) = o.kind.words();
+            [
+                kind,
+                param,
+                o.count as u64,
+                o.dtype as u64,
+                offset(local, o.send),
+                offset(local, o.recv),
+            ]
+        }));
+        let (mut sends, mut recvs) = (0u64, 0u64);
+        for peer in 0..world {
+            let mut to = mine().filter(|o| o.kind == Kind::Send { peer });
+            sends = sends.wrapping_add(pair(rank, peer, &mut to));
+            let mut from = mine().filter(|o| o.kind == Kind::Recv { peer });
+            recvs = recvs.wrapping_add(pair(peer, rank, &mut from));
+        }
+        out.push(slot([TAG_GROUP, collectives, sends, recvs]));
+    }
+    out
+}
+
 /// Whether every rank's slot of a group's check across processes agrees (see
 /// [`Communicators::set_verify_groups`]).
 fn across(all: &[[u8; SLOT]]) -> Result<(), PoolError> {
@@ -1805,8 +1966,9 @@ fn across(all: &[[u8; SLOT]]) -> Result<(), PoolError> {
     }
     if let Some(r) = slots.iter().position(|w| w[0] != TAG_GROUP) {
         return refuse(format!(
-            "rank {r} made another check at this point (check_symmetric, or a group without \
-             set_verify_groups(true)): every rank must make the same calls"
+            "rank {r} made another check at this point (check_symmetric, register_stacks, or a \
+             group without set_verify_groups(true) or a registration): every rank must make the \
+             same calls"
         ));
     }
     if let Some(r) = slots.iter().position(|w| w[1] != slots[0][1]) {
@@ -1822,6 +1984,60 @@ fn across(all: &[[u8; SLOT]]) -> Result<(), PoolError> {
              of another count or type)"
                 .into(),
         );
+    }
+    Ok(())
+}
+
+/// Whether every rank's slot of [`Communicators::register_stacks`]' check across processes
+/// (`[TAG_REGISTER, as window, stack bytes, 0]`) agrees: all register, all alike, and a window of
+/// the same size everywhere (NCCL's symmetric kernels reach a peer's buffer at this rank's offset
+/// in the peer's window: a smaller window on the peer would be overrun). Buffers may differ in
+/// size (NCCL exchanges their addresses).
+fn registrations_agree(slots: &[[u64; 4]]) -> Result<(), PoolError> {
+    if let Some(r) = slots.iter().position(|w| w[0] == TAG_REFUSED) {
+        return Err(PoolError::NcclGroup {
+            problem: format!(
+                "rank {r} refused to register its stacks (its own error says why), so no rank \
+                 registered"
+            ),
+        });
+    }
+    if let Some(r) = slots.iter().position(|w| w[0] != TAG_REGISTER) {
+        return Err(PoolError::NcclGroup {
+            problem: format!(
+                "rank {r} made another call at this point (every rank must call register_stacks \
+                 together)"
+            ),
+        });
+    }
+    let Some(first) = slots.first() else {
+        return Ok(());
+    };
+    if let Some(r) = slots.iter().position(|w| w[1] != first[1]) {
+        return Err(PoolError::InvalidConfig {
+            reason: format!(
+                "rank {r} registers its stacks as {}, rank 0 as {}: every rank must call \
+                 register_stacks with the same as_window",
+                if slots[r][1] == 1 {
+                    "a window"
+                } else {
+                    "buffers"
+                },
+                if first[1] == 1 { "a window" } else { "buffers" },
+            ),
+        });
+    }
+    if first[1] == 1
+        && let Some(r) = slots.iter().position(|w| w[2] != first[2])
+    {
+        return Err(PoolError::InvalidConfig {
+            reason: format!(
+                "a symmetric window needs the same stack memory size on every rank, and rank {r} \
+                 has {} bytes against rank 0's {}: give every rank's device the same \
+                 set_buffer_pool_config",
+                slots[r][2], first[2]
+            ),
+        });
     }
     Ok(())
 }
@@ -1973,5 +2189,174 @@ impl RankGraphs<'_> {
     /// Each rank's graph's nodes, rank order not guaranteed.
     pub fn nodes(&self) -> Result<Vec<GraphNodes>, PoolError> {
         self.graphs.iter().map(Graph::nodes).collect()
+    }
+}
+
+/// The checks across processes, on the host: what each rank would send, and what every rank
+/// concludes from all of them (the NCCL all-gather between is the GPU suite's).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(rank: usize, kind: Kind, count: usize, at: u64) -> Op {
+        Op {
+            rank,
+            local: 0,
+            kind,
+            count,
+            dtype: sys::ncclDataType_t::ncclFloat32,
+            send: at,
+            recv: at,
+        }
+    }
+
+    const SUM: Kind = Kind::AllReduce(sys::ncclRedOp_t::ncclSum);
+
+    /// Every rank's slot when each of `world` processes holds one rank and makes `ops(rank)`,
+    /// with `windows(rank)` while registered as a window.
+    fn gathered(
+        world: usize,
+        ops: impl Fn(usize) -> Vec<Op>,
+        windows: impl Fn(usize) -> Option<Vec<(DevPtr, usize)>>,
+    ) -> Vec<[u8; SLOT]> {
+        (0..world)
+            .flat_map(|r| digests(&[r], world, windows(r).as_deref(), &ops(r), false))
+            .collect()
+    }
+
+    #[test]
+    fn slots_carry_their_words_and_the_digest_sees_every_word_and_its_order() {
+        let w = [TAG_GROUP, 1, u64::MAX, 0x0123_4567_89ab_cdef];
+        assert_eq!(words(&slot(w)), w);
+        assert_eq!(slot(w)[..8], TAG_GROUP.to_le_bytes());
+        assert_ne!(fnv([1, 2]), fnv([2, 1]));
+        assert_ne!(fnv([1]), fnv([1, 0]));
+        assert_eq!(fnv([5, 6]), fnv([5, 6]));
+    }
+
+    #[test]
+    fn the_nonblocking_config_is_nccls_initializer_with_blocking_off() {
+        let c = nonblocking_config();
+        assert_eq!(c.size, std::mem::size_of::<sys::ncclConfig_t>());
+        assert_eq!(c.magic, 0xcafe_beef);
+        assert_eq!(c.blocking, 0);
+        assert_eq!(c.version, 22800, "the header the bindings were made from");
+        assert_eq!(c.cgaClusterSize, i32::MIN);
+        assert!(c.netName.is_null() && c.commName.is_null());
+    }
+
+    #[test]
+    fn ranks_that_make_the_same_group_agree_and_any_difference_is_refused_on_every_rank() {
+        let same = gathered(2, |r| vec![op(r, SUM, 1000, 0x10)], |_| None);
+        assert_eq!(across(&same), Ok(()));
+        let counts = gathered(2, |r| vec![op(r, SUM, 1000 - r, 0x10)], |_| None);
+        let e = across(&counts).expect_err("counts 1000 and 999");
+        assert!(e.to_string().contains("rank 1's collectives differ"), "{e}");
+        let order = gathered(
+            2,
+            |r| {
+                let (a, b) = (op(r, SUM, 10, 0x10), op(r, Kind::AllGather, 5, 0x10));
+                if r == 0 { vec![a, b] } else { vec![b, a] }
+            },
+            |_| None,
+        );
+        assert!(across(&order).is_err(), "the same calls in another order");
+        let mut refused = gathered(2, |r| vec![op(r, SUM, 10, 0x10)], |_| None);
+        refused[1] = digests(&[1], 2, None, &[], true)[0];
+        let e = across(&refused).expect_err("rank 1 refused");
+        assert!(e.to_string().contains("rank 1 refused"), "{e}");
+        let mut other = same.clone();
+        other[0] = slot([TAG_LAYOUT, 0, 0, 0]);
+        assert!(across(&other).is_err(), "a check_symmetric against a group");
+    }
+
+    #[test]
+    fn while_registered_as_a_window_the_window_offsets_count_too() {
+        let window = |r: usize| Some(vec![(0x1000 * (r as u64 + 1), 0x1000)]);
+        // Each rank's buffer at offset 0x40 of its own window: agreed.
+        let same = gathered(
+            2,
+            |r| vec![op(r, SUM, 8, 0x1000 * (r as u64 + 1) + 0x40)],
+            window,
+        );
+        assert_eq!(across(&same), Ok(()));
+        // Rank 1's temporary sits 0x80 into its window: its peer would be reached at 0x40.
+        let moved = gathered(
+            2,
+            |r| {
+                vec![op(
+                    r,
+                    SUM,
+                    8,
+                    0x1000 * (r as u64 + 1) + 0x40 * (r as u64 + 1),
+                )]
+            },
+            window,
+        );
+        assert!(across(&moved).is_err(), "offsets 0x40 and 0x80");
+    }
+
+    #[test]
+    fn sends_meet_receives_across_processes_only_with_the_same_count_and_type() {
+        let pair = |count1: usize| {
+            move |r: usize| {
+                if r == 0 {
+                    vec![op(0, Kind::Send { peer: 1 }, 64, 0x10)]
+                } else {
+                    vec![op(1, Kind::Recv { peer: 0 }, count1, 0x10)]
+                }
+            }
+        };
+        assert_eq!(across(&gathered(2, pair(64), |_| None)), Ok(()));
+        let e = across(&gathered(2, pair(63), |_| None)).expect_err("64 sent, 63 received");
+        assert!(e.to_string().contains("do not meet"), "{e}");
+        // A send to rank 1 with no receive there at all.
+        let lone = gathered(
+            2,
+            |r| {
+                if r == 0 {
+                    vec![op(0, Kind::Send { peer: 1 }, 64, 0x10)]
+                } else {
+                    vec![]
+                }
+            },
+            |_| None,
+        );
+        assert!(across(&lone).is_err());
+    }
+
+    fn registering(as_window: bool, bytes: &[u64]) -> Vec<[u64; 4]> {
+        bytes
+            .iter()
+            .map(|&b| [TAG_REGISTER, u64::from(as_window), b, 0])
+            .collect()
+    }
+
+    #[test]
+    fn a_window_of_another_size_on_any_rank_is_refused_before_nccl_registers_it() {
+        assert_eq!(
+            registrations_agree(&registering(true, &[64, 64, 64])),
+            Ok(())
+        );
+        let e = registrations_agree(&registering(true, &[64, 64, 32])).expect_err("sizes");
+        assert!(
+            matches!(&e, PoolError::InvalidConfig { reason } if reason.contains("rank 2 has 32 bytes against rank 0's 64")),
+            "{e}"
+        );
+        // Buffers may differ in size: NCCL exchanges their addresses.
+        assert_eq!(registrations_agree(&registering(false, &[64, 32])), Ok(()));
+        let mut mixed = registering(true, &[64, 64]);
+        mixed[1][1] = 0;
+        assert!(matches!(
+            registrations_agree(&mixed),
+            Err(PoolError::InvalidConfig { .. })
+        ));
+        let mut refused = registering(true, &[64, 64]);
+        refused[1] = [TAG_REFUSED, 1, 0, 0];
+        let e = registrations_agree(&refused).expect_err("rank 1 refused");
+        assert!(matches!(e, PoolError::NcclGroup { .. }), "{e}");
+        let mut other = registering(true, &[64, 64]);
+        other[0][0] = TAG_GROUP;
+        assert!(registrations_agree(&other).is_err());
     }
 }

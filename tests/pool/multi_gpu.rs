@@ -687,15 +687,17 @@ fn nccl_two_process_rank() -> TestResult {
     set_buffer_pool_config(&gpu, 64 * MIB, 2)?;
     gpu_pool::nccl::use_nccl_memory(&gpu)?; // for the window below
     let s = Stream::new(&gpu)?;
+    let n = (4 * MIB) / 4 + 3; // 4 MiB and a ragged tail
+    // Before the communicator, which then drops (and aborts on a timeout) before their frees,
+    // which wait for the device.
+    let mut sum = GpuMat::<f32>::new(&s, 1, n)?;
+    let mut got = GpuMat::<f32>::new(&s, 1, n)?;
     let ranks = Communicators::from_rank(&s, &id, r, env.world, Duration::from_secs(60))?;
     println!(
         "rank {r}: communicator of {} made on {}: {ranks:?}",
         env.world,
         gpu.id()
     );
-    let n = (4 * MIB) / 4 + 3; // 4 MiB and a ragged tail
-    let mut sum = GpuMat::<f32>::new(&s, 1, n)?;
-    let mut got = GpuMat::<f32>::new(&s, 1, n)?;
     let calls = || gpu.stats().driver_alloc_calls;
 
     // Eager. The first step connects NCCL, its group checked against the other rank's.
@@ -755,6 +757,35 @@ fn nccl_two_process_rank() -> TestResult {
         assert_eq!(w, (0, 0));
         ranks.check_symmetric()?;
         drop(registered);
+    }
+
+    // Registered as a window, groups are checked across the processes without set_verify_groups:
+    // counts that differ would otherwise have NCCL's symmetric kernels reach other buffers of the
+    // peer's stack. Refused on both ranks; a good group works after.
+    {
+        let window = ranks.register_stacks(true)?;
+        let pool = BufferPool::new(&s);
+        let mut t = pool.get_buffer_1d::<f32>(if r == 0 { 1000 } else { 999 })?;
+        t.set_to(1.0)?;
+        let counts = ranks.group(|g| g.all_reduce_in_place(r, &mut t, Reduce::Sum));
+        println!("rank {r}: window, no set_verify_groups, counts 1000 against 999: {counts:?}");
+        assert!(
+            matches!(counts, Err(PoolError::NcclGroup { .. })),
+            "{counts:?}"
+        );
+        let mut u = pool.get_buffer_1d::<f32>(1000)?;
+        u.set_to((r + 1) as f32)?;
+        ranks.group(|g| g.all_reduce_in_place(r, &mut u, Reduce::Sum))?;
+        ranks.wait()?;
+        let good = u.to_vec()?.iter().filter(|&&v| v != 3.0).count();
+        println!("rank {r}: window: the good group after: {good} wrong");
+        assert_eq!(good, 0);
+        assert!(
+            t.to_vec()?.iter().all(|&v| v == 1.0),
+            "the refused group queued nothing"
+        );
+        drop((u, t));
+        drop(window);
     }
 
     // Verified groups: counts that differ across the processes are refused on both ranks, and
@@ -817,6 +848,81 @@ fn nccl_two_process_rank() -> TestResult {
         s.synchronize()?; // the abort ended the kernel: the stream drains
     }
     println!("rank {r}: done");
+    Ok(())
+}
+
+/// The body of each rank process of the window-size test below; nothing in an ordinary run.
+/// Rank r's stack is 64 + r MiB: a window is refused on both ranks before NCCL registers it,
+/// buffers (whose sizes may differ) are registered.
+#[test]
+fn nccl_window_size_rank() -> TestResult {
+    let Some(env) = RankEnv::from_env()? else {
+        return Ok(());
+    };
+    let r = env.rank;
+    let id = if r == 0 {
+        let id = gpu_pool::nccl::UniqueId::new()?;
+        publish_id(&env.id_file, &id)?;
+        id
+    } else {
+        read_id(&env.id_file, Duration::from_secs(60))?
+    };
+    let gpu = Device::cuda(r)?;
+    gpu.set_fallback(Fallback::Driver);
+    gpu.set_growable_stacks(false)?;
+    set_buffer_pool_config(&gpu, (64 + r) * MIB, 1)?;
+    gpu_pool::nccl::use_nccl_memory(&gpu)?;
+    let s = Stream::new(&gpu)?;
+    let mut x = BufferPool::new(&s).get_buffer_1d::<f32>(1000)?; // the stack exists
+    let ranks = Communicators::from_rank(&s, &id, r, env.world, Duration::from_secs(60))?;
+    let window = ranks.register_stacks(true);
+    println!("rank {r}: a window over {} MiB: {window:?}", 64 + r);
+    assert!(
+        matches!(&window, Err(PoolError::InvalidConfig { reason }) if reason.contains("same stack memory size")),
+        "{window:?}"
+    );
+    drop(window);
+    let buffers = ranks.register_stacks(false)?;
+    x.set_to((r + 1) as f32)?;
+    ranks.group(|g| g.all_reduce_in_place(r, &mut x, Reduce::Sum))?;
+    ranks.wait()?;
+    let wrong = x.to_vec()?.iter().filter(|&&v| v != 3.0).count();
+    println!("rank {r}: registered as buffers of differing sizes: all-reduce wrong = {wrong}");
+    assert_eq!(wrong, 0);
+    drop(buffers);
+    println!("rank {r}: done");
+    Ok(())
+}
+
+#[test]
+fn nccl_a_window_of_differing_sizes_across_processes_is_refused_on_every_rank() -> TestResult {
+    if RankEnv::from_env()?.is_some() {
+        return Ok(());
+    }
+    let Some((gpu0, gpu1, _lock)) = two_gpus("multi_gpu_window_sizes") else {
+        return Ok(());
+    };
+    let _reset = Reset(&gpu0, &gpu1);
+    if !nccl_loads("multi_gpu_window_sizes") {
+        return Ok(());
+    }
+    let args = [
+        "multi_gpu::nccl_window_size_rank",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let runs = launch(2, &args, Duration::from_secs(300))?;
+    for run in &runs {
+        println!(
+            "multi_gpu_window_sizes: rank {} ({}):\n{}",
+            run.rank, run.status, run.output
+        );
+    }
+    for run in &runs {
+        assert!(run.ok, "rank {} failed: {}", run.rank, run.status);
+        assert!(run.output.contains(&format!("rank {}: done", run.rank)));
+    }
     Ok(())
 }
 

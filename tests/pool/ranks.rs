@@ -115,7 +115,7 @@ fn a_rank_process_reads_its_variables_and_refuses_impossible_ones() {
 
 #[test]
 fn an_id_file_that_never_comes_or_holds_no_id_is_a_typed_error() -> TestResult {
-    let path = ranks_support::fresh_id_file();
+    let path = ranks_support::fresh_id_file()?;
     let start = std::time::Instant::now();
     let never = read_id(&path, Duration::from_millis(50));
     assert!(
@@ -129,10 +129,80 @@ fn an_id_file_that_never_comes_or_holds_no_id_is_a_typed_error() -> TestResult {
         matches!(garbage, Err(PoolError::NcclId { .. })),
         "{garbage:?}"
     );
+    std::fs::remove_file(&path)?;
     let id = UniqueId::from_bytes([0xa5; 128]);
     publish_id(&path, &id)?;
     assert_eq!(read_id(&path, Duration::from_millis(50))?, id);
+    ranks_support::remove_id_file(&path);
+    Ok(())
+}
+
+#[cfg(unix)]
+#[test]
+fn the_id_file_is_private_and_made_in_a_new_private_directory() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let path = ranks_support::fresh_id_file()?;
+    let dir = path.parent().ok_or("no directory")?.to_path_buf();
+    let id = UniqueId::from_bytes([0x5a; 128]);
+    publish_id(&path, &id)?;
+    let modes = (
+        std::fs::metadata(&dir)?.permissions().mode() & 0o777,
+        std::fs::metadata(&path)?.permissions().mode() & 0o777,
+    );
+    println!("nccl_id_file: directory {:o}, file {:o}", modes.0, modes.1);
+    assert_eq!(modes, (0o700, 0o600));
+    // A leftover aside file of this process is not overwritten: creating the id fails instead.
     std::fs::remove_file(&path)?;
+    let aside = path.with_extension(format!("part{}", std::process::id()));
+    std::fs::write(&aside, "someone else's\n")?;
+    assert!(publish_id(&path, &id).is_err());
+    ranks_support::remove_id_file(&path);
+    assert!(!dir.exists(), "the directory goes with the file");
+    Ok(())
+}
+
+/// A rank process of the test below that fails at once (rank 0) or would sleep for a minute
+/// (the others); nothing in an ordinary run.
+#[test]
+fn failing_rank_process() -> TestResult {
+    let Some(env) = RankEnv::from_env()? else {
+        return Ok(());
+    };
+    if env.rank == 0 {
+        return Err("rank 0 fails on purpose".into());
+    }
+    std::thread::sleep(Duration::from_secs(60));
+    Ok(())
+}
+
+#[test]
+fn when_one_rank_fails_the_launcher_kills_the_others_soon_after() -> TestResult {
+    if RankEnv::from_env()?.is_some() {
+        return Ok(());
+    }
+    let args = [
+        "ranks::failing_rank_process",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let start = std::time::Instant::now();
+    let runs = launch(2, &args, Duration::from_secs(120))?;
+    let took = start.elapsed();
+    for run in &runs {
+        println!("failing_rank: rank {} {}", run.rank, run.status);
+    }
+    println!("failing_rank: the launch took {took:?}");
+    assert!(!runs[0].ok && !runs[1].ok);
+    assert!(
+        runs[1].status.contains("after rank 0 failed"),
+        "{}",
+        runs[1].status
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "{took:?}: the sibling was waited for"
+    );
     Ok(())
 }
 
