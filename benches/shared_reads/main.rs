@@ -272,6 +272,53 @@ fn main() -> Res<()> {
         unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result()?;
         Ok(())
     })?;
+    let pageable = vec![0u8; 1 << 20];
+    time(
+        "cuPointerGetAttribute(MEMORY_TYPE) on a pageable Vec",
+        &mut || {
+            let mut kind = 0u32;
+            // SAFETY: a query of the driver's table of the address; the out-parameter is a u32.
+            let _ = unsafe {
+                sys::cuPointerGetAttribute(
+                    (&raw mut kind).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                    pageable.as_ptr() as sys::CUdeviceptr,
+                )
+            };
+            Ok(())
+        },
+    )?;
+    time("cuStreamQuery on an idle stream", &mut || {
+        // SAFETY: a live stream.
+        let _ = unsafe { sys::cuStreamQuery(cu) };
+        Ok(())
+    })?;
+    let mut dev = GpuMat::<u8>::new(&stream, 1, 1 << 10)?;
+    let small = vec![1u8; 1 << 10];
+    let mut back = vec![0u8; 1 << 10];
+    time("GpuMat::upload of 1 KiB pageable", &mut || {
+        dev.upload(&small)?;
+        Ok(())
+    })?;
+    time("GpuMat::download of 1 KiB pageable", &mut || {
+        dev.download(&mut back)?;
+        Ok(())
+    })?;
+    let cs = stream.cuda_stream().expect("CUDA").clone();
+    let mut slice = cs.alloc_zeros::<u8>(1 << 10)?;
+    time("cudarc memcpy_htod of 1 KiB pageable", &mut || {
+        cs.memcpy_htod(&small, &mut slice)?;
+        Ok(())
+    })?;
+    time(
+        "cudarc memcpy_dtoh of 1 KiB pageable (+ synchronize)",
+        &mut || {
+            cs.memcpy_dtoh(&slice, &mut back)?;
+            cs.synchronize()?;
+            Ok(())
+        },
+    )?;
+    drop(slice);
     let guards = weights
         .iter()
         .map(|w| w.read(&stream))

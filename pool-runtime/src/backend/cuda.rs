@@ -209,40 +209,28 @@ impl CudaBackend {
         }
     }
 
-    /// Whether everything queued on `stream` is done (`cuStreamQuery`).
-    fn stream_idle(&self, stream: &RawStream) -> Result<bool, PoolError> {
-        count(Call::Other);
-        // SAFETY: the stream belongs to this context and is alive (the RawStream holds it).
-        match unsafe { sys::cuStreamQuery(self.cu_stream(stream)?) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => Err(driver_error("cuStreamQuery", DriverError(e))),
-        }
-    }
-
-    /// Whether the driver knows any of `bytes` (page-locked, registered or managed memory), so an
-    /// asynchronous copy from or into it really is asynchronous. Pageable memory it does not know
-    /// (`CUDA_ERROR_INVALID_VALUE`) is staged, and the copy's call returns only once the bytes
-    /// may be reused (or, into it, are written). Any other answer counts as known: a wait too many
-    /// is only slower.
+    /// Whether the driver knows the memory `bytes` starts in (page-locked, registered or
+    /// managed), so an asynchronous copy from it really is asynchronous. A copy from pageable
+    /// memory it does not know (`CUDA_ERROR_INVALID_VALUE`) is staged whole before the call
+    /// returns, whatever the later bytes are (a range only partly page-locked is staged too, or
+    /// refused), so the first byte decides. Any other answer counts as known: a wait too many is
+    /// only slower. One query costs the host about 1 µs on an H200 (`benches/shared_reads`).
     fn knows_host_memory(&self, bytes: &[u8]) -> bool {
-        let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
+        let Some(first) = bytes.first() else {
             return false;
         };
-        [first, last].into_iter().any(|byte| {
-            count(Call::Other);
-            let mut kind = 0u32;
-            // SAFETY: a query of the driver's table of the address (no memory is accessed); the
-            // out-parameter is a u32, as `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` answers.
-            let asked = unsafe {
-                sys::cuPointerGetAttribute(
-                    (&raw mut kind).cast(),
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                    std::ptr::from_ref(byte) as sys::CUdeviceptr,
-                )
-            };
-            asked != sys::CUresult::CUDA_ERROR_INVALID_VALUE
-        })
+        count(Call::Other);
+        let mut kind = 0u32;
+        // SAFETY: a query of the driver's table of the address (no memory is accessed); the
+        // out-parameter is a u32, as `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` answers.
+        let asked = unsafe {
+            sys::cuPointerGetAttribute(
+                (&raw mut kind).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                std::ptr::from_ref(first) as sys::CUdeviceptr,
+            )
+        };
+        asked != sys::CUresult::CUDA_ERROR_INVALID_VALUE
     }
 
     fn memcpy2d(&self, copy: &sys::CUDA_MEMCPY2D, stream: &RawStream) -> Result<(), PoolError> {
@@ -763,17 +751,13 @@ impl Backend for CudaBackend {
         dst_pitch: usize,
         stream: &RawStream,
     ) -> Result<(), PoolError> {
-        let _guard = self.guard()?;
-        // SAFETY: forwarded contract; `dst` stays valid until the copy is done, below.
+        // SAFETY: forwarded contract; `dst` stays valid until the synchronize below returns.
         unsafe { self.download_async(src, dst.as_mut_ptr(), dst_pitch, stream) }?;
         // `dst` is borrowed only for this call: the copy must be complete before returning. Into
-        // pageable memory the driver returns only once it is, and into memory it knows it does
-        // not; the stream's query confirms the first (the caller counts on the stream's earlier
-        // work being done too), for one call where it is right, a wait where it is not.
-        if self.knows_host_memory(dst) || !self.stream_idle(stream)? {
-            self.synchronize(stream)?;
-        }
-        Ok(())
+        // pageable memory the driver returns once it is, but into page-locked memory it does not,
+        // and telling them apart costs about as much as this wait on a stream with nothing left
+        // to run (a pointer query, 1 µs on an H200).
+        self.synchronize(stream)
     }
 
     unsafe fn upload_async(
