@@ -20,6 +20,9 @@ use gpu_pool::prelude::*;
 use crate::harness;
 use crate::mlp_eager::{self, CLASSES, IN, Kernels, Weights, Work};
 
+/// Steps timed part by part.
+const PHASE_STEPS: usize = 2000;
+
 /// The batch every step has.
 pub const BATCH: usize = 32;
 /// Steps a round on a GPU.
@@ -157,6 +160,16 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         },
     )?;
     harness::print_calls_per_unit(calls_1.get(), REPLAYS * rounds, "replay");
+    // Where a step's host time goes, each twin in turn, three times.
+    for _ in 0..3 {
+        let p = pooled::phases(&graph, &x, &probs, &work, PHASE_STEPS)?;
+        let c = captured.phases(&twin, &work, PHASE_STEPS)?;
+        println!(
+            "a step's parts (host µs: upload / launch / download and wait): gpu-pool {:.2} / \
+             {:.2} / {:.2}, cudarc {:.2} / {:.2} / {:.2}",
+            p[0], p[1], p[2], c[0], c[1], c[2]
+        );
+    }
     let alloc_calls = device.stats().driver_alloc_calls - before;
     println!(
         "gpu-pool driver allocation calls during the timed rounds: {alloc_calls}{}",

@@ -50,6 +50,26 @@ impl Captured {
         Ok(())
     }
 
+    /// The host's time in each part of `n` steps (upload, launch, download and wait), in µs a step.
+    pub(crate) fn phases(&mut self, twin: &Twin, work: &Work, n: usize) -> Res<[f64; 3]> {
+        let (s, mut out) = (&twin.stream, vec![0.0; BATCH * CLASSES]);
+        let mut t = [std::time::Duration::ZERO; 3];
+        for i in 0..n {
+            let a = std::time::Instant::now();
+            s.memcpy_htod(work.input(i % work.steps()), &mut self.x)?;
+            let b = std::time::Instant::now();
+            self.graph.launch()?;
+            let c = std::time::Instant::now();
+            s.memcpy_dtoh(&self.probs, &mut out)?;
+            s.synchronize()?;
+            let d = std::time::Instant::now();
+            t[0] += b - a;
+            t[1] += c - b;
+            t[2] += d - c;
+        }
+        Ok(t.map(|d| d.as_secs_f64() * 1e6 / n as f64))
+    }
+
     /// `n` replays of the graph, then one wait for them.
     pub(crate) fn replay(&self, twin: &Twin, n: usize) -> Res<()> {
         for _ in 0..n {

@@ -45,6 +45,31 @@ pub fn run(
     Ok(())
 }
 
+/// The host's time in each part of `n` steps (upload, launch, download and wait), in µs a step.
+pub fn phases(
+    graph: &Graph<'_>,
+    x: &RefCell<GpuMat<'_, f32>>,
+    probs: &RefCell<GpuMat<'_, f32>>,
+    work: &Work,
+    n: usize,
+) -> Result<[f64; 3], PoolError> {
+    let mut out = vec![0.0; BATCH * CLASSES];
+    let mut t = [std::time::Duration::ZERO; 3];
+    for i in 0..n {
+        let a = std::time::Instant::now();
+        x.borrow_mut().upload(work.input(i % work.steps()))?;
+        let b = std::time::Instant::now();
+        graph.launch()?;
+        let c = std::time::Instant::now();
+        probs.borrow().download(&mut out)?;
+        let d = std::time::Instant::now();
+        t[0] += b - a;
+        t[1] += c - b;
+        t[2] += d - c;
+    }
+    Ok(t.map(|d| d.as_secs_f64() * 1e6 / n as f64))
+}
+
 /// `n` replays of `graph`, then one wait for them.
 pub fn replay(stream: &Stream, graph: &Graph<'_>, n: usize) -> Result<(), PoolError> {
     for _ in 0..n {
