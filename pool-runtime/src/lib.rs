@@ -76,51 +76,41 @@
 //! follows (`Keeper`), so a copy out of shared memory on another stream is waited for by the
 //! stream the access names.
 
-mod access;
-mod allocator;
-mod arena;
-mod backend;
-#[cfg(feature = "cublas")]
-mod blas;
-mod buffer;
-mod caching;
-mod capturing;
-mod config;
-mod device;
-#[cfg(feature = "cuda")]
-mod device_memory;
-mod error;
-mod frame;
+mod allocators;
+mod base;
+mod compat;
+mod core;
 #[cfg(feature = "cuda")]
 pub mod graph;
-mod holders;
 mod host_mem;
-mod id;
-#[cfg(feature = "cuda")]
-mod kernel_args;
-mod layout;
-mod ledger;
-mod mix;
+mod interop;
 #[cfg(feature = "nccl")]
 pub mod nccl;
-mod pinned;
-pub mod pplcv;
-mod record;
-mod report;
+mod observe;
 pub mod shared;
-mod source;
-mod stack;
-mod stats;
 mod storage;
-mod stream;
-mod symmetric;
-mod sync;
+
+// The paths the modules used before they moved into layer folders; removed once every `use` names
+// the layer.
+use self::core::{
+    access, arena, buffer, capturing, config, device, frame, layout, ledger, pinned, record, stack,
+    stats, stream, symmetric, view,
+};
+use allocators as allocator;
+use allocators::caching;
+use base::{error, id, source, sync, unique};
+use compat::mix;
+pub use compat::pplcv;
+#[cfg(feature = "cublas")]
+use interop::blas;
+#[cfg(feature = "cuda")]
+use interop::{device_memory, kernel_args};
+use observe::report;
 #[cfg(feature = "testing")]
-pub mod testing;
+pub use observe::testing;
 #[cfg(feature = "timeline")]
-pub mod timeline;
-mod unique;
-mod view;
+pub use observe::timeline;
+use storage::{backend, holders};
 
 pub use access::{GpuRead, GpuWrite};
 pub use allocator::{

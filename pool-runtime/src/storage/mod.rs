@@ -18,6 +18,9 @@
 //! The driver objects that hold no buffer (streams, events, the stream-ordered memory pool itself)
 //! are not counted either.
 
+pub(crate) mod backend;
+pub(crate) mod holders;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};

@@ -5,6 +5,8 @@
 //! a user can give a stream an allocator of their own with
 //! [`Stream::with_allocator`](crate::Stream::with_allocator).
 
+pub(crate) mod caching;
+
 use std::fmt;
 
 use crate::backend::{DevPtr, RawStream};

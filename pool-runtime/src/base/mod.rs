@@ -1,0 +1,7 @@
+//! Vocabulary every layer speaks: errors, ids, where memory came from, the lock.
+
+pub(crate) mod error;
+pub(crate) mod id;
+pub(crate) mod source;
+pub(crate) mod sync;
+pub(crate) mod unique;

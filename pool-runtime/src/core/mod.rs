@@ -1,0 +1,18 @@
+//! The pool: per-stream stacks, the take and give-back, the device that owns them.
+
+pub(crate) mod access;
+pub(crate) mod arena;
+pub(crate) mod buffer;
+pub(crate) mod capturing;
+pub(crate) mod config;
+pub(crate) mod device;
+pub(crate) mod frame;
+pub(crate) mod layout;
+pub(crate) mod ledger;
+pub(crate) mod pinned;
+pub(crate) mod record;
+pub(crate) mod stack;
+pub(crate) mod stats;
+pub(crate) mod stream;
+pub(crate) mod symmetric;
+pub(crate) mod view;
