@@ -36,8 +36,9 @@ pub mod prelude {
     };
 }
 
-/// The guide: outputs, shared weights, threads and streams, kernel arguments, early release,
-/// sizing, graphs and errors, each with an example compiled as a doctest.
+/// The guide, the reference by task: the DSL, outputs, shared weights, threads and streams,
+/// copies, kernel arguments, stacks and configuration, sizing, graphs, NCCL, the seed APIs and
+/// errors, each with an example compiled as a doctest.
 #[doc = include_str!("../docs/guide.md")]
 pub mod guide {}
 
