@@ -22,41 +22,11 @@
 //! - Every bad input is a [`PoolError`]; no input panics.
 //!
 //! # Layers
-//! Each module has a rank and imports only modules of a lower rank, never one of its own, so no
-//! import cycle can form. `tests/layers.rs` reads the table below and checks every path into the
-//! crate against it, the names re-exported here included (`crate::LentSlice` is an import of
-//! `device_memory`); only `#[cfg(test)] mod` blocks may look anywhere. Every module file is named
-//! once (a file under a module's directory is `dir::file`), or belongs to its nearest named parent
-//! (`stream/lease.rs` is part of `stream`): a new module is one more name in a row, or a row of its
-//! own (ranks only have to grow down the table).
-//!
-//! | rank | modules | what they hold |
-//! |---:|---|---|
-//! | 1 | `source`, `id`, `unique`, `sync`, `holders` | vocabulary: [`Source`], [`DeviceId`], ids, the lock; idle memory and who holds it ([`Reclaimed`]) |
-//! | 2 | `error` | [`PoolError`] |
-//! | 3 | `layout` | how a shape becomes bytes: the pitch and alignment rules |
-//! | 4 | `config` | [`PoolConfig`], `GPU_POOL_CONF`: the one settings lookup |
-//! | 5 | `stats`, `record` | counters and their snapshots; the opt-in event ring |
-//! | 7 | `backend` | what a backend does: allocate, copy, fill, streams and events |
-//! | 8 | `backend::host`, `backend::cuda`, `storage` | backends; counted driver calls |
-//! | 9 | `stack`, `allocator`, `capturing` | a stream's bump stack; [`GpuAllocator`] and fallbacks; what a capture asks of every stream |
-//! | 10 | `arena`, `pinned`, `ledger` | one allocation cut into a device's stacks; page-locked memory freed once its copies are done; what a stream shares with its device (counters, peak and fallback sites, recording, its stack's idle memory) |
-//! | 11 | `device` | the composition root: storage, stack arena, settings, stream ledgers |
-//! | 12 | `caching` | [`CachingPool`], made for a device |
-//! | 13 | `stream` | [`Stream`]: the take and give-back (`stream/lease.rs`), its work, its captures |
-//! | 14 | `view`, `graph`, `pplcv`, `symmetric` | views and regions; CUDA graphs; ppl.cv's pool; the symmetric-stack check |
-//! | 15 | `buffer`, `mix`, `shared`, `host_mem` | [`GpuMat`], [`BufferPool`]; [`MixMemory`]; [`SharedMat`], memory no stream owns; [`HostMem`], page-locked memory for asynchronous copies |
-//! | 16 | `frame` | what the DSL expands to |
-//! | 17 | `device_memory`, `kernel_args`, `blas` | CUDA interop: views lent to cudarc; kernel arguments; cuBLAS handles |
-//! | 18 | `access` | [`GpuRead`] / [`GpuWrite`]: one parameter type for every kind of buffer |
-//! | 19 | `nccl` | NCCL communicators over pool streams; stacks in memory NCCL registers |
-//! | 20 | `report`, `timeline`, `testing` | every device's stats; recordings exported; test hooks |
-//!
-//! Storage (ranks 7 and 8) knows memory, not policy; the stack and the allocators (9) build on
-//! it and never name the device; the device holds the arena and its settings; the caching pool and
-//! the streams sit on the device (a stream chooses its fallback when it is made); the user-facing
-//! types (14 to 16) sit on the stream, CUDA interop on them, the one parameter type for all of them
-//! (18) on top, NCCL (19) over it, and the reports on everything.
+//! Each folder under `src/` is a layer: `base`, `storage`, `allocators`, `core`, the features
+//! (`graph`, `shared`, `host_mem`, `nccl`), `interop`, `compat`, `observe`, low to high. A file
+//! imports only its own layer and lower ones; a feature uses the core's seams and no other feature
+//! (but `nccl` records in `graph`s). `tests/layers.rs` checks every path. `ARCHITECTURE.md`, at the
+//! repository's root, draws the layers, the seams and a buffer's path through them.
 //!
 //! # A buffer's path
 //! `buffer!` (or [`BufferPool::get_buffer`]) asks its stream for memory: `Stream::take`

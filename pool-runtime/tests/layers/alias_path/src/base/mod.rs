@@ -1,0 +1,5 @@
+use crate::stream::Stream;
+
+fn f(_: &crate::Stream) {
+    assert!(super::report::ok());
+}

@@ -1,0 +1,3 @@
+pub(crate) fn ok() -> bool {
+    true
+}

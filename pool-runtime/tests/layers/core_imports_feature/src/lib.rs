@@ -1,0 +1,2 @@
+mod core;
+mod graph;

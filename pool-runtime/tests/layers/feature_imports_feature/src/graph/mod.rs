@@ -1,0 +1,3 @@
+pub struct Graph;
+
+fn capture(_: &crate::core::Stream) {}

@@ -1,0 +1,4 @@
+mod core;
+mod graph;
+mod nccl;
+mod shared;

@@ -1,0 +1,2 @@
+// Declared: NCCL collectives are recorded in graphs.
+use crate::graph::Graph;

@@ -1,0 +1,1 @@
+// No `mod orphan;` anywhere.
