@@ -63,12 +63,12 @@ mod storage;
 // The paths the modules used before they moved into layer folders; removed once every `use` names
 // the layer.
 use self::core::{
-    access, arena, buffer, capturing, config, device, frame, layout, ledger, pinned, record, stack,
-    stats, stream, symmetric, view,
+    access, arena, buffer, capturing, config, device, frame, ledger, pinned, record, stack, stats,
+    stream, symmetric, view,
 };
 use allocators as allocator;
 use allocators::caching;
-use base::{error, id, source, sync, unique};
+use base::{error, holders, id, layout, source, sync, unique};
 use compat::mix;
 pub use compat::pplcv;
 #[cfg(feature = "cublas")]
@@ -80,7 +80,7 @@ use observe::report;
 pub use observe::testing;
 #[cfg(feature = "timeline")]
 pub use observe::timeline;
-use storage::{backend, holders};
+use storage::backend;
 
 pub use access::{GpuRead, GpuWrite};
 pub use allocator::{

@@ -7,7 +7,6 @@ pub(crate) mod capturing;
 pub(crate) mod config;
 pub(crate) mod device;
 pub(crate) mod frame;
-pub(crate) mod layout;
 pub(crate) mod ledger;
 pub(crate) mod pinned;
 pub(crate) mod record;

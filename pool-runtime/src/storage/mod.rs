@@ -19,7 +19,6 @@
 //! are not counted either.
 
 pub(crate) mod backend;
-pub(crate) mod holders;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
