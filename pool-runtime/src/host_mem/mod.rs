@@ -605,3 +605,15 @@ impl<T: Pod> GpuView<'_, T> {
         dst.note_copy(stream, raw)
     }
 }
+
+impl<T: Pod> crate::access::sealed::Sealed for HostMem<T> {}
+
+impl<T: Pod> crate::access::PinnedHost<T> for HostMem<T> {
+    fn download_from(&mut self, view: &GpuView<'_, T>) -> Result<(), PoolError> {
+        view.download_async(self)
+    }
+
+    fn upload_into(&self, view: &mut GpuViewMut<'_, T>) -> Result<(), PoolError> {
+        view.upload_async(self)
+    }
+}

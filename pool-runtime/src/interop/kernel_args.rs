@@ -59,7 +59,7 @@ use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use crate::error::PoolError;
 use crate::view::Window;
 
-use crate::buffer::GpuMat;
+use crate::buffer::{DeviceMat, Temp};
 use crate::frame::Pooled;
 use crate::shared::{SharedRead, SharedWrite};
 use crate::view::{GpuView, GpuViewMut};
@@ -79,8 +79,10 @@ macro_rules! push_address {
 }
 
 push_address!(
-    &'b GpuMat<'s, T> => |buffer| buffer.ptr_field(),
-    &'b mut GpuMat<'s, T> => |buffer| buffer.ptr_field(),
+    &'b Temp<'s, T> => |buffer| buffer.ptr_field(),
+    &'b mut Temp<'s, T> => |buffer| buffer.ptr_field(),
+    &'b DeviceMat<'s, T> => |buffer| buffer.ptr_field(),
+    &'b mut DeviceMat<'s, T> => |buffer| buffer.ptr_field(),
     &'b GpuView<'s, T> => |view| &view.window.ptr,
     &'b mut GpuViewMut<'s, T> => |view| &view.window.ptr,
     &'b SharedRead<'s, T> => |access| access.ptr_field(),

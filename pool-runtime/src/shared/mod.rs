@@ -363,3 +363,21 @@ mod tests {
         send_sync::<super::SharedMat<[u8; 3]>>();
     }
 }
+
+impl<T: Pod> crate::access::GpuRead<T> for SharedRead<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        SharedRead::view(self)
+    }
+}
+
+impl<T: Pod> crate::access::GpuRead<T> for SharedWrite<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        SharedWrite::view(self)
+    }
+}
+
+impl<T: Pod> crate::access::GpuWrite<T> for SharedWrite<'_, T> {
+    fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        SharedWrite::view_mut(self)
+    }
+}
