@@ -121,8 +121,8 @@ pub use backend::calls::DriverCalls;
 #[cfg(feature = "cublas")]
 pub use blas::{BLAS_WORKSPACE_BYTES, Blas, with_blas_workspace};
 pub use buffer::{DeviceMat, Temp};
-pub use compat::opencv::{BufferPool, GpuMat};
 pub use caching::{CachingPool, CachingStats};
+pub use compat::opencv::{BufferPool, GpuMat};
 pub use config::{
     ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, buffer_pool_usage, env_config,
     set_buffer_pool_usage,

@@ -255,7 +255,11 @@ lease_buffer!(DeviceMat);
 impl<'s, T: Pod> DeviceMat<'s, T> {
     /// A `rows x cols` buffer of its own, uninitialised; its pitch is the driver's choice.
     #[track_caller]
-    pub fn new(stream: &'s Stream, rows: usize, cols: usize) -> Result<DeviceMat<'s, T>, PoolError> {
+    pub fn new(
+        stream: &'s Stream,
+        rows: usize,
+        cols: usize,
+    ) -> Result<DeviceMat<'s, T>, PoolError> {
         let lease = stream.take_from_driver::<T>(rows, cols, CallSite::here(""))?;
         Ok(DeviceMat::on(lease))
     }
