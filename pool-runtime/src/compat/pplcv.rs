@@ -164,7 +164,7 @@ impl Drop for GpuMemoryBlock {
 /// let sums = pool.malloc(480)?;
 /// assert_eq!((image.pitch(), image.offset(), sums.offset()), (2560, 0, 2560 * 480));
 /// drop(image);
-/// assert_eq!(pool.in_use(), 512);                       // `sums`, rounded up to 512
+/// assert_eq!(pool.in_use(), 480);                       // `sums` alone
 /// # Ok::<(), PoolError>(())
 /// ```
 ///
