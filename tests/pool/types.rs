@@ -75,7 +75,8 @@ fn mix_memory_copies_the_shorter_side_and_tracks_copies_across_streams() -> Resu
     each_device("types_mix", |device| {
         let (a, b) = (Stream::new(device)?, Stream::new(device)?);
         let mut mix = MixMemory::new(device)?;
-        mix.cpu::<u32>(8)?.copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        mix.cpu::<u32>(8)?
+            .copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
         let binding = mix.gpu::<u32>(4)?.device_ptr(); // a shorter device side
         assert_eq!(mix.device_ptr(), binding);
         assert_eq!(mix.capacity(), (32, 16));
@@ -93,13 +94,23 @@ fn ppl_pools_are_values_side_by_side_with_the_global_one() -> Result<(), PoolErr
         let pool = PplPool::new(device, 4096)?;
         let image = pool.malloc_pitch(700, 2)?;
         let row = pool.malloc(100)?;
-        assert_eq!((image.pitch(), image.size(), row.offset()), (1024, 2048, 2048));
+        assert_eq!(
+            (image.pitch(), image.size(), row.offset()),
+            (1024, 2048, 2048)
+        );
         assert!(matches!(
             pool.malloc(2048),
-            Err(PoolError::OutOfMemory { requested: 2048, .. })
+            Err(PoolError::OutOfMemory {
+                requested: 2048,
+                ..
+            })
         ));
         drop(image);
-        assert_eq!(pool.malloc(2048)?.offset(), 0, "a dropped block's bytes are free again");
+        assert_eq!(
+            pool.malloc(2048)?.offset(),
+            0,
+            "a dropped block's bytes are free again"
+        );
         assert_eq!(pool.in_use(), 100);
         drop(row);
         pool.close()
