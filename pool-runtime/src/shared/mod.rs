@@ -353,17 +353,6 @@ macro_rules! guard_debug {
 }
 guard_debug!(SharedRead, SharedWrite);
 
-#[cfg(test)]
-mod tests {
-    /// Shared memory crosses threads (its point); the access guards stay with their stream's.
-    #[test]
-    fn shared_memory_is_send_and_sync() {
-        fn send_sync<T: Send + Sync>() {}
-        send_sync::<super::SharedMat<f32>>();
-        send_sync::<super::SharedMat<[u8; 3]>>();
-    }
-}
-
 impl<T: Pod> crate::access::GpuRead<T> for SharedRead<'_, T> {
     fn view(&self) -> GpuView<'_, T> {
         SharedRead::view(self)
@@ -379,5 +368,16 @@ impl<T: Pod> crate::access::GpuRead<T> for SharedWrite<'_, T> {
 impl<T: Pod> crate::access::GpuWrite<T> for SharedWrite<'_, T> {
     fn view_mut(&mut self) -> GpuViewMut<'_, T> {
         SharedWrite::view_mut(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Shared memory crosses threads (its point); the access guards stay with their stream's.
+    #[test]
+    fn shared_memory_is_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::SharedMat<f32>>();
+        send_sync::<super::SharedMat<[u8; 3]>>();
     }
 }
