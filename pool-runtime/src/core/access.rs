@@ -1,5 +1,6 @@
 //! One way to take a buffer as a parameter: [`GpuRead`] for what a function reads, [`GpuWrite`]
-//! for what it fills. A [`GpuMat`], a `buffer!` handle ([`Pooled`]), a view or a region
+//! for what it fills. A [`Temp`], a [`DeviceMat`](crate::DeviceMat), OpenCV's
+//! [`GpuMat`](crate::compat::opencv::GpuMat), a `buffer!` handle ([`Pooled`]), a view or a region
 //! ([`GpuView`], [`GpuViewMut`]) and an access to shared memory ([`SharedRead`], [`SharedWrite`])
 //! all implement them, so one function serves them all, and every operation (uploads, downloads,
 //! fills, copies, regions, kernel arguments, cudarc lending) is found in one place.
@@ -61,7 +62,7 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
-/// Device memory a function reads: a [`GpuMat`], a `buffer!` handle, a view or region, or a read
+/// Device memory a function reads: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a view or region, or a read
 /// of a [`SharedMat`](crate::SharedMat). Take it as `src: &impl GpuRead<T>`.
 ///
 /// Only [`view`](Self::view) is implemented by each type; every other method works on the view,
@@ -176,7 +177,7 @@ pub trait GpuRead<T: Pod> {
     }
 }
 
-/// Device memory a function fills: a [`GpuMat`], a `buffer!` handle, a writable view or region,
+/// Device memory a function fills: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a writable view or region,
 /// or a write of a [`SharedMat`](crate::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
 pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// The memory as a writable view, queued on its stream.

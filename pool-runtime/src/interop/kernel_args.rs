@@ -239,7 +239,7 @@ macro_rules! pitched {
 pitched!(
     /// A read-only 2D kernel argument: a buffer's (or a region's) address, step, rows and
     /// columns, pushed as one parameter with `.arg(&p)`; the kernel takes a `Pitched<const T>`
-    /// of [`PITCHED_H`]. Made by `.pitched()` on [`GpuMat`], [`GpuView`] and (through `Deref`)
+    /// of [`PITCHED_H`]. Made by `.pitched()` on [`Temp`], [`DeviceMat`], [`GpuView`] and (through `Deref`)
     /// [`Pooled`]; it borrows the buffer, so the buffer outlives the launch.
     Pitched, &'a T
 );
@@ -255,7 +255,7 @@ impl<T> Copy for Pitched<'_, T> {}
 
 pitched!(
     /// A writable 2D kernel argument, the output counterpart of [`Pitched`]: made by
-    /// `.pitched_mut()` from a `&mut` [`GpuMat`], [`GpuViewMut`] or [`Pooled`], and taken by the
+    /// `.pitched_mut()` from a `&mut` [`Temp`], [`DeviceMat`], [`GpuViewMut`] or [`Pooled`], and taken by the
     /// kernel as a `Pitched<T>` of [`PITCHED_H`]. While it lives, nothing else reads or writes the
     /// buffer from the host side.
     PitchedMut, &'a mut T
