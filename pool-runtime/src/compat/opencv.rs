@@ -240,3 +240,18 @@ mod kernel_args {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The deref casts rely on one layout, and the hot path on buffers no bigger than a lease.
+    #[test]
+    fn every_buffer_type_is_its_lease() {
+        let lease = size_of::<Lease<'static>>();
+        assert_eq!(size_of::<Temp<'static, [u8; 3]>>(), lease);
+        assert_eq!(size_of::<DeviceMat<'static, f64>>(), lease);
+        assert_eq!(size_of::<GpuMat<'static, u16>>(), lease);
+        assert_eq!(align_of::<Temp<'static, u8>>(), align_of::<GpuMat<'static, u8>>());
+    }
+}
