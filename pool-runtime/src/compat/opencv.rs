@@ -147,6 +147,14 @@ pub struct GpuMat<'s, T> {
 
 lease_buffer!(GpuMat);
 
+impl<T> GpuMat<'_, T> {
+    /// Gives the memory back now and reports what went wrong: a driver error from the fallback's
+    /// free, or, in strict mode, `PoolError::LifoViolation` (the memory is still reclaimed).
+    pub fn release(self) -> Result<(), PoolError> {
+        self.lease.release()
+    }
+}
+
 impl<'s, T: Pod> GpuMat<'s, T> {
     /// A buffer with memory of its own, not from the stack: [`DeviceMat::new`].
     #[track_caller]
@@ -252,6 +260,9 @@ mod tests {
         assert_eq!(size_of::<Temp<'static, [u8; 3]>>(), lease);
         assert_eq!(size_of::<DeviceMat<'static, f64>>(), lease);
         assert_eq!(size_of::<GpuMat<'static, u16>>(), lease);
-        assert_eq!(align_of::<Temp<'static, u8>>(), align_of::<GpuMat<'static, u8>>());
+        assert_eq!(
+            align_of::<Temp<'static, u8>>(),
+            align_of::<GpuMat<'static, u8>>()
+        );
     }
 }

@@ -11,9 +11,10 @@ use crate::source::CallSite;
 use crate::stream::{Lease, Stream};
 
 /// The API every buffer type over a `Lease` shares (`Temp`, `DeviceMat`, OpenCV's `GpuMat`):
-/// its shape and source, its views, `record_stream`, `release`, `Debug`, and
-/// [`GpuRead`](crate::GpuRead) / [`GpuWrite`](crate::GpuWrite). `$name` must be
-/// `#[repr(transparent)]` over `lease: Lease<'s>` and `_elem: PhantomData<T>`.
+/// its shape and source, its views, `record_stream`, `Debug`, and [`GpuRead`](crate::GpuRead) /
+/// [`GpuWrite`](crate::GpuWrite). `$name` must be `#[repr(transparent)]` over `lease: Lease<'s>`
+/// and `_elem: PhantomData<T>`. Each type writes its own `release`, so the compiler's note on a
+/// use after it points at the type's code, not into this macro.
 macro_rules! lease_buffer {
     ($name:ident) => {
         impl<'s, T> $name<'s, T> {
@@ -37,13 +38,6 @@ macro_rules! lease_buffer {
             #[cfg(feature = "cuda")]
             pub(crate) fn ptr_field(&self) -> &u64 {
                 self.lease.ptr_field()
-            }
-
-            /// Gives the memory back now and reports what went wrong: a driver error from the
-            /// fallback's free, or, in strict mode, `PoolError::LifoViolation` (the memory is
-            /// still reclaimed).
-            pub fn release(self) -> Result<(), $crate::error::PoolError> {
-                self.lease.release()
             }
         }
 
@@ -226,6 +220,14 @@ pub struct Temp<'s, T> {
 
 lease_buffer!(Temp);
 
+impl<T> Temp<'_, T> {
+    /// Gives the memory back now and reports what went wrong: a driver error from the fallback's
+    /// free, or, in strict mode, `PoolError::LifoViolation` (the memory is still reclaimed).
+    pub fn release(self) -> Result<(), PoolError> {
+        self.lease.release()
+    }
+}
+
 /// A driver allocation: a 2D array of `T` with memory of its own (`cuMemAllocPitch`/`cuMemAlloc`),
 /// for long-lived data such as inputs, outputs and weights.
 ///
@@ -251,6 +253,13 @@ pub struct DeviceMat<'s, T> {
 }
 
 lease_buffer!(DeviceMat);
+
+impl<T> DeviceMat<'_, T> {
+    /// Frees the memory now (ordered on its stream) and reports a driver error.
+    pub fn release(self) -> Result<(), PoolError> {
+        self.lease.release()
+    }
+}
 
 impl<'s, T: Pod> DeviceMat<'s, T> {
     /// A `rows x cols` buffer of its own, uninitialised; its pitch is the driver's choice.
