@@ -50,12 +50,11 @@ fn main() -> Result<(), PoolError> {
         for (i, x) in input.cpu::<f32>(n)?.iter_mut().enumerate() {
             *x = normalise(pixel(first_image + i / IMAGE, i % IMAGE));
         }
-        input.gpu::<f32>(n)?;
+        let _ = input.gpu::<f32>(n)?; // grows the device side
         input.copy_to_gpu_async(&stream)?;
 
         // Infer, on the same stream, so after the copy.
-        output.gpu::<f32>(n)?;
-        let y = output.gpu_view_mut::<f32>(n)?;
+        let y = output.gpu::<f32>(n)?;
         stages.affine_relu(&stream, input.gpu_view::<f32>(n)?, y, A, B)?;
         output.cpu::<f32>(n)?;
         output.copy_to_cpu_async(&stream)?;

@@ -31,8 +31,8 @@ pub use gpu_pool_runtime::*;
 pub mod prelude {
     pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
     pub use gpu_pool_runtime::{
-        BufferPool, Device, GpuMat, GpuRead, GpuView, GpuViewMut, GpuWrite, PoolError, Pooled,
-        SharedMat, Source, Stream,
+        BufferPool, Device, DeviceMat, GpuMat, GpuRead, GpuView, GpuViewMut, GpuWrite, HostMem,
+        PoolError, Pooled, SharedMat, Source, Stream, Temp,
     };
 }
 

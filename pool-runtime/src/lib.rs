@@ -48,7 +48,7 @@
 
 mod allocators;
 mod base;
-mod compat;
+pub mod compat;
 mod core;
 #[cfg(feature = "cuda")]
 pub mod graph;
@@ -82,7 +82,7 @@ pub use observe::testing;
 pub use observe::timeline;
 use storage::backend;
 
-pub use access::{GpuRead, GpuWrite};
+pub use access::{GpuRead, GpuWrite, PinnedHost};
 pub use allocator::{
     AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
     StreamOrderedAllocator,
@@ -90,8 +90,9 @@ pub use allocator::{
 pub use backend::calls::DriverCalls;
 #[cfg(feature = "cublas")]
 pub use blas::{BLAS_WORKSPACE_BYTES, Blas, with_blas_workspace};
-pub use buffer::{BufferPool, GpuMat};
+pub use buffer::{DeviceMat, Temp};
 pub use caching::{CachingPool, CachingStats};
+pub use compat::opencv::{BufferPool, GpuMat};
 pub use config::{
     ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, buffer_pool_usage, env_config,
     set_buffer_pool_usage,

@@ -108,7 +108,7 @@ fn mix_memory_survives_every_failure() {
         let mut mix = MixMemory::new(device)?;
         for n in [100, 50, 10_000] {
             mix.cpu::<u32>(n)?.fill(3);
-            mix.gpu::<u32>(n)?;
+            let _ = mix.gpu::<u32>(n)?;
             mix.copy_to_gpu_async(&stream)?;
             mix.copy_to_cpu_async(&stream)?;
             assert_eq!(mix.cpu::<u32>(n)?[n - 1], 3);

@@ -33,4 +33,5 @@ mod seed;
 mod shared;
 mod sizing;
 mod symmetric;
+mod types;
 mod views;

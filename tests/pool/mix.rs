@@ -12,13 +12,17 @@ fn it_grows_only_when_more_is_asked_and_new_memory_is_zero() -> Result<(), PoolE
         let mut mix = MixMemory::new(device)?;
         assert_eq!(mix.capacity(), (0, 0), "nothing until asked");
         mix.cpu::<u32>(100)?.fill(7);
-        let first = mix.gpu::<u32>(100)?;
+        let first = mix.gpu::<u32>(100)?.device_ptr();
         assert_eq!(mix.reallocations(), 2);
-        assert_eq!(mix.gpu::<u32>(50)?, first, "less is served by what is held");
+        assert_eq!(
+            mix.gpu::<u32>(50)?.device_ptr(),
+            first,
+            "less is served by what is held"
+        );
         assert_eq!(mix.cpu::<u32>(100)?[99], 7, "and keeps its contents");
         assert_eq!(mix.reallocations(), 2);
         let calls = device.stats().driver_alloc_calls;
-        mix.gpu::<u32>(1000)?; // more: a new, zeroed device side
+        let _ = mix.gpu::<u32>(1000)?; // more: a new, zeroed device side
         assert_eq!(device.stats().driver_alloc_calls, calls + 1);
         mix.cpu::<u32>(1000)?; // a new, zeroed host side
         mix.copy_to_cpu_async(&stream)?;
@@ -44,7 +48,7 @@ fn round_trips_on_a_stream_and_waits_before_host_access() -> Result<(), PoolErro
         for (i, v) in mix.cpu::<f32>(n)?.iter_mut().enumerate() {
             *v = i as f32;
         }
-        mix.gpu::<f32>(n)?;
+        let _ = mix.gpu::<f32>(n)?;
         for round in 0..3 {
             mix.copy_to_gpu_async(&stream)?;
             mix.cpu::<f32>(n)?.fill(-1.0); // waits for the upload first
@@ -79,7 +83,10 @@ fn wrapped_memory_is_used_in_place_and_never_freed() -> Result<(), PoolError> {
             // SAFETY: `owned_by_caller` is 4096 bytes of this device, used by nothing else, and
             // outlives `mix`.
             unsafe { mix.wrap_gpu(owned_by_caller.device_ptr(), 4096)? };
-            assert_eq!(mix.gpu::<u8>(4096)?, owned_by_caller.device_ptr());
+            assert_eq!(
+                mix.gpu::<u8>(4096)?.device_ptr(),
+                owned_by_caller.device_ptr()
+            );
             mix.copy_to_gpu_async(&stream)?;
             mix.synchronize()?;
             assert_eq!(mix.reallocations(), 0);
@@ -111,7 +118,7 @@ fn it_allocates_on_its_own_device_and_restores_the_callers_context()
         let stream = Stream::new(&gpu)?;
         let mut mix = MixMemory::new(&gpu)?;
         mix.cpu::<u16>(4096)?.fill(9);
-        mix.gpu::<u16>(4096)?;
+        let _ = mix.gpu::<u16>(4096)?;
         mix.copy_to_gpu_async(&stream)?;
         mix.release_cpu()?;
         mix.cpu::<u16>(4096)?; // zeroed again

@@ -86,7 +86,7 @@ fn mix_memory_and_the_caching_pool_stay_on_their_own_device() -> TestResult {
         let s1 = Stream::new(&gpu1)?;
         let mut mix = MixMemory::new(&gpu1)?;
         mix.cpu::<u32>(4096)?.fill(7);
-        mix.gpu::<u32>(4096)?;
+        let _ = mix.gpu::<u32>(4096)?;
         mix.copy_to_gpu_async(&s1)?;
         mix.cpu::<u32>(4096)?.fill(0);
         mix.copy_to_cpu_async(&s1)?;

@@ -629,7 +629,7 @@ fn memory_made_before_a_capture_and_freed_after_it_lives_while_the_graph_does() 
     // MixMemory's host side could be reallocated under a captured copy: refused.
     let mut mix = gpu_pool::MixMemory::new(&gpu)?;
     mix.cpu::<u32>(1024)?.fill(3);
-    mix.gpu::<u32>(1024)?;
+    let _ = mix.gpu::<u32>(1024)?;
     let err = stream.capture(|s| mix.copy_to_cpu_async(s)).unwrap_err();
     println!("a MixMemory copy inside a capture: {err}");
     assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
@@ -714,7 +714,7 @@ fn a_mix_memory_copy_whose_wait_is_refused_stays_pending() -> TestResult {
     let b = Stream::new(&gpu)?;
     let mut mix = gpu_pool::MixMemory::new(&gpu)?;
     mix.cpu::<u32>(1 << 20)?.fill(3);
-    mix.gpu::<u32>(1 << 20)?;
+    let _ = mix.gpu::<u32>(1 << 20)?;
     mix.copy_to_cpu_async(&b)?; // in flight on b
     // Someone begins a capture on b: the copy can no longer be waited for.
     let cuda = b.cuda_stream().expect("CUDA").clone();

@@ -3,20 +3,27 @@
 //! `gpu::<T>(n)` and `cpu::<T>(n)` return the memory they hold when it is large enough and
 //! reallocate, zero-filled, only when more is asked. Either side can wrap memory the caller owns.
 //! Every allocation and free runs on the buffer's own device, whatever device the calling thread
-//! has current. Copies between the two sides are queued on a stream; host access, reallocation,
-//! release and drop first wait for a copy still in flight, so the host never races the device.
+//! has current.
+//!
+//! A thin layer: the host side is a [`HostMem<u8>`](HostMem), whose copy tracking (tickets, or
+//! events) is the pair's. Copies between the sides are queued on a stream; host access,
+//! reallocation, release and drop first wait for the copies still in flight (`HostMem`'s own
+//! waits), so the host never races the device.
 
 use bytemuck::Pod;
 
 use crate::backend::{DevPtr, RawStream, Region};
 use crate::device::Device;
 use crate::error::PoolError;
+use crate::host_mem::HostMem;
 use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut, Keeper, Window};
 
 enum Host<'a> {
     None,
-    Pinned { ptr: *mut u8, bytes: usize },
+    /// Page-locked memory of the pair's own: its copies are tracked by `HostMem`.
+    Pinned(HostMem<u8>),
+    /// The caller's memory: every copy of it is waited for before returning.
     Borrowed(&'a mut [u8]),
 }
 
@@ -41,14 +48,14 @@ enum Gpu {
 /// let stream = Stream::new(&device)?;
 /// let mut mix = MixMemory::new(&device)?;
 /// mix.cpu::<f32>(4)?.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
-/// mix.gpu::<f32>(4)?;                        // device side of the same size
-/// mix.copy_to_gpu_async(&stream)?;           // queued on the stream
-/// mix.cpu::<f32>(4)?.fill(0.0);              // waits for the copy first
+/// let binding = mix.gpu::<f32>(4)?.device_ptr(); // device side of the same size (TensorRT's binding)
+/// mix.copy_to_gpu_async(&stream)?;               // queued on the stream
+/// mix.cpu::<f32>(4)?.fill(0.0);                  // waits for the copy first
 /// mix.copy_to_cpu_async(&stream)?;
 /// assert_eq!(mix.cpu::<f32>(4)?, &[1.0, 2.0, 3.0, 4.0]);
-/// assert_eq!(mix.reallocations(), 2);        // one per side; asking for less reuses them
-/// mix.gpu::<f32>(2)?;
-/// assert_eq!(mix.reallocations(), 2);
+/// assert_eq!(mix.reallocations(), 2);            // one per side; asking for less reuses them
+/// assert_eq!(mix.gpu::<f32>(2)?.device_ptr(), binding);
+/// assert_eq!((mix.reallocations(), mix.device_ptr()), (2, binding));
 /// # Ok::<(), PoolError>(())
 /// ```
 pub struct MixMemory<'a> {
@@ -57,13 +64,12 @@ pub struct MixMemory<'a> {
     own: RawStream,
     host: Host<'a>,
     gpu: Gpu,
-    /// A copy in flight, on this stream.
-    pending: Option<RawStream>,
     reallocations: u64,
 }
 
-// SAFETY: the pinned pointer is owned memory like a `Box<[u8]>`; the borrowed slice is `Send`;
-// device addresses are plain numbers. Nothing is shared with another owner.
+// SAFETY: the host side is a `HostMem` (`Send`) or a borrowed slice (`Send`); device addresses are
+// plain numbers; `own` is a driver stream handle usable from any thread. Nothing is shared with
+// another owner.
 unsafe impl Send for MixMemory<'_> {}
 
 impl MixMemory<'static> {
@@ -74,7 +80,6 @@ impl MixMemory<'static> {
             own: device.backend().new_stream()?,
             host: Host::None,
             gpu: Gpu::None,
-            pending: None,
             reallocations: 0,
         })
     }
@@ -100,21 +105,37 @@ impl<'a> MixMemory<'a> {
         Ok(())
     }
 
-    /// Waits for a copy still in flight.
+    /// Waits for the copies still in flight.
     pub fn synchronize(&mut self) -> Result<(), PoolError> {
-        if let Some(stream) = &self.pending {
-            // Forgotten only once waited for: a refused wait leaves the copy pending, so every
-            // later access and release waits (or fails) again, and nothing is freed under it.
-            self.device.backend().synchronize(stream)?;
-            self.pending = None;
+        match &self.host {
+            // A refused wait leaves the copies tracked, so every later access and release waits
+            // (or fails) again, and nothing is freed under them.
+            Host::Pinned(mem) => mem.as_slice().map(drop),
+            // Copies of a borrowed side were waited for when queued.
+            Host::None | Host::Borrowed(_) => Ok(()),
         }
-        Ok(())
     }
 
-    /// Device memory for `n` elements: the address. Reallocates, zero-filled, only when the
-    /// device side holds less.
-    pub fn gpu<T: Pod>(&mut self, n: usize) -> Result<u64, PoolError> {
-        let bytes = byte_len::<T>(n)?;
+    /// The device side as a writable one-row view of `n` elements, for kernel arguments (its
+    /// [`device_ptr`](GpuViewMut::device_ptr) is TensorRT's binding) and, on the host backend,
+    /// the CPU twins of kernels. Reallocates, zero-filled, only when the device side holds less.
+    /// Launch kernels on the stream the copies are queued on, so they run after them; on the
+    /// host backend the copies in flight are waited for first.
+    pub fn gpu<T: Pod>(&mut self, n: usize) -> Result<GpuViewMut<'_, T>, PoolError> {
+        self.gpu_view_mut(n)
+    }
+
+    /// The device side's address (0 while it has none), for TensorRT's bindings.
+    #[must_use]
+    pub fn device_ptr(&self) -> u64 {
+        match self.gpu {
+            Gpu::None => 0,
+            Gpu::Owned { ptr, .. } | Gpu::Wrapped { ptr, .. } => ptr,
+        }
+    }
+
+    /// Grows the device side to `bytes`; its address.
+    fn grow_gpu(&mut self, bytes: usize) -> Result<u64, PoolError> {
         match self.gpu {
             Gpu::Owned { ptr, bytes: held } | Gpu::Wrapped { ptr, bytes: held }
                 if held >= bytes =>
@@ -142,10 +163,7 @@ impl<'a> MixMemory<'a> {
         Ok(ptr)
     }
 
-    /// The device side as a one-row view of `n` elements, for kernel arguments and, on the host
-    /// backend, for the CPU twins of kernels. Grows like [`gpu`](Self::gpu). Launch kernels on the
-    /// stream the copies are queued on, so they run after them; on the host backend a copy in
-    /// flight is waited for first.
+    /// The device side as a one-row view of `n` elements; see [`gpu`](Self::gpu).
     ///
     /// ```
     /// use gpu_pool_runtime::{Device, MixMemory, PoolError, Stream};
@@ -153,7 +171,7 @@ impl<'a> MixMemory<'a> {
     /// let stream = Stream::new(&device)?;
     /// let mut mix = MixMemory::new(&device)?;
     /// mix.cpu::<u32>(3)?.copy_from_slice(&[1, 2, 3]);
-    /// mix.gpu::<u32>(3)?;
+    /// let _ = mix.gpu::<u32>(3)?;
     /// mix.copy_to_gpu_async(&stream)?;
     /// let sum: u32 = mix.gpu_view::<u32>(3)?.host_rows()?.flatten().sum(); // a CPU twin's read
     /// assert_eq!(sum, 6);
@@ -168,7 +186,7 @@ impl<'a> MixMemory<'a> {
         ))
     }
 
-    /// The device side as a writable one-row view of `n` elements; see [`gpu_view`](Self::gpu_view).
+    /// The device side as a writable one-row view of `n` elements; see [`gpu`](Self::gpu).
     pub fn gpu_view_mut<T: Pod>(&mut self, n: usize) -> Result<GpuViewMut<'_, T>, PoolError> {
         let ptr = self.gpu_for_view::<T>(n)?;
         Ok(GpuViewMut::new(
@@ -182,7 +200,7 @@ impl<'a> MixMemory<'a> {
         if self.device.is_host() {
             self.synchronize()?;
         }
-        let ptr = self.gpu::<T>(n)?;
+        let ptr = self.grow_gpu(byte_len::<T>(n)?)?;
         if ptr % align_of::<T>() as u64 != 0 {
             return Err(PoolError::Misaligned {
                 address: ptr,
@@ -194,22 +212,18 @@ impl<'a> MixMemory<'a> {
     }
 
     /// Host memory for `n` elements. Reallocates (pinned, zero-filled) only when the host side holds
-    /// less; waits for a copy in flight first.
+    /// less; waits for the copies in flight first.
     pub fn cpu<T: Pod>(&mut self, n: usize) -> Result<&mut [T], PoolError> {
-        self.synchronize()?;
         let bytes = byte_len::<T>(n)?;
         if self.host_bytes() < bytes {
             self.release_cpu()?;
-            // Host memory: not among the device's counted driver calls (see `storage.rs`).
-            let ptr = self.device.backend().alloc_pinned(bytes)?;
-            self.host = Host::Pinned { ptr, bytes };
+            self.host = Host::Pinned(HostMem::new(&self.device, bytes)?);
             self.reallocations += 1;
         }
         let all: &mut [u8] = match &mut self.host {
             Host::None => &mut [],
-            // SAFETY: `ptr` holds `bytes` initialised (zeroed or written) bytes owned by `self`,
-            // borrowed mutably for as long as the returned slice.
-            Host::Pinned { ptr, bytes } => unsafe { std::slice::from_raw_parts_mut(*ptr, *bytes) },
+            // Waits for the copies in flight.
+            Host::Pinned(mem) => mem.as_mut_slice()?,
             Host::Borrowed(slice) => slice,
         };
         let address = all.as_ptr() as u64;
@@ -223,7 +237,7 @@ impl<'a> MixMemory<'a> {
     fn host_bytes(&self) -> usize {
         match &self.host {
             Host::None => 0,
-            Host::Pinned { bytes, .. } => *bytes,
+            Host::Pinned(mem) => mem.len(),
             Host::Borrowed(slice) => slice.len(),
         }
     }
@@ -278,63 +292,43 @@ impl<'a> MixMemory<'a> {
                 what: "MixMemory copies inside a graph capture (copy before or after it)",
             });
         }
-        self.synchronize()?;
         let bytes = self.host_bytes().min(self.gpu_bytes());
-        let (Gpu::Owned { ptr, .. } | Gpu::Wrapped { ptr, .. }) = self.gpu else {
-            return Ok(());
-        };
-        if bytes == 0 {
+        let ptr = self.device_ptr();
+        if bytes == 0 || ptr == 0 {
             return Ok(());
         }
-        let (host, borrowed): (*mut u8, bool) = match &mut self.host {
-            Host::None => return Ok(()),
-            Host::Pinned { ptr, .. } => (*ptr, false),
-            Host::Borrowed(slice) => (slice.as_mut_ptr(), true),
-        };
-        let region = Region {
-            ptr,
-            pitch: bytes,
-            width: bytes,
-            rows: 1,
-        };
-        let backend = self.device.backend();
-        let raw = stream.work_stream(if to_gpu { "copy_to_gpu" } else { "copy_to_cpu" })?;
-        // SAFETY: both sides hold at least `bytes`; the host side is owned or mutably borrowed by
-        // `self`. An owned side stays valid until `pending`, set below, is waited for: every later
-        // host access, reallocation, release and drop waits, and a forgotten `MixMemory` leaks the
-        // memory rather than freeing it. A borrowed side is waited for before returning, since
-        // `mem::forget(self)` would end the borrow with no drop to wait in.
-        unsafe {
-            if to_gpu {
-                backend.upload_async(region, host, bytes, raw)?;
-            } else {
-                backend.download_async(region, host, bytes, raw)?;
-            }
+        // The device side as memory of `stream`, so the copy is queued there.
+        let window = contiguous::<u8>(ptr, bytes);
+        let device = self.device.id();
+        let mut gpu = GpuViewMut::<u8>::new(window, device, Keeper::Stream(stream));
+        match &mut self.host {
+            Host::None => Ok(()),
+            // `HostMem` orders the copy after the other streams' copies of the memory and tracks
+            // it: every later host access, reallocation, release and drop waits for it.
+            Host::Pinned(mem) if to_gpu => gpu.upload_async_from(mem, true),
+            Host::Pinned(mem) => gpu.as_view().download_async_into(mem, true),
+            // Synchronous copies: the borrow may end (`mem::forget` of the pair) right after.
+            Host::Borrowed(slice) if to_gpu => gpu.upload(&slice[..bytes]),
+            Host::Borrowed(slice) => gpu.as_view().download(&mut slice[..bytes]),
         }
-        if borrowed {
-            return backend.synchronize(raw);
-        }
-        self.pending = Some(raw.clone());
-        Ok(())
     }
 
     /// Frees (or forgets, if wrapped) the device side.
     pub fn release_gpu(&mut self) -> Result<(), PoolError> {
         self.synchronize()?;
         if let Gpu::Owned { ptr, .. } = std::mem::replace(&mut self.gpu, Gpu::None) {
-            // SAFETY: our own allocation, taken out of `self.gpu` so freed once; copies waited for.
+            // SAFETY: our own allocation, taken out of `self.gpu` so freed once; the copies of
+            // it (all through the host side) were waited for above.
             unsafe { self.device.storage().free(ptr, None) }?;
         }
         Ok(())
     }
 
-    /// Frees (or lets go of, if wrapped) the host side.
+    /// Frees (or lets go of, if wrapped) the host side. A pinned side whose copies are still in
+    /// flight is freed once they are done (`HostMem`'s drop).
     pub fn release_cpu(&mut self) -> Result<(), PoolError> {
         self.synchronize()?;
-        if let Host::Pinned { ptr, bytes } = std::mem::replace(&mut self.host, Host::None) {
-            // SAFETY: our own pinned allocation, taken out of `self.host` so freed once.
-            unsafe { self.device.backend().free_pinned(ptr, bytes) }?;
-        }
+        self.host = Host::None;
         Ok(())
     }
 

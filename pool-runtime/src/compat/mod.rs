@@ -1,4 +1,6 @@
-//! The seed APIs as thin layers over the pool: ppl.cv's memory pool, TensorRT-style `MixMemory`.
+//! The seed APIs as thin layers over the pool: OpenCV's `GpuMat` and `BufferPool`, ppl.cv's memory
+//! pool, TensorRT-style `MixMemory`.
 
-pub(crate) mod mix;
+pub mod mix;
+pub mod opencv;
 pub mod pplcv;

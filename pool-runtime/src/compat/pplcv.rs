@@ -9,6 +9,9 @@
 //! blocks are live is refused (ppl.cv frees the memory under them), and a block also frees itself
 //! when dropped.
 //!
+//! [`PplPool`] is the same pool as a value (several may live; a [`PplBlock`] borrows its pool and
+//! frees itself when dropped); the ppl.cv-named functions below wrap one process-wide `PplPool`.
+//!
 //! Blocks are reused in host order, as in ppl.cv: use them on one stream, or synchronize before
 //! a block freed by one stream's work is taken for another's.
 //!
@@ -131,22 +134,10 @@ impl GpuMemoryBlock {
         let Some(device) = self.device else {
             return Ok(&mut []);
         };
-        if !matches!(device, DeviceId::Host(_)) {
-            return Err(PoolError::Unsupported {
-                device,
-                what: "host access to a ppl.cv pool block on a GPU",
-            });
-        }
-        if self.size == 0 {
-            return Ok(&mut []);
-        }
-        // SAFETY: the fields are private and set only by `take`, so this block owns the record
-        // `id` of the active pool: `size` bytes at `offset` of the pool's host allocation, zeroed
-        // at activation, overlapping no other live block's (zero-byte blocks hold no bytes). The
-        // pool cannot be shut down while the record lives, and `&mut self` makes the slice ours.
-        Ok(unsafe {
-            std::slice::from_raw_parts_mut(self.device_ptr() as usize as *mut u8, self.size)
-        })
+        // SAFETY: the fields are private and set only by `take`, so this block owns the record `id`
+        // of the active pool, which cannot be shut down while the record lives; `&mut self` keeps
+        // the bytes ours for the slice's lifetime.
+        unsafe { host_bytes(device, self.device_ptr(), self.size) }
     }
 }
 
@@ -160,27 +151,57 @@ impl Drop for GpuMemoryBlock {
     }
 }
 
-struct Pool {
+/// A ppl.cv pool as a value: one allocation of `size` bytes on a device, carved into blocks by
+/// first fit on 512-byte boundaries, as the process-wide pool is (whose functions wrap one
+/// `PplPool`). A [`PplBlock`] borrows its pool, so the pool cannot be freed under a live block, and
+/// gives its bytes back when dropped; several pools may live side by side.
+///
+/// ```
+/// use gpu_pool_runtime::pplcv::{PplPool, ceil_2d_volume};
+/// use gpu_pool_runtime::{Device, PoolError};
+/// let pool = PplPool::new(&Device::private_host(), ceil_2d_volume(640 * 4, 480) + 512)?;
+/// let image = pool.malloc_pitch(640 * 4, 480)?;
+/// let sums = pool.malloc(480)?;
+/// assert_eq!((image.pitch(), image.offset(), sums.offset()), (2560, 0, 2560 * 480));
+/// drop(image);
+/// assert_eq!(pool.in_use(), 480);                       // `sums` alone
+/// # Ok::<(), PoolError>(())
+/// ```
+///
+/// A block cannot outlive its pool:
+/// ```compile_fail
+/// use gpu_pool_runtime::{Device, pplcv::PplPool};
+/// let block = PplPool::new(&Device::private_host(), 1024).unwrap().malloc(8).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct PplPool {
     device: Device,
     base: DevPtr,
     capacity: usize,
+    blocks: Mutex<Blocks>,
+    /// Whether `close` freed the allocation already (then `Drop` does not).
+    closed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Blocks {
     /// Live blocks that hold bytes, by offset: (size, block id). They never overlap.
-    blocks: BTreeMap<usize, (usize, u64)>,
+    by_offset: BTreeMap<usize, (usize, u64)>,
     /// Live zero-byte blocks: they hold no bytes, so they stay out of the first-fit map (where one
     /// would share an offset with a real block and replace its record).
     empty: BTreeSet<u64>,
 }
 
-impl Pool {
-    fn live_blocks(&self) -> usize {
-        self.blocks.len() + self.empty.len()
+impl Blocks {
+    fn live(&self) -> usize {
+        self.by_offset.len() + self.empty.len()
     }
 
     /// First fit: the first gap between live blocks, in offset order, that holds `size` bytes, else
-    /// the tail.
-    fn first_fit(&self, size: usize) -> Option<usize> {
+    /// the tail of a pool of `capacity` bytes.
+    fn first_fit(&self, size: usize, capacity: usize) -> Option<usize> {
         let mut start: usize = 0;
-        for (&offset, &(len, _)) in &self.blocks {
+        for (&offset, &(len, _)) in &self.by_offset {
             if start.checked_add(size).is_some_and(|end| end <= offset) {
                 return Some(start);
             }
@@ -188,15 +209,234 @@ impl Pool {
         }
         start
             .checked_add(size)
-            .is_some_and(|end| end <= self.capacity)
+            .is_some_and(|end| end <= capacity)
             .then_some(start)
     }
 }
 
-static POOL: Mutex<Option<Pool>> = Mutex::new(None);
+/// A block's place in its pool: what a [`PplBlock`] and a [`GpuMemoryBlock`] hold.
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    offset: usize,
+    size: usize,
+    pitch: usize,
+    /// Unique in the process, never reused.
+    id: u64,
+}
+
+impl PplPool {
+    /// A pool of `size` bytes on `device` (ppl.cv's `activateGpuMemoryPool`, as a value): one
+    /// driver allocation. `PoolError::PplPoolState` for 0 bytes.
+    pub fn new(device: &Device, size: usize) -> Result<PplPool, PoolError> {
+        if size == 0 {
+            return Err(PoolError::PplPoolState {
+                reason: "a pool of 0 bytes holds nothing; size it with ceil_1d_volume / \
+                         ceil_2d_volume",
+            });
+        }
+        let base = device.storage().alloc(size, None)?;
+        Ok(PplPool {
+            device: device.clone(),
+            base,
+            capacity: size,
+            blocks: Mutex::new(Blocks::default()),
+            closed: false,
+        })
+    }
+
+    /// A 1D block of `size` bytes (ppl.cv's `pplCudaMalloc`); `PoolError::OutOfMemory` when no
+    /// gap holds it.
+    pub fn malloc(&self, size: usize) -> Result<PplBlock<'_>, PoolError> {
+        let placed = self.place(size, 0)?;
+        Ok(PplBlock { pool: self, placed })
+    }
+
+    /// A 2D block of `height` rows of `width` bytes, its pitch `width` rounded up to 512 (ppl.cv's
+    /// `pplCudaMallocPitch`).
+    pub fn malloc_pitch(&self, width: usize, height: usize) -> Result<PplBlock<'_>, PoolError> {
+        let (size, pitch) = pitched(width, height)?;
+        let placed = self.place(size, pitch)?;
+        Ok(PplBlock { pool: self, placed })
+    }
+
+    /// The device the pool's memory is on.
+    #[must_use]
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes of the pool.
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes held by live blocks.
+    #[must_use]
+    pub fn in_use(&self) -> usize {
+        self.lock().by_offset.values().map(|&(size, _)| size).sum()
+    }
+
+    /// Frees the pool's allocation now and reports a driver error (dropping it logs one).
+    pub fn close(mut self) -> Result<(), PoolError> {
+        self.closed = true;
+        // SAFETY: the pool's one allocation, freed once (`closed` keeps `Drop` from freeing it
+        // again); no block is live, since blocks borrow the pool and `self` is owned here; the
+        // driver's free waits for queued work.
+        unsafe { self.device.storage().free(self.base, None) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Blocks> {
+        // Each critical section updates the maps in one step after its checks.
+        crate::sync::lock(&self.blocks)
+    }
+
+    fn place(&self, size: usize, pitch: usize) -> Result<Placed, PoolError> {
+        let mut blocks = self.lock();
+        let id = BLOCK_IDS.next();
+        let offset = if size == 0 {
+            blocks.empty.insert(id);
+            0
+        } else {
+            let offset = blocks
+                .first_fit(size, self.capacity)
+                .ok_or(PoolError::OutOfMemory {
+                    device: self.device.id(),
+                    requested: size,
+                    context: None,
+                    reclaimed: None,
+                })?;
+            blocks.by_offset.insert(offset, (size, id));
+            offset
+        };
+        Ok(Placed {
+            offset,
+            size,
+            pitch,
+            id,
+        })
+    }
+
+    /// Gives `placed`'s bytes back; `false` if the pool holds no such block.
+    fn remove(&self, placed: &Placed) -> bool {
+        let mut blocks = self.lock();
+        if placed.size == 0 {
+            blocks.empty.remove(&placed.id)
+        } else if blocks.by_offset.get(&placed.offset) == Some(&(placed.size, placed.id)) {
+            blocks.by_offset.remove(&placed.offset).is_some()
+        } else {
+            false
+        }
+    }
+
+    fn live_blocks(&self) -> usize {
+        self.lock().live()
+    }
+}
+
+impl Drop for PplPool {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        // SAFETY: as in `close`: freed once, and no block borrows the pool any more.
+        if let Err(e) = unsafe { self.device.storage().free(self.base, None) } {
+            tracing::error!(error = %e, "freeing a ppl.cv pool failed");
+        }
+    }
+}
+
+/// A block of a [`PplPool`], which it borrows; its bytes go back to the pool when it is dropped.
+/// Kernels use [`device_ptr`](Self::device_ptr), rows [`pitch`](Self::pitch) bytes apart (0 for a
+/// 1D block).
+#[derive(Debug)]
+pub struct PplBlock<'p> {
+    pool: &'p PplPool,
+    placed: Placed,
+}
+
+impl PplBlock<'_> {
+    /// The block's first byte.
+    #[must_use]
+    pub fn device_ptr(&self) -> u64 {
+        // No overflow: the block lies inside the pool's one allocation.
+        self.pool.base + self.placed.offset as u64
+    }
+
+    /// Offset of the block in the pool.
+    #[must_use]
+    pub fn offset(&self) -> usize {
+        self.placed.offset
+    }
+
+    /// Bytes of the block.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.placed.size
+    }
+
+    /// Bytes between rows of a 2D block; 0 for a 1D block.
+    #[must_use]
+    pub fn pitch(&self) -> usize {
+        self.placed.pitch
+    }
+
+    /// The block's bytes as a host slice, on the host backend (CPU twins of kernels);
+    /// `PoolError::Unsupported` on a GPU, and an empty slice for a zero-byte block.
+    pub fn host_bytes_mut(&mut self) -> Result<&mut [u8], PoolError> {
+        // SAFETY: the block's range is its own until it is dropped, its pool outlives it (borrowed),
+        // and `&mut self` keeps the bytes ours for the slice's lifetime.
+        unsafe { host_bytes(self.pool.device.id(), self.device_ptr(), self.placed.size) }
+    }
+}
+
+impl Drop for PplBlock<'_> {
+    fn drop(&mut self) {
+        // Cannot fail: the block was placed by its pool, which it borrows, and is removed once.
+        let removed = self.pool.remove(&self.placed);
+        debug_assert!(removed, "a PplBlock's record is its pool's until dropped");
+    }
+}
+
+/// The pool bytes and pitch of a 2D block of `height` rows of `width` bytes.
+fn pitched(width: usize, height: usize) -> Result<(usize, usize), PoolError> {
+    let overflow = || PoolError::SizeOverflow {
+        rows: height,
+        cols: width,
+        elem_size: 1,
+    };
+    let pitch = align_up(width, PITCH_GRANULARITY).ok_or_else(overflow)?;
+    Ok((pitch.checked_mul(height).ok_or_else(overflow)?, pitch))
+}
+
+/// `size` bytes at `ptr` of a pool on `device`, as a host slice (host backend only).
+///
+/// # Safety
+/// `ptr..ptr + size` is a live block of a pool on `device` that outlives `'a`, and nothing else
+/// reads or writes it during `'a`.
+unsafe fn host_bytes<'a>(
+    device: DeviceId,
+    ptr: u64,
+    size: usize,
+) -> Result<&'a mut [u8], PoolError> {
+    if !matches!(device, DeviceId::Host(_)) {
+        return Err(PoolError::Unsupported {
+            device,
+            what: "host access to a ppl.cv pool block on a GPU",
+        });
+    }
+    if size == 0 {
+        return Ok(&mut []);
+    }
+    // SAFETY: on the host backend a pool is host memory, zeroed at creation; the caller promises
+    // a live block's range that nothing else touches for 'a, and live blocks do not overlap.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr as usize as *mut u8, size) })
+}
+
+static POOL: Mutex<Option<PplPool>> = Mutex::new(None);
 static BLOCK_IDS: Counter = Counter::new();
 
-fn lock() -> MutexGuard<'static, Option<Pool>> {
+fn lock() -> MutexGuard<'static, Option<PplPool>> {
     // Each critical section below updates the map or the option in one step after its checks.
     crate::sync::lock(&POOL)
 }
@@ -213,7 +453,7 @@ pub fn activate_gpu_memory_pool(size: usize) -> Result<(), PoolError> {
     activate_gpu_memory_pool_on(&Device::cuda_or_host(), size)
 }
 
-/// Activates the pool on `device`.
+/// Activates the pool on `device`: the process-wide [`PplPool`].
 pub fn activate_gpu_memory_pool_on(device: &Device, size: usize) -> Result<(), PoolError> {
     let mut pool = lock();
     if pool.is_some() {
@@ -221,19 +461,7 @@ pub fn activate_gpu_memory_pool_on(device: &Device, size: usize) -> Result<(), P
             reason: "already activated; shut it down first",
         });
     }
-    if size == 0 {
-        return Err(PoolError::PplPoolState {
-            reason: "a pool of 0 bytes holds nothing; size it with ceil_1d_volume / ceil_2d_volume",
-        });
-    }
-    let base = device.storage().alloc(size, None)?;
-    *pool = Some(Pool {
-        device: device.clone(),
-        base,
-        capacity: size,
-        blocks: BTreeMap::new(),
-        empty: BTreeSet::new(),
-    });
+    *pool = Some(PplPool::new(device, size)?);
     Ok(())
 }
 
@@ -242,16 +470,16 @@ pub fn activate_gpu_memory_pool_on(device: &Device, size: usize) -> Result<(), P
 pub fn shutdown_gpu_memory_pool() -> Result<(), PoolError> {
     let mut guard = lock();
     let pool = guard.as_ref().ok_or_else(not_active)?;
-    if pool.live_blocks() > 0 {
+    // `GpuMemoryBlock`s borrow nothing: their records, checked here under the lock that takes
+    // and frees them, keep the pool alive.
+    let live = pool.live_blocks();
+    if live > 0 {
         return Err(PoolError::PplPoolInUse {
             device: pool.device.id(),
-            live: pool.live_blocks(),
+            live,
         });
     }
-    let pool = guard.take().expect("checked above");
-    // SAFETY: the pool's one allocation, freed once (the pool is taken out); no block is live, and
-    // the driver's free waits for queued work.
-    unsafe { pool.device.storage().free(pool.base, None) }
+    guard.take().expect("checked above").close()
 }
 
 /// Whether the pool is activated (ppl.cv's `memoryPoolUsed`).
@@ -263,9 +491,7 @@ pub fn memory_pool_used() -> bool {
 /// Bytes of the pool held by live blocks, or `None` when it is not activated.
 #[must_use]
 pub fn memory_pool_in_use() -> Option<usize> {
-    lock()
-        .as_ref()
-        .map(|p| p.blocks.values().map(|&(size, _)| size).sum())
+    lock().as_ref().map(PplPool::in_use)
 }
 
 fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
@@ -274,22 +500,14 @@ fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), Poo
             reason: "this GpuMemoryBlock already holds memory; free it or use another",
         });
     }
-    let mut guard = lock();
-    let pool = guard.as_mut().ok_or_else(not_active)?;
-    let id = BLOCK_IDS.next();
-    let offset = if size == 0 {
-        pool.empty.insert(id);
-        0
-    } else {
-        let offset = pool.first_fit(size).ok_or(PoolError::OutOfMemory {
-            device: pool.device.id(),
-            requested: size,
-            context: None,
-            reclaimed: None,
-        })?;
-        pool.blocks.insert(offset, (size, id));
-        offset
-    };
+    let guard = lock();
+    let pool = guard.as_ref().ok_or_else(not_active)?;
+    let Placed {
+        offset,
+        size,
+        pitch,
+        id,
+    } = pool.place(size, pitch)?;
     // The old value is unallocated (checked above), so dropping it frees nothing.
     *block = GpuMemoryBlock {
         data: pool.base,
@@ -314,17 +532,8 @@ pub fn ppl_cuda_malloc_pitch(
     height: usize,
     block: &mut GpuMemoryBlock,
 ) -> Result<(), PoolError> {
-    let overflow = || PoolError::SizeOverflow {
-        rows: height,
-        cols: width,
-        elem_size: 1,
-    };
-    let pitch = align_up(width, PITCH_GRANULARITY).ok_or_else(overflow)?;
-    take(
-        pitch.checked_mul(height).ok_or_else(overflow)?,
-        pitch,
-        block,
-    )
+    let (size, pitch) = pitched(width, height)?;
+    take(size, pitch, block)
 }
 
 /// Returns a block to the pool (ppl.cv's `pplCudaFree`); the block is reset.
@@ -334,16 +543,15 @@ pub fn ppl_cuda_free(block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
             reason: "this GpuMemoryBlock holds no memory of the pool",
         });
     }
-    let mut guard = lock();
-    let pool = guard.as_mut().ok_or_else(not_active)?;
-    let owned = if block.size == 0 {
-        pool.empty.remove(&block.id)
-    } else if pool.blocks.get(&block.offset) == Some(&(block.size, block.id)) {
-        pool.blocks.remove(&block.offset).is_some()
-    } else {
-        false
+    let guard = lock();
+    let pool = guard.as_ref().ok_or_else(not_active)?;
+    let placed = Placed {
+        offset: block.offset,
+        size: block.size,
+        pitch: block.pitch,
+        id: block.id,
     };
-    if !owned {
+    if !pool.remove(&placed) {
         return Err(PoolError::UnknownBlock {
             address: block.device_ptr(),
             owner: "the active ppl.cv pool".into(),
@@ -360,4 +568,40 @@ pub fn ppl_cuda_free(block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
     } = block;
     (*data, *offset, *size, *pitch, *id, *device) = (0, 0, 0, 0, 0, None);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_are_values_whose_blocks_free_themselves() -> Result<(), PoolError> {
+        let device = Device::private_host();
+        let (a, b) = (PplPool::new(&device, 2048)?, PplPool::new(&device, 1024)?);
+        let first = a.malloc(100)?;
+        let mut second = a.malloc_pitch(700, 1)?; // pitch 1024, after `first` rounded to 512
+        let other = b.malloc(1024)?; // the other pool is full, `a` is not
+        assert_eq!(
+            (first.offset(), second.offset(), second.pitch()),
+            (0, 512, 1024)
+        );
+        assert_eq!((a.in_use(), b.in_use()), (1124, 1024));
+        assert!(matches!(
+            b.malloc(1),
+            Err(PoolError::OutOfMemory { requested: 1, .. })
+        ));
+        second.host_bytes_mut()?.fill(7);
+        drop(first);
+        assert_eq!(a.malloc(512)?.offset(), 0, "a freed block's gap is reused");
+        let empty = a.malloc(0)?;
+        assert_eq!((empty.size(), a.live_blocks()), (0, 2));
+        drop((second, empty, other));
+        assert_eq!((a.in_use(), a.live_blocks(), b.in_use()), (0, 0, 0));
+        a.close()?;
+        assert!(matches!(
+            PplPool::new(&device, 0),
+            Err(PoolError::PplPoolState { .. })
+        ));
+        Ok(())
+    }
 }

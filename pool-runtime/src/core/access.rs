@@ -1,5 +1,6 @@
 //! One way to take a buffer as a parameter: [`GpuRead`] for what a function reads, [`GpuWrite`]
-//! for what it fills. A [`GpuMat`], a `buffer!` handle ([`Pooled`]), a view or a region
+//! for what it fills. A [`Temp`], a [`DeviceMat`](crate::DeviceMat), OpenCV's
+//! [`GpuMat`](crate::compat::opencv::GpuMat), a `buffer!` handle ([`Pooled`]), a view or a region
 //! ([`GpuView`], [`GpuViewMut`]) and an access to shared memory ([`SharedRead`], [`SharedWrite`])
 //! all implement them, so one function serves them all, and every operation (uploads, downloads,
 //! fills, copies, regions, kernel arguments, cudarc lending) is found in one place.
@@ -31,11 +32,9 @@ use std::ops::Range;
 
 use bytemuck::Pod;
 
-use crate::buffer::GpuMat;
+use crate::buffer::Temp;
 use crate::error::PoolError;
 use crate::frame::Pooled;
-use crate::host_mem::HostMem;
-use crate::shared::{SharedRead, SharedWrite};
 use crate::view::{GpuView, GpuViewMut};
 #[cfg(feature = "cuda")]
 use crate::{
@@ -43,7 +42,27 @@ use crate::{
     kernel_args::{Pitched, PitchedMut},
 };
 
-/// Device memory a function reads: a [`GpuMat`], a `buffer!` handle, a view or region, or a read
+/// Page-locked host memory an asynchronous copy reads or writes
+/// ([`download_async`](GpuRead::download_async), [`upload_async`](GpuWrite::upload_async)):
+/// [`HostMem`](crate::HostMem). Sealed: the memory must stay valid, unread and unwritten until the
+/// copy is done, which only the crate's own types can promise.
+pub trait PinnedHost<T: Pod>: sealed::Sealed {
+    /// Queues a copy of `view` into this memory on the view's stream.
+    #[doc(hidden)]
+    fn download_from(&mut self, view: &GpuView<'_, T>) -> Result<(), PoolError>;
+
+    /// Queues a copy of this memory into `view` on the view's stream.
+    #[doc(hidden)]
+    fn upload_into(&self, view: &mut GpuViewMut<'_, T>) -> Result<(), PoolError>;
+}
+
+/// Keeps [`PinnedHost`] to the crate's types.
+pub(crate) mod sealed {
+    /// Implemented by the crate's page-locked types only.
+    pub trait Sealed {}
+}
+
+/// Device memory a function reads: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a view or region, or a read
 /// of a [`SharedMat`](crate::SharedMat). Take it as `src: &impl GpuRead<T>`.
 ///
 /// Only [`view`](Self::view) is implemented by each type; every other method works on the view,
@@ -91,7 +110,7 @@ pub trait GpuRead<T: Pod> {
 
     /// Queues a copy of the elements into page-locked `dst` (`rows * cols`, row-major) on the
     /// memory's stream and returns at once: the host waits only when it reads `dst`
-    /// ([`HostMem::as_slice`]), so a frame loop queues its kernels behind the copy and
+    /// ([`HostMem::as_slice`](crate::HostMem::as_slice)), so a frame loop queues its kernels behind the copy and
     /// synchronizes once. `dst` cannot be read or freed before the copy is done.
     ///
     /// Errors: `ShapeMismatch`, `DeviceMismatch`; `Unsupported` inside a graph capture on this
@@ -107,8 +126,8 @@ pub trait GpuRead<T: Pod> {
     /// assert_eq!(host.as_slice()?, &[1.5; 16]);
     /// # Ok::<(), PoolError>(())
     /// ```
-    fn download_async(&self, dst: &mut HostMem<T>) -> Result<(), PoolError> {
-        self.view().download_async(dst)
+    fn download_async(&self, dst: &mut dyn PinnedHost<T>) -> Result<(), PoolError> {
+        dst.download_from(&self.view())
     }
 
     /// The elements, row-major, in a new `Vec`.
@@ -158,7 +177,7 @@ pub trait GpuRead<T: Pod> {
     }
 }
 
-/// Device memory a function fills: a [`GpuMat`], a `buffer!` handle, a writable view or region,
+/// Device memory a function fills: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a writable view or region,
 /// or a write of a [`SharedMat`](crate::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
 pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// The memory as a writable view, queued on its stream.
@@ -185,7 +204,7 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
 
     /// Queues a copy of page-locked `src` (`rows * cols`, row-major) into the memory on its
     /// stream and returns at once: `src` cannot be written or freed before the copy is done
-    /// ([`HostMem`] waits), and the kernels queued after it on the stream read the copy.
+    /// ([`HostMem`](crate::HostMem) waits), and the kernels queued after it on the stream read the copy.
     ///
     /// Errors: as [`download_async`](GpuRead::download_async).
     ///
@@ -198,8 +217,8 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// assert_eq!(gpu.to_vec()?, vec![3; 12]);
     /// # Ok::<(), PoolError>(())
     /// ```
-    fn upload_async(&mut self, src: &HostMem<T>) -> Result<(), PoolError> {
-        self.view_mut().upload_async(src)
+    fn upload_async(&mut self, src: &dyn PinnedHost<T>) -> Result<(), PoolError> {
+        src.upload_into(&mut self.view_mut())
     }
 
     /// Sets every element to `value`, on the memory's stream (OpenCV's `setTo`).
@@ -262,21 +281,9 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     }
 }
 
-impl<T: Pod> GpuRead<T> for GpuMat<'_, T> {
-    fn view(&self) -> GpuView<'_, T> {
-        GpuMat::view(self)
-    }
-}
-
-impl<T: Pod> GpuWrite<T> for GpuMat<'_, T> {
-    fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        GpuMat::view_mut(self)
-    }
-}
-
 impl<T: Pod> GpuRead<T> for Pooled<'_, '_, T> {
     fn view(&self) -> GpuView<'_, T> {
-        GpuMat::view(self)
+        Temp::view(self)
     }
 }
 
@@ -301,23 +308,5 @@ impl<T: Pod> GpuRead<T> for GpuViewMut<'_, T> {
 impl<T: Pod> GpuWrite<T> for GpuViewMut<'_, T> {
     fn view_mut(&mut self) -> GpuViewMut<'_, T> {
         GpuViewMut::new(self.window, self.device, self.keeper)
-    }
-}
-
-impl<T: Pod> GpuRead<T> for SharedRead<'_, T> {
-    fn view(&self) -> GpuView<'_, T> {
-        SharedRead::view(self)
-    }
-}
-
-impl<T: Pod> GpuRead<T> for SharedWrite<'_, T> {
-    fn view(&self) -> GpuView<'_, T> {
-        SharedWrite::view(self)
-    }
-}
-
-impl<T: Pod> GpuWrite<T> for SharedWrite<'_, T> {
-    fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        SharedWrite::view_mut(self)
     }
 }

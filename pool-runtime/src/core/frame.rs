@@ -1,4 +1,4 @@
-//! What the DSL expands to: a frame (the [`BufferPool`] of one stream), buffers owned by hidden
+//! What the DSL expands to: a frame (the stream of one scope), buffers owned by hidden
 //! locals, and the handles user code sees.
 //!
 //! `#[pooled(stream)]` and `gpu_scope!` open the frame first,
@@ -16,7 +16,7 @@
 //!
 //! The owner is a local the user cannot name (mixed-site hygiene), so Rust drops it, and so gives its
 //! memory back, in reverse order of declaration on every exit path. The handle borrows the owner, so
-//! it cannot outlive it; and it gives no `&mut GpuMat`, so the memory cannot be swapped into another
+//! it cannot outlive it; and it gives no `&mut Temp`, so the memory cannot be swapped into another
 //! owner (which would release it out of order, or while a handle still points at it).
 
 use std::ops::Deref;
@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::buffer::{BufferPool, GpuMat};
+use crate::buffer::Temp;
 use crate::error::PoolError;
 use crate::source::CallSite;
 use crate::stream::Stream;
@@ -72,23 +72,23 @@ impl<T: Pod> Element for T {}
 /// `gpu_scope!` block takes from.
 #[doc(hidden)]
 #[inline]
-pub fn frame<S: AsStream + ?Sized>(stream: &S) -> BufferPool<'_> {
-    BufferPool::new(stream.as_stream())
+pub fn frame<S: AsStream + ?Sized>(stream: &S) -> &Stream {
+    stream.as_stream()
 }
 
 /// `let name = buffer!(rows, cols; T)?`: the buffer, owned by a hidden local of the caller; the
 /// caller's line and `name` are its call site.
-// Always inlined, as `BufferPool::get_buffer` is, for the same reason.
+// Always inlined, as `Stream::temp` is, for the same reason.
 #[doc(hidden)]
 #[inline(always)]
 #[track_caller]
 pub fn take<'s, T: Element>(
-    frame: &BufferPool<'s>,
+    frame: &&'s Stream,
     rows: usize,
     cols: usize,
     name: &'static str,
-) -> Result<GpuMat<'s, T>, PoolError> {
-    frame.take_at(rows, cols, CallSite::here(name))
+) -> Result<Temp<'s, T>, PoolError> {
+    frame.temp_at(rows, cols, CallSite::here(name))
 }
 
 /// `let name = buffer!(len; T)?`.
@@ -96,11 +96,11 @@ pub fn take<'s, T: Element>(
 #[inline(always)]
 #[track_caller]
 pub fn take_1d<'s, T: Element>(
-    frame: &BufferPool<'s>,
+    frame: &&'s Stream,
     len: usize,
     name: &'static str,
-) -> Result<GpuMat<'s, T>, PoolError> {
-    frame.take_at(1, len, CallSite::here(name))
+) -> Result<Temp<'s, T>, PoolError> {
+    frame.temp_at(1, len, CallSite::here(name))
 }
 
 /// `let name = buffer!(rows, cols; T, packed)?`: rows with no padding between them.
@@ -108,27 +108,27 @@ pub fn take_1d<'s, T: Element>(
 #[inline(always)]
 #[track_caller]
 pub fn take_packed<'s, T: Element>(
-    frame: &BufferPool<'s>,
+    frame: &&'s Stream,
     rows: usize,
     cols: usize,
     name: &'static str,
-) -> Result<GpuMat<'s, T>, PoolError> {
-    frame.take_packed_at(rows, cols, CallSite::here(name))
+) -> Result<Temp<'s, T>, PoolError> {
+    frame.temp_packed_at(rows, cols, CallSite::here(name))
 }
 
 /// The handle the user's name binds, borrowing the hidden owner.
 #[doc(hidden)]
 #[inline]
-pub fn handle<'a, 's, T>(owner: &'a mut GpuMat<'s, T>) -> Pooled<'a, 's, T> {
+pub fn handle<'a, 's, T>(owner: &'a mut Temp<'s, T>) -> Pooled<'a, 's, T> {
     Pooled { mat: owner }
 }
 
 /// A buffer taken with `buffer!`: a [`GpuRead`](crate::GpuRead) and
 /// [`GpuWrite`](crate::GpuWrite) like every buffer, so it is passed as `&x` or `&mut x` to
 /// functions taking `&impl GpuRead<T>` or `&mut impl GpuWrite<T>`, and reads the rest of
-/// [`GpuMat`] (its source, its stream) through `Deref`. It borrows the hidden owner that gives the
+/// [`Temp`] (its source, its stream) through `Deref`. It borrows the hidden owner that gives the
 /// memory back at the end of the scope, so it cannot escape the scope; it offers no
-/// `&mut GpuMat`, so the memory cannot be swapped out of its owner.
+/// `&mut Temp`, so the memory cannot be swapped out of its owner.
 ///
 /// `let mut x = buffer!(4, 4; f32)?;` in a `#[pooled(stream)]` function expands to the two lines
 /// below (with a hidden owner name no user code can write):
@@ -145,14 +145,14 @@ pub fn handle<'a, 's, T>(owner: &'a mut GpuMat<'s, T>) -> Pooled<'a, 's, T> {
 /// ```
 #[derive(Debug)]
 pub struct Pooled<'a, 's, T> {
-    mat: &'a mut GpuMat<'s, T>,
+    mat: &'a mut Temp<'s, T>,
 }
 
 impl<'s, T> Deref for Pooled<'_, 's, T> {
-    type Target = GpuMat<'s, T>;
+    type Target = Temp<'s, T>;
 
     #[inline]
-    fn deref(&self) -> &GpuMat<'s, T> {
+    fn deref(&self) -> &Temp<'s, T> {
         self.mat
     }
 }
@@ -165,7 +165,7 @@ impl<'s, T> Pooled<'_, 's, T> {
     }
 
     /// The buffer, for the writable views the handle lends ([`GpuWrite`](crate::GpuWrite)).
-    pub(crate) fn mat_mut(&mut self) -> &mut GpuMat<'s, T> {
+    pub(crate) fn mat_mut(&mut self) -> &mut Temp<'s, T> {
         self.mat
     }
 }

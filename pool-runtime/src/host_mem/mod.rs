@@ -523,14 +523,20 @@ fn lost_error(device: crate::id::DeviceId) -> PoolError {
 }
 
 /// The stream a copy between `view` memory and `mem` runs on: the view's, if it has one, the
-/// devices agree, the lengths agree, and no capture on this thread would record the copy.
+/// devices agree, the lengths agree (or, for a `prefix` copy, the view is no longer than `mem`),
+/// and no capture on this thread would record the copy.
 fn copy_stream<'a, T: Pod>(
     keeper: Option<&'a Stream>,
     device: crate::id::DeviceId,
     len: usize,
     mem: &HostMem<T>,
+    prefix: bool,
 ) -> Result<&'a Stream, PoolError> {
-    if len != mem.len {
+    if if prefix {
+        len > mem.len
+    } else {
+        len != mem.len
+    } {
         return Err(PoolError::ShapeMismatch {
             expected: len,
             actual: mem.len,
@@ -562,15 +568,25 @@ impl<T: Pod> GpuViewMut<'_, T> {
     /// Queues a copy of `src` into the view on its stream and returns without waiting; `src`
     /// cannot be written or freed until the copy is done ([`HostMem`]).
     pub(crate) fn upload_async(&mut self, src: &HostMem<T>) -> Result<(), PoolError> {
-        let stream = copy_stream(self.stream(), self.device, self.len(), src)?;
+        self.upload_async_from(src, false)
+    }
+
+    /// [`upload_async`](Self::upload_async) of `src`'s first `self.len()` elements when
+    /// `prefix` (`MixMemory`'s sides differ in size).
+    pub(crate) fn upload_async_from(
+        &mut self,
+        src: &HostMem<T>,
+        prefix: bool,
+    ) -> Result<(), PoolError> {
+        let stream = copy_stream(self.stream(), self.device, self.len(), src, prefix)?;
         let raw = stream.work_stream("upload_async")?;
-        if src.len == 0 || size_of::<T>() == 0 {
+        if self.is_empty() || size_of::<T>() == 0 {
             return Ok(());
         }
         src.order_after_others(stream)?;
         let region = self.region();
         // SAFETY: the view's window is live memory of its stream's device, borrowed exclusively;
-        // `src` holds `len` elements, one row of the region's width after another, and is not
+        // `src` holds at least the region's elements, one row of the region's width after another, and is not
         // written or freed until the copy noted below is done (`HostMem` waits for it, or keeps
         // the memory for good if it cannot tell).
         unsafe {
@@ -587,15 +603,25 @@ impl<T: Pod> GpuView<'_, T> {
     /// Queues a copy of the view into `dst` on its stream and returns without waiting; `dst`
     /// cannot be read or freed until the copy is done ([`HostMem`]).
     pub(crate) fn download_async(&self, dst: &mut HostMem<T>) -> Result<(), PoolError> {
-        let stream = copy_stream(self.stream(), self.device, self.len(), dst)?;
+        self.download_async_into(dst, false)
+    }
+
+    /// [`download_async`](Self::download_async) into `dst`'s first `self.len()` elements when
+    /// `prefix`.
+    pub(crate) fn download_async_into(
+        &self,
+        dst: &mut HostMem<T>,
+        prefix: bool,
+    ) -> Result<(), PoolError> {
+        let stream = copy_stream(self.stream(), self.device, self.len(), dst, prefix)?;
         let raw = stream.work_stream("download_async")?;
-        if dst.len == 0 || size_of::<T>() == 0 {
+        if self.is_empty() || size_of::<T>() == 0 {
             return Ok(());
         }
         dst.order_after_others(stream)?;
         let region = self.region();
         // SAFETY: the view's window is live memory of its stream's device; `dst` has room for
-        // every row back to back and is not read or freed until the copy noted below is done.
+        // every row back to back (at least the view's length) and is not read or freed until the copy noted below is done.
         unsafe {
             stream
                 .device()
@@ -603,5 +629,17 @@ impl<T: Pod> GpuView<'_, T> {
                 .download_async(region, dst.bytes(), region.width, raw)
         }?;
         dst.note_copy(stream, raw)
+    }
+}
+
+impl<T: Pod> crate::access::sealed::Sealed for HostMem<T> {}
+
+impl<T: Pod> crate::access::PinnedHost<T> for HostMem<T> {
+    fn download_from(&mut self, view: &GpuView<'_, T>) -> Result<(), PoolError> {
+        view.download_async(self)
+    }
+
+    fn upload_into(&self, view: &mut GpuViewMut<'_, T>) -> Result<(), PoolError> {
+        view.upload_async(self)
     }
 }

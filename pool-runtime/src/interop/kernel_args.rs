@@ -59,7 +59,7 @@ use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use crate::error::PoolError;
 use crate::view::Window;
 
-use crate::buffer::GpuMat;
+use crate::buffer::{DeviceMat, Temp};
 use crate::frame::Pooled;
 use crate::shared::{SharedRead, SharedWrite};
 use crate::view::{GpuView, GpuViewMut};
@@ -79,8 +79,10 @@ macro_rules! push_address {
 }
 
 push_address!(
-    &'b GpuMat<'s, T> => |buffer| buffer.ptr_field(),
-    &'b mut GpuMat<'s, T> => |buffer| buffer.ptr_field(),
+    &'b Temp<'s, T> => |buffer| buffer.ptr_field(),
+    &'b mut Temp<'s, T> => |buffer| buffer.ptr_field(),
+    &'b DeviceMat<'s, T> => |buffer| buffer.ptr_field(),
+    &'b mut DeviceMat<'s, T> => |buffer| buffer.ptr_field(),
     &'b GpuView<'s, T> => |view| &view.window.ptr,
     &'b mut GpuViewMut<'s, T> => |view| &view.window.ptr,
     &'b SharedRead<'s, T> => |access| access.ptr_field(),
@@ -237,7 +239,7 @@ macro_rules! pitched {
 pitched!(
     /// A read-only 2D kernel argument: a buffer's (or a region's) address, step, rows and
     /// columns, pushed as one parameter with `.arg(&p)`; the kernel takes a `Pitched<const T>`
-    /// of [`PITCHED_H`]. Made by `.pitched()` on [`GpuMat`], [`GpuView`] and (through `Deref`)
+    /// of [`PITCHED_H`]. Made by `.pitched()` on [`Temp`], [`DeviceMat`], [`GpuView`] and (through `Deref`)
     /// [`Pooled`]; it borrows the buffer, so the buffer outlives the launch.
     Pitched, &'a T
 );
@@ -253,7 +255,7 @@ impl<T> Copy for Pitched<'_, T> {}
 
 pitched!(
     /// A writable 2D kernel argument, the output counterpart of [`Pitched`]: made by
-    /// `.pitched_mut()` from a `&mut` [`GpuMat`], [`GpuViewMut`] or [`Pooled`], and taken by the
+    /// `.pitched_mut()` from a `&mut` [`Temp`], [`DeviceMat`], [`GpuViewMut`] or [`Pooled`], and taken by the
     /// kernel as a `Pitched<T>` of [`PITCHED_H`]. While it lives, nothing else reads or writes the
     /// buffer from the host side.
     PitchedMut, &'a mut T

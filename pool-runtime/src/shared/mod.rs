@@ -353,6 +353,24 @@ macro_rules! guard_debug {
 }
 guard_debug!(SharedRead, SharedWrite);
 
+impl<T: Pod> crate::access::GpuRead<T> for SharedRead<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        SharedRead::view(self)
+    }
+}
+
+impl<T: Pod> crate::access::GpuRead<T> for SharedWrite<'_, T> {
+    fn view(&self) -> GpuView<'_, T> {
+        SharedWrite::view(self)
+    }
+}
+
+impl<T: Pod> crate::access::GpuWrite<T> for SharedWrite<'_, T> {
+    fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+        SharedWrite::view_mut(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Shared memory crosses threads (its point); the access guards stay with their stream's.

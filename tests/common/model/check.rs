@@ -564,10 +564,10 @@ impl Checker {
             }
             Op::MixGpu { len, elem } => {
                 let done = match elem {
-                    Elem::U8 => mix.gpu::<u8>(len),
-                    Elem::U32 => mix.gpu::<u32>(len),
-                    Elem::Bgr => mix.gpu::<[u8; 3]>(len),
-                    Elem::F64 => mix.gpu::<f64>(len),
+                    Elem::U8 => mix.gpu::<u8>(len).map(|v| v.device_ptr()),
+                    Elem::U32 => mix.gpu::<u32>(len).map(|v| v.device_ptr()),
+                    Elem::Bgr => mix.gpu::<[u8; 3]>(len).map(|v| v.device_ptr()),
+                    Elem::F64 => mix.gpu::<f64>(len).map(|v| v.device_ptr()),
                 };
                 let expected = self.model.mix_gpu(len, elem);
                 self.outcome(done.map(drop), expected)
