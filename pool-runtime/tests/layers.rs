@@ -39,9 +39,6 @@ const DECLARED: &[(&str, &str)] = &[("nccl", "graph")];
 const KNOWN: &[&str] = &[
     "allocators/caching.rs -> core::device: D: CachingPool made from Storage, typed on Device",
     "allocators/mod.rs -> core::stats: D: StreamCounters moves down to base (counters.rs)",
-    "core/access.rs -> host_mem::HostMem: E2: up/download_async take a core PinnedHost<T>",
-    "core/access.rs -> shared::SharedRead: E2: its GpuRead impl moves into shared/",
-    "core/access.rs -> shared::SharedWrite: E2: its GpuRead/GpuWrite impls move into shared/",
     "core/access.rs -> interop::device_memory: E1: LentSlice into core, or as_cudarc to interop",
     "core/access.rs -> interop::kernel_args: E1: Pitched into core, or pitched() to interop",
     "storage/mod.rs -> core::stats: D: StreamCounters moves down to base (counters.rs)",
