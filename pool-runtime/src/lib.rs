@@ -123,8 +123,8 @@ pub use blas::{BLAS_WORKSPACE_BYTES, Blas, with_blas_workspace};
 pub use buffer::{BufferPool, GpuMat};
 pub use caching::{CachingPool, CachingStats};
 pub use config::{
-    ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, buffer_pool_usage, env_config,
-    set_buffer_pool_usage,
+    DeviceConfig, ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, Stacks, buffer_pool_usage,
+    env_config, set_buffer_pool_usage,
 };
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]
