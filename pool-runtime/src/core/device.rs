@@ -3,7 +3,6 @@
 //! All stacks of a device live in one allocation, made when a stream first takes a stack. Handing
 //! stacks to streams and back takes the device's lock; nothing on the allocation hot path does.
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -11,7 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::arena::{Arena, StackMemory};
 use crate::backend::host::HostBackend;
-use crate::backend::{Backend, RawEvent, RawStream};
+use crate::backend::{Backend, DevPtr, RawEvent, RawStream};
+use crate::caching::CachingPool;
 use crate::capturing;
 use crate::config::{self, DeviceConfig, Fallback, Packing, PoolConfig, Stacks};
 use crate::error::PoolError;
@@ -52,9 +52,8 @@ pub(crate) struct DeviceInner {
     pub(crate) live_peak: DevicePeak,
     /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
     pub(crate) pinned_frees: DeferredFrees,
-    /// The [`CachingPool`](crate::CachingPool) behind `Fallback::Caching`, made at first use by
-    /// `caching.rs` (which is above the device: its constructors take one), so held as `Any`.
-    caching: OnceLock<Arc<dyn Any + Send + Sync>>,
+    /// The [`CachingPool`] behind `Fallback::Caching`, made at first use.
+    caching: OnceLock<Arc<CachingPool>>,
 }
 
 #[derive(Default)]
@@ -67,8 +66,8 @@ struct DeviceState {
     /// Growable stacks made so far (their indexes), and held now.
     growable_made: usize,
     growable_held: usize,
-    /// Where the next arena's memory comes from, if not the driver (`nccl::use_nccl_memory`).
-    stack_memory: Option<Arc<dyn StackMemory>>,
+    /// Where the next arena's memory comes from, if not the driver ([`Device::set_stack_source`]).
+    stack_source: Option<Arc<dyn StackMemory>>,
     streams_wanting: usize,
     streams_wanting_peak: usize,
     live_streams: Vec<Weak<Ledger>>,
@@ -592,7 +591,7 @@ impl Device {
     }
 
     /// Records the last `events_per_stream` takes and releases of each stream made from now on (0:
-    /// none), for [`timeline`](crate::timeline)'s exports. Off by default; `GPU_POOL_CONF=record=N`
+    /// none), for the timeline's exports ([`Device::recordings`]). Off by default; `GPU_POOL_CONF=record=N`
     /// turns it on for every device. A stream that does not record pays nothing for it.
     ///
     /// ```
@@ -741,9 +740,13 @@ impl Device {
         self.inner.storage.limit()
     }
 
-    /// The slot of the device's shared caching pool (see `caching.rs`).
-    pub(crate) fn caching_slot(&self) -> &OnceLock<Arc<dyn Any + Send + Sync>> {
-        &self.inner.caching
+    /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
+    #[must_use]
+    pub fn caching_pool(&self) -> Arc<CachingPool> {
+        self.inner
+            .caching
+            .get_or_init(|| Arc::new(CachingPool::new(self)))
+            .clone()
     }
 
     /// Starts the device's peaks over from what is in use now (PyTorch's
@@ -853,6 +856,91 @@ impl Device {
     }
 }
 
+/// The stack-memory seam: where fixed stacks' memory comes from, and keeping it while a library
+/// has it registered. NCCL is its client (`nccl::use_nccl_memory`, `register_stacks`).
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+impl Device {
+    /// Takes the stack memory from `source` (`None`: the driver) from now on. Memory already
+    /// allocated elsewhere is freed if no stream holds a stack (`PoolError::ConfigInUse` if one
+    /// does, and nothing changes), so the next stack comes from `source`.
+    pub(crate) fn set_stack_source(
+        &self,
+        source: Option<Arc<dyn StackMemory>>,
+    ) -> Result<(), PoolError> {
+        let mut state = self.inner.lock_state();
+        if state
+            .arena
+            .as_ref()
+            .is_some_and(|a| !a.is_from(source.as_ref()))
+        {
+            self.inner.free_arena(&mut state)?;
+        }
+        state.stack_source = source;
+        Ok(())
+    }
+
+    /// Whether the stacks come from a source of a library rather than the driver.
+    pub(crate) fn stack_source_is_external(&self) -> bool {
+        self.inner.lock_state().stack_source.is_some()
+    }
+
+    /// Keeps the fixed stacks' memory from being freed or replaced while the pin lives (a
+    /// library registered it), allocating it now if it is not yet.
+    pub(crate) fn pin_stacks(&self) -> Result<StackPin, PoolError> {
+        let mut state = self.inner.lock_state();
+        if state.arena.is_none() {
+            let config = self.inner.pool_config(&state)?;
+            let memory = state.stack_source.clone();
+            state.arena = Some(Arena::allocate(&self.inner.storage, config, memory)?);
+        }
+        let arena = state.arena.as_mut().expect("set above");
+        arena.pin();
+        Ok(StackPin {
+            device: self.clone(),
+            range: arena.range(),
+        })
+    }
+}
+
+/// A device's fixed stack memory, kept (neither freed nor replaced) while this lives.
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+pub(crate) struct StackPin {
+    device: Device,
+    range: (DevPtr, usize),
+}
+
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+impl StackPin {
+    /// The pinned memory's first address and its bytes.
+    pub(crate) fn range(&self) -> (DevPtr, usize) {
+        self.range
+    }
+}
+
+impl Drop for StackPin {
+    fn drop(&mut self) {
+        if let Some(arena) = self.device.inner.lock_state().arena.as_mut() {
+            arena.unpin();
+        }
+    }
+}
+
+/// The caching pool's constructors: the pool sits below the device, on its storage.
+impl CachingPool {
+    /// A pool for `device` with [`DEFAULT_LEADING_BITS`](Self::DEFAULT_LEADING_BITS).
+    #[must_use]
+    pub fn new(device: &Device) -> CachingPool {
+        CachingPool::on_storage(device.storage(), CachingPool::DEFAULT_LEADING_BITS)
+            .unwrap_or_else(|_| unreachable!("the default leading bits are valid"))
+    }
+
+    /// A pool whose bins are named by `leading_bits` bits after the highest (PyOpenCL's
+    /// `leading_bits_in_bin_id`): more bits, finer bins, less rounding, fewer hits. 0 to 16.
+    pub fn with_leading_bits(device: &Device, leading_bits: u32) -> Result<CachingPool, PoolError> {
+        CachingPool::on_storage(device.storage(), leading_bits)
+    }
+}
+
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Device")
@@ -934,7 +1022,7 @@ impl DeviceInner {
         }
         if state.arena.is_none() {
             let config = stacks.pool_config();
-            let memory = state.stack_memory.clone();
+            let memory = state.stack_source.clone();
             state.arena = Some(Arena::allocate(&self.storage, config, memory)?);
         }
         let arena = state.arena.as_mut().expect("set above");
@@ -943,58 +1031,6 @@ impl DeviceInner {
             ledger.stack_index.store(stack.index, Relaxed);
         }
         Ok(claimed)
-    }
-
-    #[cfg(feature = "nccl")]
-    /// Takes the stack memory from `memory` (`None`: the driver) from now on. Memory already allocated elsewhere is
-    /// freed if no stream holds a stack (`PoolError::ConfigInUse` if one does, and nothing
-    /// changes), so the next stack comes from `memory`.
-    pub(crate) fn set_stack_memory(
-        &self,
-        memory: Option<Arc<dyn StackMemory>>,
-    ) -> Result<(), PoolError> {
-        let mut state = self.lock_state();
-        if state
-            .arena
-            .as_ref()
-            .is_some_and(|a| !a.is_from(memory.as_ref()))
-        {
-            self.free_arena(&mut state)?;
-        }
-        state.stack_memory = memory;
-        Ok(())
-    }
-
-    #[cfg(feature = "nccl")]
-    /// Keeps the stack memory from being freed or replaced until [`unpin_stack_memory`]
-    /// (a library registered it), allocating it now if it is not yet: its first address and bytes.
-    ///
-    /// [`unpin_stack_memory`]: Self::unpin_stack_memory
-    pub(crate) fn pin_stack_memory(&self) -> Result<(crate::backend::DevPtr, usize), PoolError> {
-        let mut state = self.lock_state();
-        if state.arena.is_none() {
-            let config = self.pool_config(&state)?;
-            let memory = state.stack_memory.clone();
-            state.arena = Some(Arena::allocate(&self.storage, config, memory)?);
-        }
-        let arena = state.arena.as_mut().expect("set above");
-        arena.pin();
-        Ok(arena.range())
-    }
-
-    /// Whether the stacks come from an allocator of a library (`use_nccl_memory`) rather than
-    /// the driver.
-    #[cfg(feature = "nccl")]
-    pub(crate) fn stack_memory_is_external(&self) -> bool {
-        self.lock_state().stack_memory.is_some()
-    }
-
-    /// Undoes one [`pin_stack_memory`](Self::pin_stack_memory).
-    #[cfg(feature = "nccl")]
-    pub(crate) fn unpin_stack_memory(&self) {
-        if let Some(arena) = self.lock_state().arena.as_mut() {
-            arena.unpin();
-        }
     }
 
     /// A growable stack of its own for the stream of `ledger` (`stream`): a reservation as large
@@ -1138,4 +1174,57 @@ pub fn set_buffer_pool_config(
     stack_count: usize,
 ) -> Result<(), PoolError> {
     device.set_pool_config(PoolConfig::new(stack_size, stack_count)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    use super::*;
+    use crate::{BufferPool, Stream};
+
+    /// A stack source over the host backend's own memory that counts its calls.
+    struct Counted {
+        device: Device,
+        allocs: AtomicUsize,
+        frees: AtomicUsize,
+    }
+
+    impl StackMemory for Counted {
+        fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+            self.allocs.fetch_add(1, SeqCst);
+            self.device.backend().alloc(bytes)
+        }
+
+        unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError> {
+            self.frees.fetch_add(1, SeqCst);
+            // SAFETY: forwarded to the caller; `ptr` came from the backend's `alloc` above.
+            unsafe { self.device.backend().free(ptr) }
+        }
+    }
+
+    #[test]
+    fn a_stack_source_serves_the_stacks_and_a_pin_keeps_its_memory() -> Result<(), PoolError> {
+        let device = Device::private_host();
+        let source = Arc::new(Counted {
+            device: device.clone(),
+            allocs: AtomicUsize::new(0),
+            frees: AtomicUsize::new(0),
+        });
+        device.set_stack_source(Some(source.clone()))?;
+        assert!(device.stack_source_is_external());
+        let stream = Stream::new(&device)?;
+        drop(BufferPool::new(&stream).get_buffer_1d::<u8>(64)?);
+        assert_eq!(source.allocs.load(SeqCst), 1, "the stacks came from the source");
+        drop(stream);
+        let pin = device.pin_stacks()?;
+        assert_eq!(pin.range().1, device.pool_config()?.total_bytes());
+        let err = device.release_stack_memory().unwrap_err();
+        assert!(matches!(err, PoolError::StackMemoryRegistered { .. }), "{err}");
+        drop(pin);
+        device.set_stack_source(None)?; // frees the source's memory: no stack is held
+        assert_eq!(source.frees.load(SeqCst), 1);
+        assert!(!device.stack_source_is_external());
+        Ok(())
+    }
 }
