@@ -3,7 +3,6 @@
 //! All stacks of a device live in one allocation, made when a stream first takes a stack. Handing
 //! stacks to streams and back takes the device's lock; nothing on the allocation hot path does.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -14,6 +13,7 @@ use crate::backend::{Backend, DevPtr, RawEvent, RawStream};
 use crate::caching::CachingPool;
 use crate::capturing;
 use crate::config::{self, DeviceConfig, Fallback, Packing, PoolConfig, Stacks};
+use crate::core::sink::DeviceSink;
 use crate::error::PoolError;
 use crate::holders::Reclaimed;
 use crate::id::DeviceId;
@@ -50,6 +50,8 @@ pub(crate) struct DeviceInner {
     exact_live_peak: AtomicBool,
     /// The bytes of every live pooled buffer, over all streams, and their peak.
     pub(crate) live_peak: DevicePeak,
+    /// What outlives the streams of the sink seam: their recordings.
+    pub(crate) sink: DeviceSink,
     /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
     pub(crate) pinned_frees: DeferredFrees,
     /// The [`CachingPool`] behind `Fallback::Caching`, made at first use.
@@ -72,9 +74,6 @@ struct DeviceState {
     streams_wanting_peak: usize,
     live_streams: Vec<Weak<Ledger>>,
     retired: Retired,
-
-    /// The recordings of dropped streams, the last `RETIRED_RECORDINGS` of them.
-    retired_recordings: VecDeque<StreamRecording>,
 }
 
 /// The settings of a [`DeviceConfig`] the program set, each apart: a malformed `GPU_POOL_CONF` is
@@ -89,9 +88,6 @@ struct Explicit {
     packing: Option<Packing>,
     record: Option<usize>,
 }
-
-/// How many dropped streams' recordings a device keeps.
-const RETIRED_RECORDINGS: usize = 64;
 
 static REGISTRY: Mutex<Vec<Weak<DeviceInner>>> = Mutex::new(Vec::new());
 
@@ -116,6 +112,7 @@ impl Device {
             exact_live_peak: AtomicBool::new(false),
             live_peak: DevicePeak::default(),
             pinned_frees: DeferredFrees::default(),
+            sink: DeviceSink::default(),
             caching: OnceLock::new(),
         });
         // The variable's device-wide settings, applied once here (a malformed variable is an
@@ -646,22 +643,18 @@ impl Device {
         self.setting(|e| e.record, |c| c.record)
     }
 
-    /// The data: the recordings of this device's live streams and of its last dropped ones, oldest
-    /// first.
-    #[must_use]
-    pub fn recordings(&self) -> Vec<StreamRecording> {
+    /// For the readers of recordings in `observe/`, at one moment: the recordings of dropped
+    /// streams, the ledgers of live ones (a stream is in one or the other: it retires under the
+    /// same lock) and the stack size.
+    pub(crate) fn recording_sources(&self) -> (Vec<StreamRecording>, Vec<Arc<Ledger>>, usize) {
         let state = self.inner.lock_state();
-        let mut all: Vec<StreamRecording> = state.retired_recordings.iter().cloned().collect();
-        for ledger in state.live_streams.iter().filter_map(Weak::upgrade) {
-            if let Some(r) = &ledger.recorder {
-                all.push(StreamRecording::of(self.id(), ledger.id, &sync::lock(r)));
-            }
-        }
+        let live = state
+            .live_streams
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
         let stack_size = self.inner.pool_config(&state).map_or(0, |c| c.stack_size());
-        for r in &mut all {
-            r.stack_size = stack_size;
-        }
-        all
+        (self.inner.sink.retired(), live, stack_size)
     }
 
     /// `attempt`, and where it runs out of memory, once more after every holder of the device's
@@ -1117,10 +1110,7 @@ impl DeviceInner {
         let mut state = self.lock_state();
         state.retired.absorb(&snapshot);
         if let Some(recording) = recording {
-            if state.retired_recordings.len() == RETIRED_RECORDINGS {
-                state.retired_recordings.pop_front();
-            }
-            state.retired_recordings.push_back(recording);
+            self.sink.retire(recording);
         }
         state
             .live_streams
@@ -1215,12 +1205,19 @@ mod tests {
         assert!(device.stack_source_is_external());
         let stream = Stream::new(&device)?;
         drop(BufferPool::new(&stream).get_buffer_1d::<u8>(64)?);
-        assert_eq!(source.allocs.load(SeqCst), 1, "the stacks came from the source");
+        assert_eq!(
+            source.allocs.load(SeqCst),
+            1,
+            "the stacks came from the source"
+        );
         drop(stream);
         let pin = device.pin_stacks()?;
         assert_eq!(pin.range().1, device.pool_config()?.total_bytes());
         let err = device.release_stack_memory().unwrap_err();
-        assert!(matches!(err, PoolError::StackMemoryRegistered { .. }), "{err}");
+        assert!(
+            matches!(err, PoolError::StackMemoryRegistered { .. }),
+            "{err}"
+        );
         drop(pin);
         device.set_stack_source(None)?; // frees the source's memory: no stack is held
         assert_eq!(source.frees.load(SeqCst), 1);

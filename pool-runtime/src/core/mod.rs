@@ -11,6 +11,7 @@ pub(crate) mod layout;
 pub(crate) mod ledger;
 pub(crate) mod pinned;
 pub(crate) mod record;
+pub(crate) mod sink;
 pub(crate) mod stack;
 pub(crate) mod stats;
 pub(crate) mod stream;

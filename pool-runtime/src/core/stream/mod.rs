@@ -22,12 +22,12 @@ use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedA
 use crate::backend::{DevPtr, RawStream};
 use crate::capturing;
 use crate::config::{self, Fallback};
+use crate::core::sink::{Op, Sink};
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::holders::ReclaimedFrom;
 use crate::ledger::Ledger;
-use crate::record::{Event, EventKind};
-use crate::source::{CallSite, Source};
+use crate::record::Event;
 use crate::stack::{LayoutTrace, Stack};
 use crate::stats::{StreamCounters, StreamStats};
 use crate::storage::IdleMemory;
@@ -38,7 +38,7 @@ pub(crate) use capture::SharedAccesses;
 pub(crate) use clock::SyncClock;
 pub(crate) use lease::Lease;
 pub(crate) use sharing::{Access, SharedMemory};
-use sizing::Demand;
+pub(crate) use sizing::Demand;
 pub use sizing::Sizing;
 use work::Waits;
 
@@ -74,11 +74,9 @@ pub struct Stream {
     /// The device had no memory for the stacks when this stream first asked: it does not ask
     /// again (a driver call on every take), and its buffers fall back.
     no_stack_memory: Cell<bool>,
-    /// The stack it would have with unlimited room, where its demand is measured.
-    demand: Demand,
-    /// Whether this stream records its takes and releases (`ledger.recorder` is set).
-    recording: bool,
-    /// `waits.any() || recording`: whether a release has more to do than release.
+    /// What watches the takes and releases: the recording and the sizing of demand.
+    sink: Sink,
+    /// `waits.any() || sink.wants_releases()`: whether a release has more to do than release.
     release_hooks: Cell<bool>,
     waits: Waits,
     graphs: Graphs,
@@ -205,8 +203,7 @@ impl Stream {
             strict_lifo: device.strict_lifo()?,
             wants_stack: Cell::new(false),
             no_stack_memory: Cell::new(false),
-            demand: Demand::default(),
-            recording: record > 0,
+            sink: Sink::new(record),
             release_hooks: Cell::new(record > 0),
             waits: Waits::default(),
             graphs: Graphs::default(),
@@ -507,35 +504,22 @@ fn fallback_allocator(device: &Device) -> Result<Arc<dyn GpuAllocator>, PoolErro
     })
 }
 
-/// What a stream tells its ledger: recordings and LIFO violations.
+/// What a stream tells its sink and its ledger: takes and releases, LIFO violations.
 impl Stream {
-    /// Records a take or a release: `(offset, bytes)` of the buffer.
+    /// Hands a take or a release to the sink, with the time and the stack's state now (the
+    /// caller has checked `sink.records()`).
     #[cold]
-    fn record(
-        &self,
-        kind: EventKind,
-        source: Source,
-        (offset, bytes): (usize, usize),
-        site: Option<CallSite>,
-    ) {
+    fn emit(&self, op: Op) {
         self.ledger.record(Event {
             t_ns: crate::record::now_ns(),
-            kind,
-            source,
-            offset,
-            bytes,
+            kind: op.kind,
+            source: op.source,
+            offset: op.offset,
+            bytes: op.bytes,
             stack_in_use: self.stack.get().map_or(0, Stack::top),
             stack_mapped: self.stack.get().map_or(0, Stack::mapped),
-            site,
+            site: op.site,
         });
-    }
-
-    /// Records the release of the stack block at `offset` that ended at `end`.
-    #[cold]
-    fn record_release(&self, offset: u64, end: usize, source: Source) {
-        let offset = offset as usize;
-        let bytes = end.saturating_sub(offset);
-        self.record(EventKind::Release, source, (offset, bytes), None);
     }
 
     /// Counts a release out of LIFO order (of the block at `offset`), logged once per device; an
