@@ -21,7 +21,7 @@ use std::sync::{Arc, Weak};
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
 use crate::backend::{DevPtr, RawStream};
 use crate::capturing;
-use crate::config::{self, Fallback};
+use crate::config::{self, DeviceConfig, Fallback};
 use crate::core::sink::{Op, Sink};
 use crate::device::Device;
 use crate::error::PoolError;
@@ -96,7 +96,9 @@ impl Stream {
     /// memory for the stacks the stream is still made (as OpenCV's is): its buffers fall back with
     /// `FallbackReason::NoStackMemory`, and a stream made once memory is free gets a stack.
     pub fn new(device: &Device) -> Result<Stream, PoolError> {
-        let stream = Stream::build(device, fallback_allocator(device)?, false)?;
+        let config = device.config()?;
+        let fallback = fallback_allocator(device, &config);
+        let stream = Stream::build(device, &config, fallback, false)?;
         stream.first_claim()?;
         Ok(stream)
     }
@@ -116,7 +118,7 @@ impl Stream {
         device: &Device,
         allocator: Arc<dyn GpuAllocator>,
     ) -> Result<Stream, PoolError> {
-        Stream::build(device, allocator, true)
+        Stream::build(device, &device.config()?, allocator, true)
     }
 
     /// Wraps a cudarc stream of `device`'s context, so pooled buffers and your own kernels share it.
@@ -148,8 +150,9 @@ impl Stream {
                 actual: crate::id::DeviceId::Cuda(stream.context().ordinal()),
             });
         }
-        let fallback = fallback_allocator(device)?;
-        let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
+        let config = device.config()?;
+        let fallback = fallback_allocator(device, &config);
+        let made = Stream::build_on(device, &config, RawStream::Cuda(stream), fallback, false)?;
         made.first_claim()?;
         Ok(made)
     }
@@ -164,29 +167,33 @@ impl Stream {
         }
     }
 
+    /// A stream made with `config`, the device's configuration read once when it is made: what
+    /// the stream keeps ([`DeviceConfig`](crate::DeviceConfig)'s rule for existing streams).
     fn build(
         device: &Device,
+        config: &DeviceConfig,
         allocator: Arc<dyn GpuAllocator>,
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
         let raw = device.backend().new_stream()?;
-        Stream::build_on(device, raw, allocator, custom_allocator)
+        Stream::build_on(device, config, raw, allocator, custom_allocator)
     }
 
     fn build_on(
         device: &Device,
+        config: &DeviceConfig,
         raw: RawStream,
         allocator: Arc<dyn GpuAllocator>,
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
         static STREAM_IDS: crate::unique::Counter = crate::unique::Counter::new();
-        let record = device.recording_events_per_stream()?;
+        let record = config.record;
         let id = STREAM_IDS.next();
         #[cfg(feature = "cuda")]
         let wrapped = capturing::Wrapped::claim(&raw, id)?;
-        let exact_live = device.exact_live_peak();
+        let exact_live = config.exact_live_peak;
         let ledger = Arc::new(Ledger::new(id, record, exact_live));
         device.inner.register_stream(&ledger);
         let holder: Weak<dyn IdleMemory> = Arc::downgrade(&ledger) as Weak<Ledger>;
@@ -195,12 +202,12 @@ impl Stream {
             device: device.clone(),
             raw,
             texture_alignment: device.texture_alignment(),
-            packing: device.packing()?.block_align(),
+            packing: config.packing.block_align(),
             ledger,
             stack: OnceCell::new(),
             allocator,
             custom_allocator,
-            strict_lifo: device.strict_lifo()?,
+            strict_lifo: config.strict_lifo,
             wants_stack: Cell::new(false),
             no_stack_memory: Cell::new(false),
             sink: Sink::new(record),
@@ -494,14 +501,14 @@ impl Stream {
     }
 }
 
-/// The allocator that serves what a new stream's stack cannot: [`Device::fallback`]'s.
-fn fallback_allocator(device: &Device) -> Result<Arc<dyn GpuAllocator>, PoolError> {
-    Ok(match device.fallback()? {
+/// The allocator that serves what a new stream's stack cannot: `config`'s fallback.
+fn fallback_allocator(device: &Device, config: &DeviceConfig) -> Arc<dyn GpuAllocator> {
+    match config.fallback {
         Fallback::Driver => Arc::new(DriverAllocator),
         Fallback::StreamOrdered => Arc::new(StreamOrderedAllocator),
         Fallback::Caching => device.caching_pool(),
         Fallback::Error => Arc::new(NoFallback),
-    })
+    }
 }
 
 /// What a stream tells its sink and its ledger: takes and releases, LIFO violations.
