@@ -457,10 +457,11 @@ impl fmt::Display for Stacks {
     }
 }
 
-/// Everything a device is configured with, as one value: what [`Device::config`] reads and
-/// [`Device::configure`] applies at once.
+/// Everything a device is configured with, as one value: what
+/// [`Device::config`](crate::Device::config) reads and
+/// [`Device::configure`](crate::Device::configure) applies at once.
 ///
-/// [`Device::configure`] is the one rule for streams that exist: **a stream keeps what it was made
+/// [`Device::configure`](crate::Device::configure) is the one rule for streams that exist: **a stream keeps what it was made
 /// with** (its fallback, packing, strict LIFO, recording, exact peak counting, and the stack it
 /// holds); the new value holds for streams made from then on, and for a stream made earlier that
 /// takes its first stack later (it gets the stacks configured then). Two settings are the
