@@ -133,10 +133,23 @@ fn growable_stacks_configured_as_a_value_serve_what_fixed_ones_cannot() -> Resul
     let mut config = device.config()?;
     config.stacks = Stacks::Growable { mapped: 0 };
     // The host backend models virtual memory management: growable stacks work there.
-    device.configure(config)?;
+    device.configure(config.clone())?;
     let stream = Stream::new(&device)?;
+    assert_eq!(
+        stream.stats().stack_mapped,
+        0,
+        "mapped: 0 maps nothing up front"
+    );
     let big = BufferPool::new(&stream).get_buffer_1d::<u8>(32 * MIB)?;
     assert_eq!(big.source(), Source::Stack);
+    config.stacks = Stacks::Growable { mapped: 4 * MIB };
+    device.configure(config)?;
+    let other = Stream::new(&device)?;
+    assert_eq!(
+        other.stats().stack_mapped,
+        4 * MIB,
+        "what the config says, at once"
+    );
     Ok(())
 }
 

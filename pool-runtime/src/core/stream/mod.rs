@@ -21,7 +21,7 @@ use std::sync::{Arc, Weak};
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
 use crate::backend::{DevPtr, RawStream};
 use crate::capturing;
-use crate::config::{self, DeviceConfig, Fallback};
+use crate::config::{self, DeviceConfig, Fallback, Stacks};
 use crate::core::sink::{Op, Sink};
 use crate::device::Device;
 use crate::error::PoolError;
@@ -491,10 +491,14 @@ impl Stream {
     /// it stays on demand. Without the memory now, the stack starts empty and grows on demand.
     #[cold]
     fn map_configured(&self, stack: &Stack) {
-        let Ok(config) = self.device.pool_config() else {
+        // Configured since the claim as fixed: nothing is asked to be mapped.
+        let Ok(Stacks::Growable { mapped }) = self.device.stacks() else {
             return;
         };
-        let size = config.stack_size().min(stack.size());
+        let size = mapped.min(stack.size());
+        if size == 0 {
+            return;
+        }
         if let Err(e) = stack.map_to(size, self.device.storage(), Some(self.counters())) {
             tracing::debug!(stream = self.id(), error = %e, "mapping the configured stack size failed: the stack grows on demand");
         }
