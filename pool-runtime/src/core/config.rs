@@ -133,7 +133,9 @@ impl Default for PoolConfig {
 /// ```
 /// use gpu_pool_runtime::{Device, Fallback};
 /// let device = Device::private_host();
-/// device.set_fallback(Fallback::Error);
+/// let mut config = device.config()?;
+/// config.fallback = Fallback::Error;
+/// device.configure(config)?;
 /// assert_eq!(device.fallback()?, Fallback::Error);
 /// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
@@ -183,7 +185,9 @@ impl Fallback {
 /// let (a, b) = (pool.get_buffer_1d::<u8>(10)?, pool.get_buffer_1d::<u8>(10)?);
 /// assert_eq!(b.device_ptr() - a.device_ptr(), 256);
 /// # drop((b, a));
-/// device.set_packing(Packing::OpenCv); // streams made from now on
+/// let mut config = device.config()?;
+/// config.packing = Packing::OpenCv;
+/// device.configure(config)?; // for streams made from now on
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
 /// let (a, b) = (pool.get_buffer_1d::<u8>(10)?, pool.get_buffer_1d::<u8>(10)?);
@@ -416,10 +420,14 @@ pub enum Stacks {
     /// OpenCV's: this many stacks of this size, in one allocation made when a stream first needs
     /// a stack; a stream without a free one falls back until one is given back.
     Fixed(PoolConfig),
-    /// A stack of its own for every stream, a reservation as large as the device's memory of
-    /// which `mapped` bytes are mapped when the stream gets it and more on demand (see
-    /// [`Device::set_growable_stacks`](crate::Device::set_growable_stacks)). Needs virtual memory
-    /// management: the default on CUDA devices that have it.
+    /// A stack of its own for every stream: a reservation as large as the device's memory, of
+    /// which `mapped` bytes are mapped when the stream gets it and more in granules (2 MiB on the
+    /// H100) only when the top passes the mapped end. Below it a take is the same bump as on a
+    /// fixed stack; buffers never move; there is no count of stacks. Memory stays mapped until
+    /// [`Stream::trim`](crate::Stream::trim), the stream's drop, or an out-of-memory elsewhere on
+    /// the device ([`Device::reclaim_idle`](crate::Device::reclaim_idle)). Needs virtual memory
+    /// management (`PoolError::Unsupported` without it; the host backend models it): the default
+    /// on CUDA devices that have it.
     Growable {
         /// Bytes mapped when a stream gets its stack (0: all on demand).
         mapped: usize,
@@ -497,11 +505,18 @@ pub struct DeviceConfig {
     /// Takes and releases each stream records, for the timeline and
     /// [`Device::recordings`](crate::Device::recordings) (0: none, the default).
     pub record: usize,
-    /// Every take and release adds to one device-wide total, so the device's live peak is exact
-    /// (see [`Device::set_exact_live_peak`](crate::Device::set_exact_live_peak)). Default: off.
+    /// Every take and release of the streams made from now on adds to one device-wide atomic
+    /// total, so [`DeviceStats::peak_live_bytes`](crate::DeviceStats::peak_live_bytes) misses no
+    /// moment when several streams held more together. Default: off, as the shared atomic costs
+    /// every take and release (BENCHMARKS Q); the default samples the sum when a stream passes its
+    /// own high and at every stats read.
     pub exact_live_peak: bool,
-    /// A cap on what the device's pools may hold at once (see
-    /// [`Device::set_memory_limit`](crate::Device::set_memory_limit)). Default: none.
+    /// A cap on what the device's pools may hold at once (CuPy's `set_limit`): every driver
+    /// allocation through them counts (stack memory, mapped growable stacks, fallbacks, the
+    /// caching pool's blocks, `GpuMat::new`, `SharedMat`, the stream-ordered pool's reserve); a
+    /// request past it gives idle memory back and tries once more, then is
+    /// `PoolError::OutOfMemory`. The device's own: it holds for existing streams at once. Memory
+    /// already held stays. Default: none.
     pub memory_limit: Option<usize>,
 }
 
