@@ -185,7 +185,8 @@ fn line<'a>(out: &'a str, tag: &str) -> &'a str {
 fn configure_wins_over_the_environment_which_wins_over_the_defaults() {
     let out = run_named_child(
         CONFIG_CHILD,
-        "growable=on,stack_size=2MiB,fallback=driver,packing=opencv,record=4",
+        "growable=on,stack_size=2MiB,fallback=driver,packing=opencv,record=4,exact_live_peak=on,\
+         memory_limit=1GiB",
     );
     // The variable over the defaults, for `from_env` and for a fresh device alike.
     for tag in ["FROM_ENV", "FRESH"] {
@@ -194,6 +195,8 @@ fn configure_wins_over_the_environment_which_wins_over_the_defaults() {
         assert!(l.contains("fallback: Driver"), "{l}");
         assert!(l.contains("packing: OpenCv"), "{l}");
         assert!(l.contains("record: 4"), "{l}");
+        assert!(l.contains("exact_live_peak: true"), "{l}");
+        assert!(l.contains("memory_limit: Some(1073741824)"), "{l}");
     }
     // One explicit setting wins over the variable; the rest still come from it.
     let l = line(&out, "ONE_SET");
@@ -206,6 +209,10 @@ fn configure_wins_over_the_environment_which_wins_over_the_defaults() {
         "{l}"
     );
     assert!(l.contains("Fixed(") && l.contains("packing: Cuda"), "{l}");
+    assert!(
+        l.contains("exact_live_peak: false, memory_limit: None"),
+        "{l}"
+    );
     let _ = Stacks::Growable { mapped: 0 }; // the type the lines print
 }
 
