@@ -3,15 +3,19 @@
 
 use std::process::Command;
 
-use gpu_pool::{Device, EnvConfig, Fallback, Packing, PoolError, Stream};
+use gpu_pool::{Device, DeviceConfig, EnvConfig, Fallback, Packing, PoolError, Stacks, Stream};
 
 const CHILD: &str = "child_reports_what_it_sees";
 
 fn run_child(conf: &str) -> String {
+    run_named_child(CHILD, conf)
+}
+
+fn run_named_child(child: &str, conf: &str) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            CHILD,
+            child,
             "--nocapture",
             "--include-ignored",
             "--test-threads=1",
@@ -150,4 +154,85 @@ fn parse_accepts_units_and_spaces_and_refuses_the_rest() -> Result<(), PoolError
         assert!(err.to_string().contains(why), "{bad}: {err}");
     }
     Ok(())
+}
+
+const CONFIG_CHILD: &str = "child_reports_the_precedence_of_device_config";
+
+/// Prints a device's config under the variable, after one explicit setting, and after a whole
+/// `configure`; only meaningful as a child of the tests below.
+#[test]
+#[ignore = "run as a child process by the tests of this file"]
+fn child_reports_the_precedence_of_device_config() {
+    let device = Device::private_host();
+    println!("FROM_ENV {:?}", DeviceConfig::from_env());
+    println!("FRESH {:?}", device.config());
+    device.set_packing(Packing::Cuda);
+    println!("ONE_SET {:?}", device.config());
+    let mut whole = DeviceConfig::default();
+    whole.fallback = Fallback::Error;
+    whole.record = 2;
+    device.configure(whole).expect("a valid config");
+    println!("CONFIGURED {:?}", device.config());
+}
+
+fn line<'a>(out: &'a str, tag: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.find(tag).map(|at| &l[at..]))
+        .unwrap_or_else(|| panic!("no {tag} in {out}"))
+}
+
+#[test]
+fn configure_wins_over_the_environment_which_wins_over_the_defaults() {
+    let out = run_named_child(
+        CONFIG_CHILD,
+        "growable=on,stack_size=2MiB,fallback=driver,packing=opencv,record=4,exact_live_peak=on,\
+         memory_limit=1GiB",
+    );
+    // The variable over the defaults, for `from_env` and for a fresh device alike.
+    for tag in ["FROM_ENV", "FRESH"] {
+        let l = line(&out, tag);
+        assert!(l.contains("stacks: Growable { mapped: 2097152 }"), "{l}");
+        assert!(l.contains("fallback: Driver"), "{l}");
+        assert!(l.contains("packing: OpenCv"), "{l}");
+        assert!(l.contains("record: 4"), "{l}");
+        assert!(l.contains("exact_live_peak: true"), "{l}");
+        assert!(l.contains("memory_limit: Some(1073741824)"), "{l}");
+    }
+    // One explicit setting wins over the variable; the rest still come from it.
+    let l = line(&out, "ONE_SET");
+    assert!(l.contains("packing: Cuda"), "{l}");
+    assert!(l.contains("record: 4") && l.contains("Growable"), "{l}");
+    // A whole configure wins over all of it.
+    let l = line(&out, "CONFIGURED");
+    assert!(
+        l.contains("fallback: Error") && l.contains("record: 2"),
+        "{l}"
+    );
+    assert!(l.contains("Fixed(") && l.contains("packing: Cuda"), "{l}");
+    assert!(
+        l.contains("exact_live_peak: false, memory_limit: None"),
+        "{l}"
+    );
+    let _ = Stacks::Growable { mapped: 0 }; // the type the lines print
+}
+
+#[test]
+fn a_malformed_variable_is_an_error_until_configure_sets_everything() {
+    let out = run_named_child(CONFIG_CHILD, "packing=sideways");
+    assert!(
+        line(&out, "FROM_ENV").contains("Err(InvalidEnvConfig"),
+        "{out}"
+    );
+    assert!(
+        line(&out, "FRESH").contains("Err(InvalidEnvConfig"),
+        "{out}"
+    );
+    assert!(
+        line(&out, "ONE_SET").contains("Err(InvalidEnvConfig"),
+        "{out}"
+    );
+    assert!(
+        line(&out, "CONFIGURED").starts_with("CONFIGURED Ok("),
+        "{out}"
+    );
 }

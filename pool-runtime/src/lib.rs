@@ -94,8 +94,8 @@ pub use buffer::{DeviceMat, Temp};
 pub use caching::{CachingPool, CachingStats};
 pub use compat::opencv::{BufferPool, GpuMat};
 pub use config::{
-    ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, buffer_pool_usage, env_config,
-    set_buffer_pool_usage,
+    DeviceConfig, ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, Stacks, buffer_pool_usage,
+    env_config, set_buffer_pool_usage,
 };
 pub use device::{Device, set_buffer_pool_config};
 #[cfg(feature = "cuda")]

@@ -1212,3 +1212,38 @@ fn a_gemm_on_packed_buffers_matches_the_cpu() -> TestResult {
     assert!(worst < 1e-4);
     Ok(())
 }
+
+/// A CUDA device's configuration as one value: `config` reads what `configure` wrote, and with
+/// growable stacks (the default where the GPU can map memory) the report's first line says so
+/// rather than "10 MiB x 5 stacks, memory not allocated".
+#[test]
+fn a_gpu_config_round_trips_and_the_report_names_growable_stacks() -> TestResult {
+    let Some((gpu, _lock)) = gpu("device_config") else {
+        return Ok(());
+    };
+    let before = gpu.config()?;
+    eprintln!("device_config: {} starts as {before:?}", gpu.id());
+    match gpu.set_growable_stacks(true) {
+        Ok(()) => {
+            let stream = Stream::new(&gpu)?;
+            drop(BufferPool::new(&stream).get_buffer_1d::<u8>(12 * MIB)?);
+            let report = gpu_pool::Report::new(vec![gpu.stats()]).to_string();
+            let line = report
+                .lines()
+                .find(|l| l.starts_with(&format!("{}: config", gpu.id())))
+                .expect("a line for the GPU");
+            eprintln!("device_config: {line}");
+            assert!(line.contains("config growable stacks ("), "{line}");
+            assert!(!line.contains("not allocated"), "{line}");
+        }
+        Err(e) => eprintln!("device_config: no growable stacks on this GPU: {e}"),
+    }
+    let mut changed = before.clone();
+    changed.packing = gpu_pool::Packing::OpenCv;
+    changed.record = 4;
+    gpu.configure(changed.clone())?;
+    assert_eq!(gpu.config()?, changed);
+    gpu.configure(before.clone())?;
+    assert_eq!(gpu.config()?, before);
+    Ok(())
+}

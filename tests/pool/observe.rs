@@ -248,3 +248,36 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
     let _ = std::fs::remove_file(path);
     Ok(())
 }
+
+/// The report's first line says what is configured: growable stacks are not "10 MiB x 5 stacks,
+/// memory not allocated".
+#[test]
+fn the_report_says_growable_stacks_are_growable() -> Result<(), PoolError> {
+    let device = Device::private_host();
+    device.set_growable_stacks(true)?;
+    let stream = Stream::new(&device)?;
+    drop(BufferPool::new(&stream).get_buffer_1d::<u8>(12 << 20)?);
+    let report = gpu_pool::Report::new(vec![device.stats()]).to_string();
+    let first = report
+        .lines()
+        .find(|l| l.starts_with(&format!("{}: config", device.id())))
+        .expect("a line for the device");
+    assert!(
+        first.contains(
+            "config growable stacks (10.00 MiB mapped at a stream's start; 1 held, 12.00 MiB \
+             mapped now)"
+        ),
+        "{first}"
+    );
+    assert!(!first.contains("x 5 stacks"), "{first}");
+
+    // Fixed stacks say their size, count and memory.
+    let fixed = Device::private_host();
+    set_buffer_pool_config(&fixed, 1 << 20, 2)?;
+    let report = gpu_pool::Report::new(vec![fixed.stats()]).to_string();
+    assert!(
+        report.contains("config 1.00 MiB x 2 stacks (0 held, memory not allocated)"),
+        "{report}"
+    );
+    Ok(())
+}

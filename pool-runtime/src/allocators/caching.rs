@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::allocator::{AllocContext, AllocRequest, Allocation, GpuAllocator};
 use crate::backend::{DevPtr, RawEvent};
-use crate::device::Device;
 use crate::error::PoolError;
 use crate::holders::GaveBack;
 use crate::id::DeviceId;
@@ -158,21 +157,6 @@ impl std::fmt::Debug for CachingPool {
     }
 }
 
-impl Device {
-    /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
-    #[must_use]
-    pub fn caching_pool(&self) -> Arc<CachingPool> {
-        let shared = self
-            .caching_slot()
-            .get_or_init(|| Arc::new(CachingPool::new(self)))
-            .clone();
-        // Only this function fills the slot, always with a `CachingPool`.
-        shared
-            .downcast::<CachingPool>()
-            .unwrap_or_else(|_| unreachable!("the caching slot holds a CachingPool"))
-    }
-}
-
 impl CachingPool {
     /// PyOpenCL's default number of leading bits (after the first one) that name a bin.
     pub const DEFAULT_LEADING_BITS: u32 = 4;
@@ -209,15 +193,14 @@ impl CachingPool {
         (bin, size)
     }
 
-    /// A pool for `device` with [`DEFAULT_LEADING_BITS`](Self::DEFAULT_LEADING_BITS).
-    #[must_use]
-    pub fn new(device: &Device) -> CachingPool {
-        CachingPool::on_storage(device.storage(), CachingPool::DEFAULT_LEADING_BITS)
-    }
-
-    /// A pool whose bins are named by `leading_bits` bits after the highest (PyOpenCL's
-    /// `leading_bits_in_bin_id`): more bits, finer bins, less rounding, fewer hits. 0 to 16.
-    pub fn with_leading_bits(device: &Device, leading_bits: u32) -> Result<CachingPool, PoolError> {
+    /// A pool over a device's memory whose bins are named by `leading_bits` bits after the
+    /// highest: 0 to 16, else `PoolError::InvalidConfig`. The public constructors
+    /// (`CachingPool::new(&device)`, `with_leading_bits`) sit with the device, which is above
+    /// the allocators and hands them its storage.
+    pub(crate) fn on_storage(
+        storage: &Arc<Storage>,
+        leading_bits: u32,
+    ) -> Result<CachingPool, PoolError> {
         if leading_bits > 16 {
             return Err(PoolError::InvalidConfig {
                 reason: format!(
@@ -225,11 +208,6 @@ impl CachingPool {
                 ),
             });
         }
-        Ok(CachingPool::on_storage(device.storage(), leading_bits))
-    }
-
-    /// A pool over `storage` whose bins are named by `leading_bits` bits (checked by the callers).
-    fn on_storage(storage: &Arc<Storage>, leading_bits: u32) -> CachingPool {
         let cache = Arc::new(Cache {
             storage: Arc::downgrade(storage),
             id: storage.id,
@@ -241,10 +219,10 @@ impl CachingPool {
             }),
         });
         storage.register_holder(Arc::downgrade(&cache) as Weak<dyn IdleMemory>);
-        CachingPool {
+        Ok(CachingPool {
             leading_bits,
             cache,
-        }
+        })
     }
 
     /// A snapshot of the counters.
@@ -572,7 +550,7 @@ mod tests {
         );
         assert!(good > 0);
         assert_eq!(
-            crate::testing::host_live_bytes(&device),
+            device.backend().live_bytes(),
             Some(0),
             "the good one was freed"
         );
@@ -633,7 +611,7 @@ mod tests {
         );
         assert_eq!(stats.peak_active_rounded_bytes, 1);
         cache.free_held()?;
-        assert_eq!(crate::testing::host_live_bytes(&device), Some(0));
+        assert_eq!(device.backend().live_bytes(), Some(0));
         Ok(())
     }
 

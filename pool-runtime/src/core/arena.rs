@@ -15,7 +15,9 @@ use crate::storage::Storage;
 
 /// Where a device's stack memory comes from when not from `cuMemAlloc`: an allocator whose memory a
 /// library can do more with (NCCL's `ncclMemAlloc`, which NCCL can register for zero-copy
-/// collectives). Its calls are counted as the device's driver calls.
+/// collectives). Its calls are counted as the device's driver calls. The seam a feature uses:
+/// `Device::set_stack_source` chooses it, `Device::pin_stacks` keeps its memory while a library
+/// has it registered.
 pub(crate) trait StackMemory: Send + Sync {
     /// `bytes` of device memory on the arena's device.
     fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError>;
@@ -71,13 +73,11 @@ impl Arena {
         self.config
     }
 
-    #[cfg(feature = "nccl")]
     /// The memory of every stack: its first address and its bytes.
     pub(crate) fn range(&self) -> (DevPtr, usize) {
         (self.base, self.config.total_bytes())
     }
 
-    #[cfg(feature = "nccl")]
     /// Whether the memory came from `memory` (the same allocator, not merely the same kind).
     pub(crate) fn is_from(&self, memory: Option<&Arc<dyn StackMemory>>) -> bool {
         match (&self.memory, memory) {
@@ -87,13 +87,11 @@ impl Arena {
         }
     }
 
-    #[cfg(feature = "nccl")]
     /// Counts a registration that must be undone before the memory is freed.
     pub(crate) fn pin(&mut self) {
         self.pins += 1;
     }
 
-    #[cfg(feature = "nccl")]
     /// Undoes one [`pin`](Self::pin).
     pub(crate) fn unpin(&mut self) {
         self.pins = self.pins.saturating_sub(1);

@@ -1,9 +1,13 @@
-//! Global and per-device configuration, with OpenCV's names.
+//! Configuration: one [`DeviceConfig`] value per device, and OpenCV's global switch.
 //!
-//! Precedence, highest first: explicit calls ([`set_buffer_pool_usage`],
-//! [`set_buffer_pool_config`](crate::set_buffer_pool_config), [`Device::set_fallback`](crate::Device::set_fallback), ...), then the
-//! `GPU_POOL_CONF` environment variable (read once, at first use), then the defaults.
+//! Precedence, highest first: what the program set ([`Device::configure`](crate::Device::configure),
+//! or one of the setters that wrap it, such as
+//! [`set_buffer_pool_config`](crate::set_buffer_pool_config)), then the `GPU_POOL_CONF`
+//! environment variable (read once, at first use), then the device's defaults
+//! ([`Device::config`](crate::Device::config) says which apply). Pooling on or off
+//! ([`set_buffer_pool_usage`], the `usage` key) is process-wide, as in OpenCV.
 
+use std::fmt;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -13,10 +17,13 @@ use crate::layout::align_up;
 /// The environment variable read at first use, e.g.
 /// `GPU_POOL_CONF="stack_size=64MiB,stack_count=2,fallback=stream_ordered"`.
 ///
-/// Keys: `stack_size` (bytes, or with a `KiB`/`MiB`/`GiB` suffix), `stack_count`, `fallback`
-/// (`driver`, `stream_ordered`, `caching`, `error`), `usage` (`on`/`off`), `strict_lifo` (`on`/`off`),
-/// `record` (events per stream to record, for `timeline`), `packing` (`cuda`/`opencv`, see
-/// [`Packing`]).
+/// Keys: `stack_size` (bytes, or with a `KiB`/`MiB`/`GiB` suffix), `stack_count`, `growable`
+/// (`on`/`off`: see [`Stacks`]; with `on`, `stack_size` is what is mapped at a stream's start and
+/// `stack_count` is refused), `fallback` (`driver`, `stream_ordered`, `caching`, `error`), `usage`
+/// (`on`/`off`, process-wide), `strict_lifo` (`on`/`off`), `record` (events per stream to record,
+/// for the timeline), `packing` (`cuda`/`opencv`, see [`Packing`]), `exact_live_peak`
+/// (`on`/`off`), `memory_limit` (a size, or `none`). Every key but `usage` is a field of
+/// [`DeviceConfig`] ([`DeviceConfig::from_env`]).
 pub const ENV_VAR: &str = "GPU_POOL_CONF";
 
 const MIB: usize = 1 << 20;
@@ -30,7 +37,7 @@ const MIB: usize = 1 << 20;
 /// assert_eq!(PoolConfig::default(), PoolConfig::new(10 << 20, 5)?);
 /// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolConfig {
     stack_size: usize,
     stack_count: usize,
@@ -126,7 +133,9 @@ impl Default for PoolConfig {
 /// ```
 /// use gpu_pool_runtime::{Device, Fallback};
 /// let device = Device::private_host();
-/// device.set_fallback(Fallback::Error);
+/// let mut config = device.config()?;
+/// config.fallback = Fallback::Error;
+/// device.configure(config)?;
 /// assert_eq!(device.fallback()?, Fallback::Error);
 /// # Ok::<(), gpu_pool_runtime::PoolError>(())
 /// ```
@@ -176,7 +185,9 @@ impl Fallback {
 /// let (a, b) = (pool.get_buffer_1d::<u8>(10)?, pool.get_buffer_1d::<u8>(10)?);
 /// assert_eq!(b.device_ptr() - a.device_ptr(), 256);
 /// # drop((b, a));
-/// device.set_packing(Packing::OpenCv); // streams made from now on
+/// let mut config = device.config()?;
+/// config.packing = Packing::OpenCv;
+/// device.configure(config)?; // for streams made from now on
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
 /// let (a, b) = (pool.get_buffer_1d::<u8>(10)?, pool.get_buffer_1d::<u8>(10)?);
@@ -233,6 +244,12 @@ pub struct EnvConfig {
     pub record: Option<usize>,
     /// `packing=`: `cuda` or `opencv` (see [`Packing`]).
     pub packing: Option<Packing>,
+    /// `growable=`: growable stacks (`on`) or fixed ones (`off`); see [`Stacks`].
+    pub growable: Option<bool>,
+    /// `exact_live_peak=` (see [`DeviceConfig::exact_live_peak`]).
+    pub exact_live_peak: Option<bool>,
+    /// `memory_limit=`: a size, or `none` (`Some(None)`); see [`DeviceConfig::memory_limit`].
+    pub memory_limit: Option<Option<usize>>,
 }
 
 impl EnvConfig {
@@ -297,22 +314,42 @@ impl EnvConfig {
                         .replace(packing)
                         .map_or(Ok(()), |_| Err(duplicate()))?;
                 }
-                "usage" | "strict_lifo" => {
+                "memory_limit" => {
+                    let limit = match val {
+                        "none" => None,
+                        _ => Some(parse_size(val).ok_or_else(|| {
+                            bad("expected a size such as 8GiB or 512MiB, or none")
+                        })?),
+                    };
+                    conf.memory_limit
+                        .replace(limit)
+                        .map_or(Ok(()), |_| Err(duplicate()))?;
+                }
+                "usage" | "strict_lifo" | "growable" | "exact_live_peak" => {
                     let on = parse_switch(val).ok_or_else(|| bad("expected on or off"))?;
-                    let slot = if key == "usage" {
-                        &mut conf.usage
-                    } else {
-                        &mut conf.strict_lifo
+                    let slot = match key {
+                        "usage" => &mut conf.usage,
+                        "strict_lifo" => &mut conf.strict_lifo,
+                        "growable" => &mut conf.growable,
+                        _ => &mut conf.exact_live_peak,
                     };
                     slot.replace(on).map_or(Ok(()), |_| Err(duplicate()))?;
                 }
                 _ => {
                     return Err(fail(format!(
-                        "unknown key `{key}`; expected one of stack_size, stack_count, fallback, \
-                         usage, strict_lifo, record, packing"
+                        "unknown key `{key}`; expected one of stack_size, stack_count, growable, \
+                         fallback, usage, strict_lifo, record, packing, exact_live_peak, \
+                         memory_limit"
                     )));
                 }
             }
+        }
+        if conf.growable == Some(true) && conf.stack_count.is_some() {
+            return Err(fail(
+                "growable=on gives every stream a stack of its own: drop stack_count (stack_size \
+                 is what is mapped at a stream's start)"
+                    .into(),
+            ));
         }
         if let (Some(size), Some(count)) = (conf.stack_size, conf.stack_count) {
             PoolConfig::new(size, count).map_err(|e| fail(e.to_string()))?;
@@ -322,12 +359,206 @@ impl EnvConfig {
         Ok(conf)
     }
 
-    /// The pool config this environment asks for, over `base`.
-    pub(crate) fn pool_config(&self, base: PoolConfig) -> Result<PoolConfig, PoolError> {
-        PoolConfig::new(
-            self.stack_size.unwrap_or(base.stack_size),
-            self.stack_count.unwrap_or(base.stack_count),
-        )
+    /// The configuration this environment asks for: `base` with every key the variable sets
+    /// replaced (all but `usage`, which is process-wide). A stack size or count without
+    /// `growable=on` means fixed stacks, with the other number from `base` (its fixed stacks', or
+    /// the default's).
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{DeviceConfig, EnvConfig, Fallback, Stacks};
+    /// let base = DeviceConfig::default();
+    /// let conf = EnvConfig::parse("growable=on, stack_size=4MiB, fallback=driver")?.over(base)?;
+    /// assert_eq!(conf.stacks, Stacks::Growable { mapped: 4 << 20 });
+    /// assert_eq!(conf.fallback, Fallback::Driver);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    pub fn over(&self, base: DeviceConfig) -> Result<DeviceConfig, PoolError> {
+        let fixed = match base.stacks {
+            Stacks::Fixed(config) => config,
+            Stacks::Growable { .. } => PoolConfig::default(),
+        };
+        let sized = self.stack_size.is_some() || self.stack_count.is_some();
+        let stacks = match (self.growable, base.stacks) {
+            (Some(true), Stacks::Growable { mapped }) => Stacks::Growable {
+                mapped: self.stack_size.unwrap_or(mapped),
+            },
+            (Some(true), Stacks::Fixed(config)) => Stacks::Growable {
+                mapped: self.stack_size.unwrap_or(config.stack_size),
+            },
+            (Some(false), _) | (None, _) if sized || self.growable == Some(false) => {
+                Stacks::Fixed(PoolConfig::new(
+                    self.stack_size.unwrap_or(fixed.stack_size),
+                    self.stack_count.unwrap_or(fixed.stack_count),
+                )?)
+            }
+            (_, stacks) => stacks,
+        };
+        Ok(DeviceConfig {
+            stacks,
+            fallback: self.fallback.unwrap_or(base.fallback),
+            strict_lifo: self.strict_lifo.unwrap_or(base.strict_lifo),
+            packing: self.packing.unwrap_or(base.packing),
+            record: self.record.unwrap_or(base.record),
+            exact_live_peak: self.exact_live_peak.unwrap_or(base.exact_live_peak),
+            memory_limit: self.memory_limit.unwrap_or(base.memory_limit),
+        })
+    }
+}
+
+/// The stacks a device's streams get.
+///
+/// ```
+/// use gpu_pool_runtime::{PoolConfig, Stacks};
+/// let fixed = Stacks::Fixed(PoolConfig::new(64 << 20, 2)?);
+/// assert_eq!(fixed.to_string(), "64.00 MiB x 2 stacks");
+/// assert_eq!(Stacks::Growable { mapped: 8 << 20 }.to_string(), "growable stacks, 8.00 MiB mapped at a stream's start");
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stacks {
+    /// OpenCV's: this many stacks of this size, in one allocation made when a stream first needs
+    /// a stack; a stream without a free one falls back until one is given back.
+    Fixed(PoolConfig),
+    /// A stack of its own for every stream: a reservation as large as the device's memory, of
+    /// which `mapped` bytes are mapped when the stream gets it and more in granules (2 MiB on the
+    /// H100) only when the top passes the mapped end. Below it a take is the same bump as on a
+    /// fixed stack; buffers never move; there is no count of stacks. Memory stays mapped until
+    /// [`Stream::trim`](crate::Stream::trim), the stream's drop, or an out-of-memory elsewhere on
+    /// the device ([`Device::reclaim_idle`](crate::Device::reclaim_idle)). Needs virtual memory
+    /// management (`PoolError::Unsupported` without it; the host backend models it): the default
+    /// on CUDA devices that have it.
+    Growable {
+        /// Bytes mapped when a stream gets its stack (0: all on demand).
+        mapped: usize,
+    },
+}
+
+impl Stacks {
+    /// The stack size and count this stands for: a fixed config, or for growable stacks the
+    /// bytes mapped at a stream's start (at least [`PoolConfig::STACK_ALIGN`]) with the default
+    /// count, as the sizing report and recordings show them.
+    pub(crate) fn pool_config(self) -> PoolConfig {
+        match self {
+            Stacks::Fixed(config) => config,
+            Stacks::Growable { mapped } => {
+                PoolConfig::new(mapped.max(1), PoolConfig::default().stack_count)
+                    .unwrap_or_default()
+            }
+        }
+    }
+}
+
+impl fmt::Display for Stacks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |bytes: usize| bytes as f64 / MIB as f64;
+        match self {
+            Stacks::Fixed(c) => {
+                write!(f, "{:.2} MiB x {} stacks", mib(c.stack_size), c.stack_count)
+            }
+            Stacks::Growable { mapped } => write!(
+                f,
+                "growable stacks, {:.2} MiB mapped at a stream's start",
+                mib(*mapped)
+            ),
+        }
+    }
+}
+
+/// Everything a device is configured with, as one value: what
+/// [`Device::config`](crate::Device::config) reads and
+/// [`Device::configure`](crate::Device::configure) applies at once.
+///
+/// [`Device::configure`](crate::Device::configure) is the one rule for streams that exist: **a stream keeps what it was made
+/// with** (its fallback, packing, strict LIFO, recording, exact peak counting, and the stack it
+/// holds); the new value holds for streams made from then on, and for a stream made earlier that
+/// takes its first stack later (it gets the stacks configured then). Two settings are the
+/// device's own and so reach every stream at once: the [`memory_limit`](Self::memory_limit), and
+/// fixed stacks' memory, which is one allocation: changing their size or count frees it, so it is
+/// refused with `PoolError::ConfigInUse` (and nothing changes) while a stream holds one of them.
+///
+/// ```
+/// use gpu_pool_runtime::{Device, DeviceConfig, Fallback, PoolConfig, Stacks, Stream};
+/// let device = Device::private_host();
+/// let mut config = device.config()?;
+/// config.stacks = Stacks::Fixed(PoolConfig::new(4 << 20, 2)?);
+/// config.fallback = Fallback::Error;
+/// device.configure(config.clone())?;
+/// assert_eq!(device.config()?, config);
+/// let stream = Stream::new(&device)?; // made with Fallback::Error
+/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceConfig {
+    /// The stacks streams get. Default: growable on a CUDA device with virtual memory management
+    /// (10 MiB mapped at a stream's start), else OpenCV's 5 fixed stacks of 10 MiB.
+    pub stacks: Stacks,
+    /// Where a buffer the stack cannot serve comes from. Default: [`Fallback::StreamOrdered`]
+    /// where the device supports it, else [`Fallback::Driver`].
+    pub fallback: Fallback,
+    /// A stack buffer released out of LIFO order makes its explicit release return
+    /// `PoolError::LifoViolation` (the memory is still reclaimed correctly). Default: off.
+    pub strict_lifo: bool,
+    /// Where row and column blocks start on a stack (see [`Packing`]). Default: [`Packing::Cuda`].
+    pub packing: Packing,
+    /// Takes and releases each stream records, for the timeline and
+    /// [`Device::recordings`](crate::Device::recordings) (0: none, the default).
+    pub record: usize,
+    /// Every take and release of the streams made from now on adds to one device-wide atomic
+    /// total, so [`DeviceStats::peak_live_bytes`](crate::DeviceStats::peak_live_bytes) misses no
+    /// moment when several streams held more together. Default: off, as the shared atomic costs
+    /// every take and release (BENCHMARKS Q); the default samples the sum when a stream passes its
+    /// own high and at every stats read.
+    pub exact_live_peak: bool,
+    /// A cap on what the device's pools may hold at once (CuPy's `set_limit`): every driver
+    /// allocation through them counts (stack memory, mapped growable stacks, fallbacks, the
+    /// caching pool's blocks, `GpuMat::new`, `SharedMat`, the stream-ordered pool's reserve); a
+    /// request past it gives idle memory back and tries once more, then is
+    /// `PoolError::OutOfMemory`. The device's own: it holds for existing streams at once. Memory
+    /// already held stays. Default: none.
+    pub memory_limit: Option<usize>,
+}
+
+impl Default for DeviceConfig {
+    /// The defaults of a device without stream-ordered allocation or virtual memory management
+    /// but for the fallback ([`Fallback::StreamOrdered`], which acts as [`Fallback::Driver`] where
+    /// unsupported): 5 fixed stacks of 10 MiB, every switch off, no limit.
+    fn default() -> Self {
+        DeviceConfig {
+            stacks: Stacks::Fixed(PoolConfig::default()),
+            fallback: Fallback::StreamOrdered,
+            strict_lifo: false,
+            packing: Packing::Cuda,
+            record: 0,
+            exact_live_peak: false,
+            memory_limit: None,
+        }
+    }
+}
+
+impl DeviceConfig {
+    /// What `GPU_POOL_CONF` says, over [`DeviceConfig::default`]: the variable is read once per
+    /// process; a malformed one is `PoolError::InvalidEnvConfig`. A device starts from its own
+    /// defaults under the variable instead ([`Device::config`](crate::Device::config)), and what
+    /// [`Device::configure`](crate::Device::configure) sets wins over both.
+    pub fn from_env() -> Result<DeviceConfig, PoolError> {
+        env_config()?.over(DeviceConfig::default())
+    }
+
+    /// As [`from_env`](Self::from_env), for a given `GPU_POOL_CONF` value.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{DeviceConfig, Packing, PoolError, Stacks};
+    /// let config = DeviceConfig::from_env_value("stack_size=64MiB,stack_count=2,packing=opencv")?;
+    /// assert_eq!(config.stacks.to_string(), "64.00 MiB x 2 stacks");
+    /// assert_eq!(config.packing, Packing::OpenCv);
+    /// let err = DeviceConfig::from_env_value("growable=maybe").unwrap_err();
+    /// assert!(matches!(err, PoolError::InvalidEnvConfig { .. }));
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn from_env_value(value: &str) -> Result<DeviceConfig, PoolError> {
+        EnvConfig::parse(value)?.over(DeviceConfig::default())
     }
 }
 

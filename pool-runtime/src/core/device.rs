@@ -3,17 +3,17 @@
 //! All stacks of a device live in one allocation, made when a stream first takes a stack. Handing
 //! stacks to streams and back takes the device's lock; nothing on the allocation hot path does.
 
-use std::any::Any;
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::arena::{Arena, StackMemory};
 use crate::backend::host::HostBackend;
-use crate::backend::{Backend, RawEvent, RawStream};
+use crate::backend::{Backend, DevPtr, RawEvent, RawStream};
+use crate::caching::CachingPool;
 use crate::capturing;
-use crate::config::{self, Fallback, Packing, PoolConfig};
+use crate::config::{self, DeviceConfig, Fallback, Packing, PoolConfig, Stacks};
+use crate::core::sink::DeviceSink;
 use crate::error::PoolError;
 use crate::holders::Reclaimed;
 use crate::id::DeviceId;
@@ -50,40 +50,44 @@ pub(crate) struct DeviceInner {
     exact_live_peak: AtomicBool,
     /// The bytes of every live pooled buffer, over all streams, and their peak.
     pub(crate) live_peak: DevicePeak,
+    /// What outlives the streams of the sink seam: their recordings.
+    pub(crate) sink: DeviceSink,
     /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
     pub(crate) pinned_frees: DeferredFrees,
-    /// The [`CachingPool`](crate::CachingPool) behind `Fallback::Caching`, made at first use by
-    /// `caching.rs` (which is above the device: its constructors take one), so held as `Any`.
-    caching: OnceLock<Arc<dyn Any + Send + Sync>>,
+    /// The [`CachingPool`] behind `Fallback::Caching`, made at first use.
+    caching: OnceLock<Arc<CachingPool>>,
 }
 
 #[derive(Default)]
 struct DeviceState {
-    explicit_config: Option<PoolConfig>,
-    fallback: Option<Fallback>,
-    strict_lifo: Option<bool>,
-    packing: Option<Packing>,
+    /// What the program configured; `None`: `GPU_POOL_CONF`'s, else the default.
+    explicit: Explicit,
+    /// The default stacks are growable (a CUDA device with virtual memory management).
+    growable_default: bool,
     arena: Option<Arena>,
-    /// Streams made from now on get growable stacks ([`Device::set_growable_stacks`]).
-    growable: bool,
     /// Growable stacks made so far (their indexes), and held now.
     growable_made: usize,
     growable_held: usize,
-    /// Where the next arena's memory comes from, if not the driver (`nccl::use_nccl_memory`).
-    stack_memory: Option<Arc<dyn StackMemory>>,
+    /// Where the next arena's memory comes from, if not the driver ([`Device::set_stack_source`]).
+    stack_source: Option<Arc<dyn StackMemory>>,
     streams_wanting: usize,
     streams_wanting_peak: usize,
     live_streams: Vec<Weak<Ledger>>,
     retired: Retired,
-    /// Events per stream to record for streams made from now on; `None`: `GPU_POOL_CONF`'s.
-    recording: Option<usize>,
-
-    /// The recordings of dropped streams, the last `RETIRED_RECORDINGS` of them.
-    retired_recordings: VecDeque<StreamRecording>,
 }
 
-/// How many dropped streams' recordings a device keeps.
-const RETIRED_RECORDINGS: usize = 64;
+/// The settings of a [`DeviceConfig`] the program set, each apart: a malformed `GPU_POOL_CONF` is
+/// an error only for the settings nothing explicit overrides. The exact peak and the memory limit
+/// live where they are read (`DeviceInner`, `Storage`), the variable's applied when the device is
+/// made.
+#[derive(Default)]
+struct Explicit {
+    stacks: Option<Stacks>,
+    fallback: Option<Fallback>,
+    strict_lifo: Option<bool>,
+    packing: Option<Packing>,
+    record: Option<usize>,
+}
 
 static REGISTRY: Mutex<Vec<Weak<DeviceInner>>> = Mutex::new(Vec::new());
 
@@ -108,8 +112,19 @@ impl Device {
             exact_live_peak: AtomicBool::new(false),
             live_peak: DevicePeak::default(),
             pinned_frees: DeferredFrees::default(),
+            sink: DeviceSink::default(),
             caching: OnceLock::new(),
         });
+        // The variable's device-wide settings, applied once here (a malformed variable is an
+        // error where the other settings are read).
+        if let Ok(env) = config::env_config() {
+            if let Some(exact) = env.exact_live_peak {
+                inner.exact_live_peak.store(exact, Relaxed);
+            }
+            if let Some(limit) = env.memory_limit {
+                inner.storage.set_limit(limit);
+            }
+        }
         let mut registry = sync::lock(&REGISTRY);
         registry.retain(|d| d.strong_count() > 0);
         registry.push(Arc::downgrade(&inner));
@@ -206,13 +221,11 @@ impl Device {
             }
             let backend = crate::backend::cuda::CudaBackend::new(ordinal)?;
             let device = Device::from_backend(DeviceId::Cuda(ordinal), Box::new(backend));
-            // Growable stacks by default where the device can map memory and no stack size or
-            // count was asked for (GPU_POOL_CONF): the same take (BENCHMARKS.md, section M), no
-            // guess to make, and memory equal to the peak.
-            let sized = config::env_config()
-                .is_ok_and(|e| e.stack_size.is_some() || e.stack_count.is_some());
-            if !sized && device.inner.storage.backend.vmm_granularity().is_some() {
-                device.inner.lock_state().growable = true;
+            // Growable stacks by default where the device can map memory (unless GPU_POOL_CONF
+            // sets a stack size or count): the same take (BENCHMARKS.md, section M), no guess to
+            // make, and memory equal to the peak.
+            if device.inner.storage.backend.vmm_granularity().is_some() {
+                device.inner.lock_state().growable_default = true;
             }
             devices.push(device.clone());
             Ok(device)
@@ -328,13 +341,105 @@ impl Device {
         self.inner.storage.backend.supports_stream_ordered()
     }
 
+    /// Configures the device at once: every setting of `config` holds from now on, over
+    /// `GPU_POOL_CONF` and the defaults. What happens to streams that exist is
+    /// [`DeviceConfig`]'s one rule: a stream keeps what it was made with; the memory limit and
+    /// the fixed stacks' memory are the device's. Errors, with nothing changed:
+    /// `PoolError::Unsupported` for growable stacks on a device without virtual memory
+    /// management, `PoolError::ConfigInUse` for a new fixed stack size or count while a stream
+    /// holds a fixed stack.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{BufferPool, Device, PoolConfig, PoolError, Stacks, Stream};
+    /// let device = Device::private_host();
+    /// let stream = Stream::new(&device)?;
+    /// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(64)?); // `stream` holds a stack
+    /// let mut config = device.config()?;
+    /// config.strict_lifo = true; // the stacks stay as they are: fine while held
+    /// device.configure(config.clone())?;
+    /// config.stacks = Stacks::Fixed(PoolConfig::new(1 << 20, 1)?);
+    /// let err = device.configure(config).unwrap_err();
+    /// assert!(matches!(err, PoolError::ConfigInUse { held: 1, .. }));
+    /// assert!(device.config()?.strict_lifo);
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn configure(&self, config: DeviceConfig) -> Result<(), PoolError> {
+        if matches!(config.stacks, Stacks::Growable { .. })
+            && self.inner.storage.backend.vmm_granularity().is_none()
+        {
+            return Err(self.inner.storage.backend.no_vmm());
+        }
+        let mut state = self.inner.lock_state();
+        if let Stacks::Fixed(fixed) = config.stacks
+            && state.arena.as_ref().is_some_and(|a| a.config() != fixed)
+        {
+            self.inner.free_arena(&mut state)?;
+        }
+        state.explicit = Explicit {
+            stacks: Some(config.stacks),
+            fallback: Some(config.fallback),
+            strict_lifo: Some(config.strict_lifo),
+            packing: Some(config.packing),
+            record: Some(config.record),
+        };
+        self.inner
+            .exact_live_peak
+            .store(config.exact_live_peak, Relaxed);
+        self.inner.storage.set_limit(config.memory_limit);
+        Ok(())
+    }
+
+    /// The configuration in force: what [`configure`](Self::configure) (or a setter) set, else
+    /// what `GPU_POOL_CONF` sets, else the device's defaults (see [`DeviceConfig`]'s fields).
+    /// `PoolError::InvalidEnvConfig` where the variable is malformed and a setting is left to it.
+    ///
+    /// ```
+    /// use gpu_pool_runtime::{Device, Fallback, PoolConfig, Stacks};
+    /// let device = Device::private_host();
+    /// let config = device.config()?; // without GPU_POOL_CONF:
+    /// assert_eq!(config.stacks, Stacks::Fixed(PoolConfig::default()));
+    /// assert!(device.supports_stream_ordered()); // the host backend models it
+    /// assert_eq!(config.fallback, Fallback::StreamOrdered);
+    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// ```
+    pub fn config(&self) -> Result<DeviceConfig, PoolError> {
+        let state = self.inner.lock_state();
+        let e = &state.explicit;
+        let under = match (e.stacks, e.fallback, e.strict_lifo, e.packing, e.record) {
+            (Some(_), Some(_), Some(_), Some(_), Some(_)) => self.inner.defaults(&state),
+            _ => self.inner.under_explicit(&state)?,
+        };
+        Ok(DeviceConfig {
+            stacks: e.stacks.unwrap_or(under.stacks),
+            fallback: e.fallback.unwrap_or(under.fallback),
+            strict_lifo: e.strict_lifo.unwrap_or(under.strict_lifo),
+            packing: e.packing.unwrap_or(under.packing),
+            record: e.record.unwrap_or(under.record),
+            exact_live_peak: self.inner.exact_live_peak.load(Relaxed),
+            memory_limit: self.inner.storage.limit(),
+        })
+    }
+
+    /// One setting: the explicit one, else the variable's, else the default.
+    fn setting<T>(
+        &self,
+        explicit: impl FnOnce(&Explicit) -> Option<T>,
+        under: impl FnOnce(DeviceConfig) -> T,
+    ) -> Result<T, PoolError> {
+        let state = self.inner.lock_state();
+        match explicit(&state.explicit) {
+            Some(value) => Ok(value),
+            None => self.inner.under_explicit(&state).map(under),
+        }
+    }
+
     /// Sets the stack size and count; see [`crate::set_buffer_pool_config`].
+    #[doc(hidden)]
     pub fn set_pool_config(&self, config: PoolConfig) -> Result<(), PoolError> {
         let mut state = self.inner.lock_state();
         self.inner.free_arena(&mut state)?;
-        state.explicit_config = Some(config);
         // A stack size and count mean OpenCV's fixed stacks.
-        state.growable = false;
+        state.explicit.stacks = Some(Stacks::Fixed(config));
         Ok(())
     }
 
@@ -380,18 +485,34 @@ impl Device {
     /// assert_eq!(stream.trim()?, 64 << 20); // the memory goes back
     /// # Ok::<(), PoolError>(())
     /// ```
+    #[doc(hidden)]
     pub fn set_growable_stacks(&self, on: bool) -> Result<(), PoolError> {
         if on && self.inner.storage.backend.vmm_granularity().is_none() {
             return Err(self.inner.storage.backend.no_vmm());
         }
-        self.inner.lock_state().growable = on;
+        // The stack size stays: it becomes what is mapped at a stream's start, and back.
+        let size = self.pool_config().unwrap_or_default();
+        self.inner.lock_state().explicit.stacks = Some(if on {
+            Stacks::Growable {
+                mapped: size.stack_size(),
+            }
+        } else {
+            Stacks::Fixed(size)
+        });
         Ok(())
     }
 
     /// Whether streams made now get growable stacks ([`set_growable_stacks`](Self::set_growable_stacks)).
+    #[doc(hidden)]
     #[must_use]
     pub fn growable_stacks(&self) -> bool {
-        self.inner.lock_state().growable
+        self.stacks()
+            .is_ok_and(|s| matches!(s, Stacks::Growable { .. }))
+    }
+
+    /// The stacks streams made now get ([`DeviceConfig::stacks`]).
+    pub(crate) fn stacks(&self) -> Result<Stacks, PoolError> {
+        self.inner.stacks(&self.inner.lock_state())
     }
 
     /// Gives the stack memory back to the driver, for other libraries or before the process ends
@@ -415,16 +536,18 @@ impl Device {
         self.inner.free_arena(&mut state)
     }
 
-    /// The config in force, or the one the next stack allocation will use.
+    /// The config in force, or the one the next stack allocation will use (for growable stacks:
+    /// what is mapped at a stream's start, with the default count).
     pub fn pool_config(&self) -> Result<PoolConfig, PoolError> {
-        self.inner.lock_state().effective_config()
+        self.inner.pool_config(&self.inner.lock_state())
     }
 
     /// Chooses where buffers come from when the stack cannot serve them, for streams made from now
     /// on. [`Fallback::StreamOrdered`] on a device without stream-ordered allocation acts as
     /// [`Fallback::Driver`].
+    #[doc(hidden)]
     pub fn set_fallback(&self, fallback: Fallback) {
-        self.inner.lock_state().fallback = Some(fallback);
+        self.inner.lock_state().explicit.fallback = Some(fallback);
     }
 
     /// The fallback new streams get: the last [`Device::set_fallback`], else `GPU_POOL_CONF`'s,
@@ -432,51 +555,40 @@ impl Device {
     /// `GPU_POOL_CONF` is its error (as for [`Stream::new`](crate::Stream::new)) unless an explicit
     /// setting makes it irrelevant.
     pub fn fallback(&self) -> Result<Fallback, PoolError> {
-        let explicit = self.inner.lock_state().fallback;
-        config::setting(
-            explicit,
-            |env| Ok(env.fallback),
-            || {
-                if self.supports_stream_ordered() {
-                    Fallback::StreamOrdered
-                } else {
-                    Fallback::Driver
-                }
-            },
-        )
+        self.setting(|e| e.fallback, |c| c.fallback)
     }
 
     /// In strict mode a stack buffer released out of LIFO order makes its explicit
     /// [`release`](crate::GpuMat::release) return `PoolError::LifoViolation` (the memory is still
     /// reclaimed correctly). Applies to streams made from now on. Off by default.
+    #[doc(hidden)]
     pub fn set_strict_lifo(&self, strict: bool) {
-        self.inner.lock_state().strict_lifo = Some(strict);
+        self.inner.lock_state().explicit.strict_lifo = Some(strict);
     }
 
     /// Whether new streams of this device are strict about LIFO order; a malformed
     /// `GPU_POOL_CONF` is its error unless [`Device::set_strict_lifo`] was called.
     pub fn strict_lifo(&self) -> Result<bool, PoolError> {
-        let explicit = self.inner.lock_state().strict_lifo;
-        config::setting(explicit, |env| Ok(env.strict_lifo), || false)
+        self.setting(|e| e.strict_lifo, |c| c.strict_lifo)
     }
 
     /// Chooses where row and column blocks start on the stacks of streams made from now on:
     /// [`Packing::Cuda`] (256 bytes, the default) or [`Packing::OpenCv`] (64, OpenCV's packing).
     /// See [`Packing`].
+    #[doc(hidden)]
     pub fn set_packing(&self, packing: Packing) {
-        self.inner.lock_state().packing = Some(packing);
+        self.inner.lock_state().explicit.packing = Some(packing);
     }
 
     /// The packing new streams of this device get: the last [`Device::set_packing`], else
     /// `GPU_POOL_CONF`'s `packing`, else [`Packing::Cuda`]. A malformed `GPU_POOL_CONF` is its
     /// error unless [`Device::set_packing`] was called.
     pub fn packing(&self) -> Result<Packing, PoolError> {
-        let explicit = self.inner.lock_state().packing;
-        config::setting(explicit, |env| Ok(env.packing), Packing::default)
+        self.setting(|e| e.packing, |c| c.packing)
     }
 
     /// Records the last `events_per_stream` takes and releases of each stream made from now on (0:
-    /// none), for [`timeline`](crate::timeline)'s exports. Off by default; `GPU_POOL_CONF=record=N`
+    /// none), for the timeline's exports ([`Device::recordings`]). Off by default; `GPU_POOL_CONF=record=N`
     /// turns it on for every device. A stream that does not record pays nothing for it.
     ///
     /// ```
@@ -489,8 +601,9 @@ impl Device {
     /// assert_eq!(recording.events.len(), 2); // the take and the release
     /// # Ok::<(), PoolError>(())
     /// ```
+    #[doc(hidden)]
     pub fn set_recording(&self, events_per_stream: usize) {
-        self.inner.lock_state().recording = Some(events_per_stream);
+        self.inner.lock_state().explicit.record = Some(events_per_stream);
     }
 
     /// Makes [`DeviceStats::peak_live_bytes`] exact for the streams made from now on: each adds
@@ -513,6 +626,7 @@ impl Device {
     /// assert_eq!(device.stats().peak_live_bytes, 12 << 20);
     /// # Ok::<(), PoolError>(())
     /// ```
+    #[doc(hidden)]
     pub fn set_exact_live_peak(&self, exact: bool) {
         self.inner.exact_live_peak.store(exact, Relaxed);
     }
@@ -526,26 +640,21 @@ impl Device {
     /// The setting: events per stream that new streams record, [`Device::set_recording`]'s, else
     /// `GPU_POOL_CONF`'s `record`, else 0. What was recorded is [`Device::recordings`].
     pub fn recording_events_per_stream(&self) -> Result<usize, PoolError> {
-        let explicit = self.inner.lock_state().recording;
-        config::setting(explicit, |env| Ok(env.record), || 0)
+        self.setting(|e| e.record, |c| c.record)
     }
 
-    /// The data: the recordings of this device's live streams and of its last dropped ones, oldest
-    /// first.
-    #[must_use]
-    pub fn recordings(&self) -> Vec<StreamRecording> {
+    /// For the readers of recordings in `observe/`, at one moment: the recordings of dropped
+    /// streams, the ledgers of live ones (a stream is in one or the other: it retires under the
+    /// same lock) and the stack size.
+    pub(crate) fn recording_sources(&self) -> (Vec<StreamRecording>, Vec<Arc<Ledger>>, usize) {
         let state = self.inner.lock_state();
-        let mut all: Vec<StreamRecording> = state.retired_recordings.iter().cloned().collect();
-        for ledger in state.live_streams.iter().filter_map(Weak::upgrade) {
-            if let Some(r) = &ledger.recorder {
-                all.push(StreamRecording::of(self.id(), ledger.id, &sync::lock(r)));
-            }
-        }
-        let stack_size = state.effective_config().map_or(0, |c| c.stack_size());
-        for r in &mut all {
-            r.stack_size = stack_size;
-        }
-        all
+        let live = state
+            .live_streams
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let stack_size = self.inner.pool_config(&state).map_or(0, |c| c.stack_size());
+        (self.inner.sink.retired(), live, stack_size)
     }
 
     /// `attempt`, and where it runs out of memory, once more after every holder of the device's
@@ -613,6 +722,7 @@ impl Device {
     /// assert!(GpuMat::<u8>::new(&stream, 1, 8 << 20).is_ok());
     /// # Ok::<(), PoolError>(())
     /// ```
+    #[doc(hidden)]
     pub fn set_memory_limit(&self, limit: Option<usize>) {
         self.inner.storage.set_limit(limit);
     }
@@ -623,9 +733,13 @@ impl Device {
         self.inner.storage.limit()
     }
 
-    /// The slot of the device's shared caching pool (see `caching.rs`).
-    pub(crate) fn caching_slot(&self) -> &OnceLock<Arc<dyn Any + Send + Sync>> {
-        &self.inner.caching
+    /// The device's shared [`CachingPool`], which serves `Fallback::Caching`.
+    #[must_use]
+    pub fn caching_pool(&self) -> Arc<CachingPool> {
+        self.inner
+            .caching
+            .get_or_init(|| Arc::new(CachingPool::new(self)))
+            .clone()
     }
 
     /// Starts the device's peaks over from what is in use now (PyTorch's
@@ -710,7 +824,8 @@ impl Device {
         let peak_live_bytes = self.inner.live_peak.get();
         DeviceStats {
             device: self.inner.storage.id,
-            config: state.effective_config(),
+            config: self.inner.pool_config(&state),
+            stacks: self.inner.stacks(&state),
             stacks_held: state.arena.as_ref().map_or(0, Arena::held_count) + state.growable_held,
             stacks_allocated: state.arena.is_some(),
             peak_streams_wanting_stack: state.streams_wanting_peak,
@@ -734,6 +849,91 @@ impl Device {
     }
 }
 
+/// The stack-memory seam: where fixed stacks' memory comes from, and keeping it while a library
+/// has it registered. NCCL is its client (`nccl::use_nccl_memory`, `register_stacks`).
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+impl Device {
+    /// Takes the stack memory from `source` (`None`: the driver) from now on. Memory already
+    /// allocated elsewhere is freed if no stream holds a stack (`PoolError::ConfigInUse` if one
+    /// does, and nothing changes), so the next stack comes from `source`.
+    pub(crate) fn set_stack_source(
+        &self,
+        source: Option<Arc<dyn StackMemory>>,
+    ) -> Result<(), PoolError> {
+        let mut state = self.inner.lock_state();
+        if state
+            .arena
+            .as_ref()
+            .is_some_and(|a| !a.is_from(source.as_ref()))
+        {
+            self.inner.free_arena(&mut state)?;
+        }
+        state.stack_source = source;
+        Ok(())
+    }
+
+    /// Whether the stacks come from a source of a library rather than the driver.
+    pub(crate) fn stack_source_is_external(&self) -> bool {
+        self.inner.lock_state().stack_source.is_some()
+    }
+
+    /// Keeps the fixed stacks' memory from being freed or replaced while the pin lives (a
+    /// library registered it), allocating it now if it is not yet.
+    pub(crate) fn pin_stacks(&self) -> Result<StackPin, PoolError> {
+        let mut state = self.inner.lock_state();
+        if state.arena.is_none() {
+            let config = self.inner.pool_config(&state)?;
+            let memory = state.stack_source.clone();
+            state.arena = Some(Arena::allocate(&self.inner.storage, config, memory)?);
+        }
+        let arena = state.arena.as_mut().expect("set above");
+        arena.pin();
+        Ok(StackPin {
+            device: self.clone(),
+            range: arena.range(),
+        })
+    }
+}
+
+/// A device's fixed stack memory, kept (neither freed nor replaced) while this lives.
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+pub(crate) struct StackPin {
+    device: Device,
+    range: (DevPtr, usize),
+}
+
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+impl StackPin {
+    /// The pinned memory's first address and its bytes.
+    pub(crate) fn range(&self) -> (DevPtr, usize) {
+        self.range
+    }
+}
+
+impl Drop for StackPin {
+    fn drop(&mut self) {
+        if let Some(arena) = self.device.inner.lock_state().arena.as_mut() {
+            arena.unpin();
+        }
+    }
+}
+
+/// The caching pool's constructors: the pool sits below the device, on its storage.
+impl CachingPool {
+    /// A pool for `device` with [`DEFAULT_LEADING_BITS`](Self::DEFAULT_LEADING_BITS).
+    #[must_use]
+    pub fn new(device: &Device) -> CachingPool {
+        CachingPool::on_storage(device.storage(), CachingPool::DEFAULT_LEADING_BITS)
+            .unwrap_or_else(|_| unreachable!("the default leading bits are valid"))
+    }
+
+    /// A pool whose bins are named by `leading_bits` bits after the highest (PyOpenCL's
+    /// `leading_bits_in_bin_id`): more bits, finer bins, less rounding, fewer hits. 0 to 16.
+    pub fn with_leading_bits(device: &Device, leading_bits: u32) -> Result<CachingPool, PoolError> {
+        CachingPool::on_storage(device.storage(), leading_bits)
+    }
+}
+
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Device")
@@ -750,22 +950,49 @@ impl PartialEq for Device {
 
 impl Eq for Device {}
 
-impl DeviceState {
-    fn effective_config(&self) -> Result<PoolConfig, PoolError> {
-        if let Some(arena) = &self.arena {
-            return Ok(arena.config());
-        }
-        config::setting(
-            self.explicit_config,
-            |env| env.pool_config(PoolConfig::default()).map(Some),
-            PoolConfig::default,
-        )
-    }
-}
-
 impl DeviceInner {
     fn lock_state(&self) -> sync::MutexGuard<'_, DeviceState> {
         sync::lock(&self.state)
+    }
+
+    /// The device's own defaults.
+    fn defaults(&self, state: &DeviceState) -> DeviceConfig {
+        DeviceConfig {
+            stacks: if state.growable_default {
+                Stacks::Growable {
+                    mapped: PoolConfig::default().stack_size(),
+                }
+            } else {
+                Stacks::Fixed(PoolConfig::default())
+            },
+            fallback: if self.storage.backend.supports_stream_ordered() {
+                Fallback::StreamOrdered
+            } else {
+                Fallback::Driver
+            },
+            ..DeviceConfig::default()
+        }
+    }
+
+    /// Where the settings nothing explicit sets come from: `GPU_POOL_CONF` over the defaults.
+    fn under_explicit(&self, state: &DeviceState) -> Result<DeviceConfig, PoolError> {
+        config::env_config()?.over(self.defaults(state))
+    }
+
+    /// The stacks streams made now get.
+    fn stacks(&self, state: &DeviceState) -> Result<Stacks, PoolError> {
+        match state.explicit.stacks {
+            Some(stacks) => Ok(stacks),
+            None => self.under_explicit(state).map(|c| c.stacks),
+        }
+    }
+
+    /// The fixed stacks in force, or the ones the next allocation will make.
+    fn pool_config(&self, state: &DeviceState) -> Result<PoolConfig, PoolError> {
+        match &state.arena {
+            Some(arena) => Ok(arena.config()),
+            None => self.stacks(state).map(Stacks::pool_config),
+        }
     }
 
     /// Frees the stack memory if no stack is held: the bytes freed.
@@ -782,12 +1009,13 @@ impl DeviceInner {
         stream: &RawStream,
     ) -> Result<Option<(Stack, Option<RawEvent>)>, PoolError> {
         let mut state = self.lock_state();
-        if state.growable {
+        let stacks = self.stacks(&state)?;
+        if let Stacks::Growable { .. } = stacks {
             return self.reserve_growable(&mut state, ledger, stream).map(Some);
         }
         if state.arena.is_none() {
-            let config = state.effective_config()?;
-            let memory = state.stack_memory.clone();
+            let config = stacks.pool_config();
+            let memory = state.stack_source.clone();
             state.arena = Some(Arena::allocate(&self.storage, config, memory)?);
         }
         let arena = state.arena.as_mut().expect("set above");
@@ -796,58 +1024,6 @@ impl DeviceInner {
             ledger.stack_index.store(stack.index, Relaxed);
         }
         Ok(claimed)
-    }
-
-    #[cfg(feature = "nccl")]
-    /// Takes the stack memory from `memory` (`None`: the driver) from now on. Memory already allocated elsewhere is
-    /// freed if no stream holds a stack (`PoolError::ConfigInUse` if one does, and nothing
-    /// changes), so the next stack comes from `memory`.
-    pub(crate) fn set_stack_memory(
-        &self,
-        memory: Option<Arc<dyn StackMemory>>,
-    ) -> Result<(), PoolError> {
-        let mut state = self.lock_state();
-        if state
-            .arena
-            .as_ref()
-            .is_some_and(|a| !a.is_from(memory.as_ref()))
-        {
-            self.free_arena(&mut state)?;
-        }
-        state.stack_memory = memory;
-        Ok(())
-    }
-
-    #[cfg(feature = "nccl")]
-    /// Keeps the stack memory from being freed or replaced until [`unpin_stack_memory`]
-    /// (a library registered it), allocating it now if it is not yet: its first address and bytes.
-    ///
-    /// [`unpin_stack_memory`]: Self::unpin_stack_memory
-    pub(crate) fn pin_stack_memory(&self) -> Result<(crate::backend::DevPtr, usize), PoolError> {
-        let mut state = self.lock_state();
-        if state.arena.is_none() {
-            let config = state.effective_config()?;
-            let memory = state.stack_memory.clone();
-            state.arena = Some(Arena::allocate(&self.storage, config, memory)?);
-        }
-        let arena = state.arena.as_mut().expect("set above");
-        arena.pin();
-        Ok(arena.range())
-    }
-
-    /// Whether the stacks come from an allocator of a library (`use_nccl_memory`) rather than
-    /// the driver.
-    #[cfg(feature = "nccl")]
-    pub(crate) fn stack_memory_is_external(&self) -> bool {
-        self.lock_state().stack_memory.is_some()
-    }
-
-    /// Undoes one [`pin_stack_memory`](Self::pin_stack_memory).
-    #[cfg(feature = "nccl")]
-    pub(crate) fn unpin_stack_memory(&self) {
-        if let Some(arena) = self.lock_state().arena.as_mut() {
-            arena.unpin();
-        }
     }
 
     /// A growable stack of its own for the stream of `ledger` (`stream`): a reservation as large
@@ -906,7 +1082,8 @@ impl DeviceInner {
     /// Whether a stream without a stack could get one now.
     pub(crate) fn has_free_stack(&self) -> bool {
         let state = self.lock_state();
-        state.growable || state.arena.as_ref().is_none_or(Arena::has_free)
+        matches!(self.stacks(&state), Ok(Stacks::Growable { .. }))
+            || state.arena.as_ref().is_none_or(Arena::has_free)
     }
 
     /// Gives a stack back. The caller has synchronized the stream that used it, or passes the
@@ -933,10 +1110,7 @@ impl DeviceInner {
         let mut state = self.lock_state();
         state.retired.absorb(&snapshot);
         if let Some(recording) = recording {
-            if state.retired_recordings.len() == RETIRED_RECORDINGS {
-                state.retired_recordings.pop_front();
-            }
-            state.retired_recordings.push_back(recording);
+            self.sink.retire(recording);
         }
         state
             .live_streams
@@ -990,4 +1164,64 @@ pub fn set_buffer_pool_config(
     stack_count: usize,
 ) -> Result<(), PoolError> {
     device.set_pool_config(PoolConfig::new(stack_size, stack_count)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    use super::*;
+    use crate::{BufferPool, Stream};
+
+    /// A stack source over the host backend's own memory that counts its calls.
+    struct Counted {
+        device: Device,
+        allocs: AtomicUsize,
+        frees: AtomicUsize,
+    }
+
+    impl StackMemory for Counted {
+        fn alloc(&self, bytes: usize) -> Result<DevPtr, PoolError> {
+            self.allocs.fetch_add(1, SeqCst);
+            self.device.backend().alloc(bytes)
+        }
+
+        unsafe fn free(&self, ptr: DevPtr) -> Result<(), PoolError> {
+            self.frees.fetch_add(1, SeqCst);
+            // SAFETY: forwarded to the caller; `ptr` came from the backend's `alloc` above.
+            unsafe { self.device.backend().free(ptr) }
+        }
+    }
+
+    #[test]
+    fn a_stack_source_serves_the_stacks_and_a_pin_keeps_its_memory() -> Result<(), PoolError> {
+        let device = Device::private_host();
+        let source = Arc::new(Counted {
+            device: device.clone(),
+            allocs: AtomicUsize::new(0),
+            frees: AtomicUsize::new(0),
+        });
+        device.set_stack_source(Some(source.clone()))?;
+        assert!(device.stack_source_is_external());
+        let stream = Stream::new(&device)?;
+        drop(BufferPool::new(&stream).get_buffer_1d::<u8>(64)?);
+        assert_eq!(
+            source.allocs.load(SeqCst),
+            1,
+            "the stacks came from the source"
+        );
+        drop(stream);
+        let pin = device.pin_stacks()?;
+        assert_eq!(pin.range().1, device.pool_config()?.total_bytes());
+        let err = device.release_stack_memory().unwrap_err();
+        assert!(
+            matches!(err, PoolError::StackMemoryRegistered { .. }),
+            "{err}"
+        );
+        drop(pin);
+        device.set_stack_source(None)?; // frees the source's memory: no stack is held
+        assert_eq!(source.frees.load(SeqCst), 1);
+        assert!(!device.stack_source_is_external());
+        Ok(())
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::config::PoolConfig;
+use crate::config::{PoolConfig, Stacks};
 use crate::error::PoolError;
 use crate::holders::IdleHolding;
 use crate::id::DeviceId;
@@ -306,6 +306,10 @@ pub struct DeviceStats {
     /// Its stack config (the one in force, or the one the next allocation will use); the
     /// `GPU_POOL_CONF` error where that variable is malformed and nothing explicit overrides it.
     pub config: Result<PoolConfig, PoolError>,
+    /// The stacks streams made now get ([`DeviceConfig::stacks`](crate::DeviceConfig::stacks)):
+    /// growable ones, or fixed ones of [`config`](Self::config); the `GPU_POOL_CONF` error as
+    /// for `config`.
+    pub stacks: Result<Stacks, PoolError>,
     /// Stacks held by streams now.
     pub stacks_held: usize,
     /// Whether the stack memory is allocated now.

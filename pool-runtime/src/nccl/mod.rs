@@ -81,6 +81,7 @@ use crate::arena::StackMemory;
 use crate::backend::DevPtr;
 use crate::backend::cuda::ContextGuard;
 use crate::device::Device;
+use crate::device::StackPin;
 use crate::error::{NcclFailure, PoolError};
 use crate::graph::{Graph, GraphNodes};
 use crate::stream::Stream;
@@ -1228,12 +1229,9 @@ impl<'s> Communicators<'s> {
             });
             let mut ranges = Vec::with_capacity(self.ranks.len());
             for rank in &self.ranks {
-                let device = rank.stream.device();
-                let range = device.inner.pin_stack_memory()?;
-                registered
-                    .handles
-                    .push((device.clone(), std::ptr::null_mut()));
-                ranges.push(range);
+                let pin = rank.stream.device().pin_stacks()?;
+                ranges.push(pin.range());
+                registered.handles.push((pin, std::ptr::null_mut()));
             }
             Ok(ranges)
         });
@@ -1270,7 +1268,7 @@ impl<'s> Communicators<'s> {
             });
         }
         let _restore = ContextGuard::keep_current()?;
-        let register = |handles: &mut Vec<(Device, *mut c_void)>| -> Result<(), PoolError> {
+        let register = |handles: &mut Vec<(StackPin, *mut c_void)>| -> Result<(), PoolError> {
             for ((rank, (base, bytes)), handle) in self.ranks.iter().zip(&ranges).zip(handles) {
                 let ptr = *base as *mut c_void;
                 // SAFETY: `ptr..ptr + bytes` is the device's stack memory, pinned above: it stays
@@ -1357,7 +1355,7 @@ impl<'s> Communicators<'s> {
             && let Some(rank) = self
                 .ranks
                 .iter()
-                .find(|r| !r.stream.device().inner.stack_memory_is_external())
+                .find(|r| !r.stream.device().stack_source_is_external())
         {
             return Err(PoolError::Unsupported {
                 device: rank.stream.device().id(),
@@ -1472,8 +1470,9 @@ impl Drop for Marked<'_> {
 /// the process's life: configs and `release_stack_memory` are refused from then on.
 pub struct Registered<'c, 's> {
     comms: &'c Communicators<'s>,
-    /// Each rank's device (whose stack memory is pinned) and NCCL's handle (null: not registered).
-    handles: Vec<(Device, *mut c_void)>,
+    /// Each rank's pinned stack memory (unpinned when dropped, after the deregistration in
+    /// `drop`) and NCCL's handle (null: not registered).
+    handles: Vec<(StackPin, *mut c_void)>,
     as_window: bool,
 }
 
@@ -1504,10 +1503,8 @@ impl Drop for Registered<'_, '_> {
         let start = Instant::now();
         let _ = self.comms.wait_streams("dropping Registered", start);
         if self.comms.refuse_aborted().is_err() {
-            // Aborted: NCCL dropped its registrations with the communicators.
-            for (device, _) in &self.handles {
-                device.inner.unpin_stack_memory();
-            }
+            // Aborted: NCCL dropped its registrations with the communicators (the pins go with
+            // `handles`).
             return;
         }
         let any = self.handles.iter().any(|h| !h.1.is_null());
@@ -1536,9 +1533,7 @@ impl Drop for Registered<'_, '_> {
         if let Err(e) = self.comms.settle("ncclCommDeregister", start) {
             tracing::error!(error = %e, "deregistering stack memory did not finish; aborted");
         }
-        for (device, _) in &self.handles {
-            device.inner.unpin_stack_memory();
-        }
+        // The pins in `handles` go after this: the memory stays until deregistered.
     }
 }
 
@@ -2096,9 +2091,7 @@ pub fn use_nccl_memory(device: &Device) -> Result<(), PoolError> {
             what: "NCCL memory on the host backend",
         });
     };
-    device
-        .inner
-        .set_stack_memory(Some(Arc::new(NcclMemory { ctx: ctx.clone() })))?;
+    device.set_stack_source(Some(Arc::new(NcclMemory { ctx: ctx.clone() })))?;
     // Only the fixed stacks' arena comes from NCCL: streams made from now on take those.
     device.set_growable_stacks(false)
 }
@@ -2115,7 +2108,7 @@ pub fn use_nccl_memory(device: &Device) -> Result<(), PoolError> {
 /// # Ok::<(), PoolError>(())
 /// ```
 pub fn use_driver_memory(device: &Device) -> Result<(), PoolError> {
-    device.inner.set_stack_memory(None)
+    device.set_stack_source(None)
 }
 
 /// A region narrower than its buffer would hand NCCL its neighbours' elements between rows, and a

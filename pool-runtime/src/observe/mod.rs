@@ -1,5 +1,6 @@
 //! What the pool reports: every device's stats, recordings exported, test hooks.
 
+pub(crate) mod recordings;
 pub(crate) mod report;
 #[cfg(feature = "testing")]
 pub mod testing;

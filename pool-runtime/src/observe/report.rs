@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::config::{PoolConfig, Stacks};
 use crate::device::all_devices;
 use crate::source::FallbackReason;
 use crate::stats::{DeviceStats, SiteFallbacks};
@@ -57,6 +58,38 @@ fn write_sites(f: &mut fmt::Formatter<'_>, sites: &[SiteFallbacks]) -> fmt::Resu
     Ok(())
 }
 
+/// What the device is configured with, as it is: growable stacks say so (with what they have
+/// mapped), fixed ones their size and count and whether their memory is allocated; fixed stacks
+/// still allocated under growable ones (streams made before the switch) are said too.
+fn configured(d: &DeviceStats) -> String {
+    let fixed = |c: &PoolConfig| format!("{} x {} stacks", mib(c.stack_size()), c.stack_count());
+    match (&d.stacks, &d.config) {
+        (Ok(Stacks::Growable { mapped }), config) => {
+            let mut text = format!(
+                "growable stacks ({} mapped at a stream's start; {} held, {} mapped now)",
+                mib(*mapped),
+                d.stacks_held,
+                mib(d.stack_mapped)
+            );
+            if let (true, Ok(c)) = (d.stacks_allocated, config) {
+                text += &format!(", and fixed {} still allocated", fixed(c));
+            }
+            text
+        }
+        (Ok(_), Ok(c)) => format!(
+            "{} ({} held, memory {})",
+            fixed(c),
+            d.stacks_held,
+            if d.stacks_allocated {
+                "allocated"
+            } else {
+                "not allocated"
+            }
+        ),
+        (Err(e), _) | (_, Err(e)) => format!("unknown: {e}"),
+    }
+}
+
 fn mib(bytes: usize) -> String {
     format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
@@ -67,18 +100,9 @@ impl fmt::Display for Report {
         for d in &self.devices {
             writeln!(
                 f,
-                "{}: config {} ({} held, memory {}), driver calls {} alloc / {} free",
+                "{}: config {}, driver calls {} alloc / {} free",
                 d.device,
-                match &d.config {
-                    Ok(c) => format!("{} x {} stacks", mib(c.stack_size()), c.stack_count()),
-                    Err(e) => format!("unknown: {e}"),
-                },
-                d.stacks_held,
-                if d.stacks_allocated {
-                    "allocated"
-                } else {
-                    "not allocated"
-                },
+                configured(d),
                 d.driver_alloc_calls,
                 d.driver_free_calls,
             )?;

@@ -2,6 +2,7 @@
 //! there is one (`each_device`). None changes the process-wide usage flag (`tests/usage.rs` does).
 
 mod buffers;
+mod device_config;
 mod fallbacks;
 mod stacks;
 mod stats;

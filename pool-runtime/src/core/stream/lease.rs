@@ -12,9 +12,9 @@ use std::mem::ManuallyDrop;
 use crate::allocator::{self, AllocContext, AllocRequest, Allocation};
 use crate::backend::DevPtr;
 use crate::capturing;
+use crate::core::sink::Op;
 use crate::error::{PoolError, RequestContext};
 use crate::layout::Layout;
-use crate::record::EventKind;
 use crate::source::{CallSite, FallbackReason, Source};
 use crate::stack::{Block, Release, Stack};
 
@@ -255,15 +255,10 @@ impl Stream {
             c.stack_high_water.set(block.end() as u64);
             self.ledger.note_peak(site.location());
         }
-        if self.recording {
-            self.record(
-                EventKind::Take,
-                Source::Stack,
-                (offset, layout.bytes),
-                Some(site),
-            );
+        if self.sink.records() {
+            self.emit(Op::take(Source::Stack, offset, layout.bytes, site));
         }
-        if self.demand.hooked() {
+        if self.sink.demand.hooked() {
             self.stack_demand(block.end(), layout);
         } else {
             // The unlimited stack is the real one: the demand is the top.
@@ -359,9 +354,8 @@ impl Stream {
         self.counters().fallback[reason as usize].add(1);
         self.count_live(layout.bytes as u64);
         let demand = (reason != FallbackReason::Disabled).then(|| self.fallback_demand(layout));
-        if self.recording {
-            let source = Source::Fallback(reason);
-            self.record(EventKind::Take, source, (0, layout.bytes), Some(site));
+        if self.sink.records() {
+            self.emit(Op::take(Source::Fallback(reason), 0, layout.bytes, site));
         }
         let held = Held::Fallback(Box::new(FallbackHeld {
             allocation,
@@ -516,10 +510,12 @@ impl Stream {
         }
         let released = self.release_block(ptr, block);
         self.release_demand(DemandBlock::stack(block));
-        if self.recording
+        if self.sink.records()
             && let Some(stack) = self.stack.get()
         {
-            self.record_release(ptr - stack.base, block.end(), Source::Stack);
+            let offset = (ptr - stack.base) as usize;
+            let bytes = block.end().saturating_sub(offset);
+            self.emit(Op::release(Source::Stack, offset, bytes));
         }
         released
     }
@@ -551,13 +547,8 @@ impl Stream {
                 if let Some(block) = demand {
                     self.release_demand(block);
                 }
-                if self.recording {
-                    self.record(
-                        EventKind::Release,
-                        Source::Fallback(reason),
-                        (0, bytes),
-                        None,
-                    );
+                if self.sink.records() {
+                    self.emit(Op::release(Source::Fallback(reason), 0, bytes));
                 }
                 // SAFETY: the allocation came from this stream's allocator (`take_fallback`), and
                 // its lease gave it up by value: this is its one `Kept`.

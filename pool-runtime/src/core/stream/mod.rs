@@ -21,13 +21,13 @@ use std::sync::{Arc, Weak};
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
 use crate::backend::{DevPtr, RawStream};
 use crate::capturing;
-use crate::config::{self, Fallback};
+use crate::config::{self, DeviceConfig, Fallback, Stacks};
+use crate::core::sink::{Op, Sink};
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::holders::ReclaimedFrom;
 use crate::ledger::Ledger;
-use crate::record::{Event, EventKind};
-use crate::source::{CallSite, Source};
+use crate::record::Event;
 use crate::stack::{LayoutTrace, Stack};
 use crate::stats::{StreamCounters, StreamStats};
 use crate::storage::IdleMemory;
@@ -38,7 +38,7 @@ pub(crate) use capture::SharedAccesses;
 pub(crate) use clock::SyncClock;
 pub(crate) use lease::Lease;
 pub(crate) use sharing::{Access, SharedMemory};
-use sizing::Demand;
+pub(crate) use sizing::Demand;
 pub use sizing::Sizing;
 use work::Waits;
 
@@ -74,11 +74,9 @@ pub struct Stream {
     /// The device had no memory for the stacks when this stream first asked: it does not ask
     /// again (a driver call on every take), and its buffers fall back.
     no_stack_memory: Cell<bool>,
-    /// The stack it would have with unlimited room, where its demand is measured.
-    demand: Demand,
-    /// Whether this stream records its takes and releases (`ledger.recorder` is set).
-    recording: bool,
-    /// `waits.any() || recording`: whether a release has more to do than release.
+    /// What watches the takes and releases: the recording and the sizing of demand.
+    sink: Sink,
+    /// `waits.any() || sink.wants_releases()`: whether a release has more to do than release.
     release_hooks: Cell<bool>,
     waits: Waits,
     graphs: Graphs,
@@ -98,7 +96,9 @@ impl Stream {
     /// memory for the stacks the stream is still made (as OpenCV's is): its buffers fall back with
     /// `FallbackReason::NoStackMemory`, and a stream made once memory is free gets a stack.
     pub fn new(device: &Device) -> Result<Stream, PoolError> {
-        let stream = Stream::build(device, fallback_allocator(device)?, false)?;
+        let config = device.config()?;
+        let fallback = fallback_allocator(device, &config);
+        let stream = Stream::build(device, &config, fallback, false)?;
         stream.first_claim()?;
         Ok(stream)
     }
@@ -118,7 +118,7 @@ impl Stream {
         device: &Device,
         allocator: Arc<dyn GpuAllocator>,
     ) -> Result<Stream, PoolError> {
-        Stream::build(device, allocator, true)
+        Stream::build(device, &device.config()?, allocator, true)
     }
 
     /// Wraps a cudarc stream of `device`'s context, so pooled buffers and your own kernels share it.
@@ -150,8 +150,9 @@ impl Stream {
                 actual: crate::id::DeviceId::Cuda(stream.context().ordinal()),
             });
         }
-        let fallback = fallback_allocator(device)?;
-        let made = Stream::build_on(device, RawStream::Cuda(stream), fallback, false)?;
+        let config = device.config()?;
+        let fallback = fallback_allocator(device, &config);
+        let made = Stream::build_on(device, &config, RawStream::Cuda(stream), fallback, false)?;
         made.first_claim()?;
         Ok(made)
     }
@@ -166,29 +167,33 @@ impl Stream {
         }
     }
 
+    /// A stream made with `config`, the device's configuration read once when it is made: what
+    /// the stream keeps ([`DeviceConfig`](crate::DeviceConfig)'s rule for existing streams).
     fn build(
         device: &Device,
+        config: &DeviceConfig,
         allocator: Arc<dyn GpuAllocator>,
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
         let raw = device.backend().new_stream()?;
-        Stream::build_on(device, raw, allocator, custom_allocator)
+        Stream::build_on(device, config, raw, allocator, custom_allocator)
     }
 
     fn build_on(
         device: &Device,
+        config: &DeviceConfig,
         raw: RawStream,
         allocator: Arc<dyn GpuAllocator>,
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
         static STREAM_IDS: crate::unique::Counter = crate::unique::Counter::new();
-        let record = device.recording_events_per_stream()?;
+        let record = config.record;
         let id = STREAM_IDS.next();
         #[cfg(feature = "cuda")]
         let wrapped = capturing::Wrapped::claim(&raw, id)?;
-        let exact_live = device.exact_live_peak();
+        let exact_live = config.exact_live_peak;
         let ledger = Arc::new(Ledger::new(id, record, exact_live));
         device.inner.register_stream(&ledger);
         let holder: Weak<dyn IdleMemory> = Arc::downgrade(&ledger) as Weak<Ledger>;
@@ -197,16 +202,15 @@ impl Stream {
             device: device.clone(),
             raw,
             texture_alignment: device.texture_alignment(),
-            packing: device.packing()?.block_align(),
+            packing: config.packing.block_align(),
             ledger,
             stack: OnceCell::new(),
             allocator,
             custom_allocator,
-            strict_lifo: device.strict_lifo()?,
+            strict_lifo: config.strict_lifo,
             wants_stack: Cell::new(false),
             no_stack_memory: Cell::new(false),
-            demand: Demand::default(),
-            recording: record > 0,
+            sink: Sink::new(record),
             release_hooks: Cell::new(record > 0),
             waits: Waits::default(),
             graphs: Graphs::default(),
@@ -487,55 +491,46 @@ impl Stream {
     /// it stays on demand. Without the memory now, the stack starts empty and grows on demand.
     #[cold]
     fn map_configured(&self, stack: &Stack) {
-        let Ok(config) = self.device.pool_config() else {
+        // Configured since the claim as fixed: nothing is asked to be mapped.
+        let Ok(Stacks::Growable { mapped }) = self.device.stacks() else {
             return;
         };
-        let size = config.stack_size().min(stack.size());
+        let size = mapped.min(stack.size());
+        if size == 0 {
+            return;
+        }
         if let Err(e) = stack.map_to(size, self.device.storage(), Some(self.counters())) {
             tracing::debug!(stream = self.id(), error = %e, "mapping the configured stack size failed: the stack grows on demand");
         }
     }
 }
 
-/// The allocator that serves what a new stream's stack cannot: [`Device::fallback`]'s.
-fn fallback_allocator(device: &Device) -> Result<Arc<dyn GpuAllocator>, PoolError> {
-    Ok(match device.fallback()? {
+/// The allocator that serves what a new stream's stack cannot: `config`'s fallback.
+fn fallback_allocator(device: &Device, config: &DeviceConfig) -> Arc<dyn GpuAllocator> {
+    match config.fallback {
         Fallback::Driver => Arc::new(DriverAllocator),
         Fallback::StreamOrdered => Arc::new(StreamOrderedAllocator),
         Fallback::Caching => device.caching_pool(),
         Fallback::Error => Arc::new(NoFallback),
-    })
+    }
 }
 
-/// What a stream tells its ledger: recordings and LIFO violations.
+/// What a stream tells its sink and its ledger: takes and releases, LIFO violations.
 impl Stream {
-    /// Records a take or a release: `(offset, bytes)` of the buffer.
+    /// Hands a take or a release to the sink, with the time and the stack's state now (the
+    /// caller has checked `sink.records()`).
     #[cold]
-    fn record(
-        &self,
-        kind: EventKind,
-        source: Source,
-        (offset, bytes): (usize, usize),
-        site: Option<CallSite>,
-    ) {
+    fn emit(&self, op: Op) {
         self.ledger.record(Event {
             t_ns: crate::record::now_ns(),
-            kind,
-            source,
-            offset,
-            bytes,
+            kind: op.kind,
+            source: op.source,
+            offset: op.offset,
+            bytes: op.bytes,
             stack_in_use: self.stack.get().map_or(0, Stack::top),
             stack_mapped: self.stack.get().map_or(0, Stack::mapped),
-            site,
+            site: op.site,
         });
-    }
-
-    /// Records the release of the stack block at `offset` that ended at `end`.
-    #[cold]
-    fn record_release(&self, offset: u64, end: usize, source: Source) {
-        let offset = offset as usize;
-        let bytes = end.saturating_sub(offset);
-        self.record(EventKind::Release, source, (offset, bytes), None);
     }
 
     /// Counts a release out of LIFO order (of the block at `offset`), logged once per device; an

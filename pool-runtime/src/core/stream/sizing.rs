@@ -84,7 +84,7 @@ impl Stream {
     /// The bytes the stack would hold now with unlimited room: the unlimited stack's top.
     pub(super) fn demand_now(&self) -> usize {
         let top = self.stack.get().map_or(0, Stack::top);
-        self.demand.top().map_or(top, |shadow| shadow.max(top))
+        self.sink.demand.top().map_or(top, |shadow| shadow.max(top))
     }
 
     /// A stack block ending at `end` was taken for `layout` while the demand is watched (the
@@ -92,8 +92,8 @@ impl Stream {
     #[cold]
     #[inline(never)]
     pub(super) fn stack_demand(&self, end: usize, layout: &Layout) {
-        if let Some(top) = self.demand.top() {
-            self.demand.push(Of::Stack(end), top, layout);
+        if let Some(top) = self.sink.demand.top() {
+            self.sink.demand.push(Of::Stack(end), top, layout);
         }
         self.demand_reached();
     }
@@ -104,13 +104,13 @@ impl Stream {
     pub(super) fn fallback_demand(&self, layout: &Layout) -> DemandBlock {
         // Where the two stacks part, the unlimited one starts at the real top.
         let top = self.demand_now();
-        let number = self.demand.fallbacks.get() + 1;
-        self.demand.fallbacks.set(number);
+        let number = self.sink.demand.fallbacks.get() + 1;
+        self.sink.demand.fallbacks.set(number);
         let of = Of::Fallback(number);
-        self.demand.push(of, top, layout);
+        self.sink.demand.push(of, top, layout);
         // Every release must now reach the unlimited stack too.
         self.release_hooks.set(true);
-        self.demand.update_hooked();
+        self.sink.demand.update_hooked();
         self.demand_reached();
         DemandBlock(of)
     }
@@ -118,13 +118,14 @@ impl Stream {
     /// Releases `block` of the unlimited stack (nothing if it holds none: the block is the real
     /// stack's alone).
     pub(super) fn release_demand(&self, block: DemandBlock) {
-        if self.demand.top().is_none() {
+        if self.sink.demand.top().is_none() {
             return;
         }
-        self.demand.release(block.0);
-        if self.demand.top().is_none() {
-            self.demand.update_hooked();
-            self.release_hooks.set(self.waits.any() || self.recording);
+        self.sink.demand.release(block.0);
+        if self.sink.demand.top().is_none() {
+            self.sink.demand.update_hooked();
+            self.release_hooks
+                .set(self.waits.any() || self.sink.wants_releases());
         }
         self.note_demand_over_top();
     }
@@ -133,8 +134,8 @@ impl Stream {
     fn demand_reached(&self) {
         let now = self.demand_now();
         self.counters().demand_peak.raise_to(now as u64);
-        if self.demand.measuring.get() > 0 {
-            let peak = &self.demand.measured_peak;
+        if self.sink.demand.measuring.get() > 0 {
+            let peak = &self.sink.demand.measured_peak;
             peak.set(peak.get().max(now));
         }
         self.note_demand_over_top();
@@ -145,11 +146,6 @@ impl Stream {
         let top = self.stack.get().map_or(0, Stack::top);
         let over = self.demand_now() - top;
         self.counters().demand_over_top.set(over as u64);
-    }
-
-    /// Whether a release must reach the unlimited stack.
-    pub(super) fn demand_holds_blocks(&self) -> bool {
-        self.demand.top().is_some()
     }
 }
 
@@ -163,7 +159,7 @@ impl Stream {
 /// released out of order waits for the blocks above it), until none is left and the two agree
 /// again. While they agree it holds nothing, and the stack's take pays one flag for it.
 #[derive(Debug, Default)]
-pub(super) struct Demand {
+pub(crate) struct Demand {
     /// The blocks above where the two stacks parted, lowest first; empty while they agree. The
     /// topmost is never a released one.
     blocks: RefCell<Vec<ShadowBlock>>,
@@ -208,6 +204,11 @@ impl DemandBlock {
 }
 
 impl Demand {
+    /// Whether a release must reach the unlimited stack: it holds blocks of its own.
+    pub(crate) fn holds_blocks(&self) -> bool {
+        self.top().is_some()
+    }
+
     /// Whether a stack take must call [`Stream::stack_demand`].
     #[inline(always)]
     pub(super) fn hooked(&self) -> bool {
@@ -258,7 +259,7 @@ struct Measurement<'a> {
 
 impl<'a> Measurement<'a> {
     fn start(stream: &'a Stream) -> Measurement<'a> {
-        let demand = &stream.demand;
+        let demand = &stream.sink.demand;
         let start = stream.demand_now();
         let measurement = Measurement {
             stream,
@@ -272,13 +273,13 @@ impl<'a> Measurement<'a> {
 
     /// The most bytes in use at once since the start, above its level.
     fn peak_above_start(&self) -> usize {
-        self.stream.demand.measured_peak.get() - self.start
+        self.stream.sink.demand.measured_peak.get() - self.start
     }
 }
 
 impl Drop for Measurement<'_> {
     fn drop(&mut self) {
-        let demand = &self.stream.demand;
+        let demand = &self.stream.sink.demand;
         let peak = demand.measured_peak.get();
         demand.measured_peak.set(self.outer_peak.max(peak));
         demand.measuring.set(demand.measuring.get() - 1);

@@ -173,8 +173,7 @@ impl Stream {
     pub(crate) fn issue_deferred_waits(&self) -> Result<(), PoolError> {
         let waits = std::mem::take(&mut *self.waits.events.borrow_mut());
         self.waits.any.set(false);
-        self.release_hooks
-            .set(self.recording || self.demand_holds_blocks());
+        self.release_hooks.set(self.sink.wants_releases());
         let mut result = Ok(());
         for event in waits {
             let waited = self.device.backend().wait_event(&self.raw, event);
