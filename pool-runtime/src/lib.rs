@@ -68,7 +68,7 @@ use self::core::{
 };
 use allocators as allocator;
 use allocators::caching;
-use base::{error, holders, id, layout, source, sync, unique};
+use base::{counters, error, holders, id, layout, source, sync, unique};
 use compat::mix;
 pub use compat::pplcv;
 #[cfg(feature = "cublas")]

@@ -562,7 +562,7 @@ mod tests {
     fn a_request_of_zero_bytes_gets_a_one_byte_block() -> Result<(), PoolError> {
         let device = crate::Device::private_host();
         let cache = CachingPool::new(&device);
-        let counters = crate::stats::StreamCounters::default();
+        let counters = crate::counters::StreamCounters::default();
         let ctx = AllocContext {
             storage: device.storage(),
             stream: &crate::backend::RawStream::Host,

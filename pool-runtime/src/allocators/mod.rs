@@ -10,11 +10,11 @@ pub(crate) mod caching;
 use std::fmt;
 
 use crate::backend::{DevPtr, RawStream};
+use crate::counters::StreamCounters;
 use crate::error::PoolError;
 use crate::id::DeviceId;
 use crate::layout::is_aligned;
 use crate::source::FallbackReason;
-use crate::stats::StreamCounters;
 use crate::storage::Storage;
 
 /// What a buffer request needs: what a [`GpuAllocator`] is asked for. Made by the pool only; later

@@ -1,5 +1,6 @@
 //! Vocabulary every layer speaks: errors, ids, where memory came from, the lock.
 
+pub(crate) mod counters;
 pub(crate) mod error;
 pub(crate) mod holders;
 pub(crate) mod id;

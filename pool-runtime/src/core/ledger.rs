@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::capturing;
+use crate::counters::StreamCounters;
 use crate::holders::GaveBack;
 use crate::id::DeviceId;
 use crate::record::{Event, Ring};
 use crate::source::{CallSite, FallbackReason};
 use crate::stack::Bounds;
-use crate::stats::{SiteFallbacks, StreamCounters, StreamStats};
+use crate::stats::{SiteFallbacks, StreamStats};
 use crate::storage::{IdleMemory, Storage};
 use crate::sync;
 

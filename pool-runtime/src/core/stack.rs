@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::{self, Acquire, Relaxed, SeqCst};
 
 use crate::backend::{DevPtr, RawStream};
+use crate::counters::StreamCounters;
 use crate::error::PoolError;
 use crate::layout::MAX_ELEMENT_ALIGN;
-use crate::stats::StreamCounters;
 use crate::storage::Storage;
 use crate::sync::{self, AtomicUsize, Mutex, fence};
 

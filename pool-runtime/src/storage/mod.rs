@@ -25,10 +25,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::backend::{Backend, DevPtr, RawStream};
+use crate::counters::StreamCounters;
 use crate::error::PoolError;
 use crate::holders::{GaveBack, IdleHolding, Reclaimed, ReclaimedFrom};
 use crate::id::DeviceId;
-use crate::stats::StreamCounters;
 use crate::sync;
 
 /// Something that keeps memory of a device idle (mapped or allocated, used by no buffer).

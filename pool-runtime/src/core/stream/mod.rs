@@ -23,13 +23,14 @@ use crate::backend::{DevPtr, RawStream};
 use crate::capturing;
 use crate::config::{self, DeviceConfig, Fallback, Stacks};
 use crate::core::sink::{Op, Sink};
+use crate::counters::StreamCounters;
 use crate::device::Device;
 use crate::error::PoolError;
 use crate::holders::ReclaimedFrom;
 use crate::ledger::Ledger;
 use crate::record::Event;
 use crate::stack::{LayoutTrace, Stack};
-use crate::stats::{StreamCounters, StreamStats};
+use crate::stats::StreamStats;
 use crate::storage::IdleMemory;
 
 use capture::Graphs;

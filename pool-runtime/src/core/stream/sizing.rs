@@ -2,9 +2,9 @@
 
 use std::cell::{Cell, RefCell};
 
+use crate::counters::StreamCounters;
 use crate::layout::Layout;
 use crate::stack::{Block, Stack};
-use crate::stats::StreamCounters;
 
 use super::Stream;
 
