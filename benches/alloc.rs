@@ -15,7 +15,7 @@ use std::hint::black_box;
 
 use criterion::BatchSize;
 use gpu_pool::prelude::*;
-use gpu_pool::{Fallback, set_buffer_pool_config};
+use gpu_pool::{config::Fallback, set_buffer_pool_config};
 
 /// The least a stack can do: an aligned bump, and a LIFO check on release.
 struct BareBump {
@@ -118,7 +118,7 @@ fn main() {
         .get_buffer_1d::<u8>(4096)
         .expect("fills the stack");
 
-    let cache = std::sync::Arc::new(gpu_pool::CachingPool::new(&fallback_device));
+    let cache = std::sync::Arc::new(gpu_pool::alloc::CachingPool::new(&fallback_device));
     let cached = Stream::with_allocator(&fallback_device, cache.clone()).expect("host stream");
     let cached_pool = BufferPool::new(&cached);
     drop(cached_pool.get_buffer_1d::<u8>(1024).expect("host memory")); // the one miss

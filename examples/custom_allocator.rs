@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use gpu_pool::prelude::*;
-use gpu_pool::{AllocContext, AllocRequest, Allocation, GpuAllocator, set_buffer_pool_config};
+use gpu_pool::{
+    alloc::AllocContext, alloc::AllocRequest, alloc::Allocation, alloc::GpuAllocator,
+    set_buffer_pool_config,
+};
 use support::Stages;
 use support::kernels::pattern;
 

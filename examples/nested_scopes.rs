@@ -56,7 +56,7 @@ fn frame(stages: &Stages, stream: &Stream, seed: i32) -> Result<usize, PoolError
 /// What one thread saw.
 struct Outcome {
     wrong: usize,
-    stats: gpu_pool::StreamStats,
+    stats: gpu_pool::observe::StreamStats,
     driver_calls_after_first_frame: u64,
 }
 

@@ -7,8 +7,8 @@
 //! fewer than two GPUs, or without `libnccl`, it prints why and runs the step's stack work on the
 //! host backend instead, twice, to show the symmetric-stack check.
 
-use gpu_pool::check_symmetric;
 use gpu_pool::nccl::{Communicators, Reduce};
+use gpu_pool::observe::check_symmetric;
 use gpu_pool::prelude::*;
 
 /// Gradient elements per rank: 16 MiB of f32.

@@ -23,16 +23,72 @@
 //!
 //! The runtime underneath ([`BufferPool`], [`GpuMat`], [`set_buffer_pool_config`], ...) follows
 //! OpenCV's `cv::cuda::BufferPool` and can be used directly.
+//!
+//! # Where things are
+//! - [`prelude`]: what most code needs, macros included.
+//! - The root: the core types ([`Stream`], [`Device`], [`PoolError`], the [`GpuRead`] /
+//!   [`GpuWrite`] traits, views, [`Source`], [`Pooled`], [`HostMem`]).
+//! - One module per feature: [`config`], [`alloc`], `graph`, [`shared`], `nccl`, [`observe`],
+//!   [`interop`] (cudarc, cuBLAS, kernel arguments), [`compat`] (the seed APIs), `testing`.
 
 pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
-pub use gpu_pool_runtime::*;
 
-/// The names most code needs, macros included.
+// The core, at the root: every item is at one path (and the common ones in the prelude too).
+pub use gpu_pool_runtime::{
+    AsStream, BufferPool, CallSite, Cause, Device, DeviceId, Element, FallbackReason, GpuMat,
+    GpuRead, GpuView, GpuViewMut, GpuWrite, HostMem, PoolError, Pooled, RequestContext, Source,
+    Stream, set_buffer_pool_config,
+};
+
+// One module per feature.
+#[cfg(feature = "cuda")]
+pub use gpu_pool_runtime::graph;
+#[cfg(feature = "nccl")]
+pub use gpu_pool_runtime::nccl;
+#[cfg(feature = "testing")]
+pub use gpu_pool_runtime::testing;
+pub use gpu_pool_runtime::{alloc, compat, config, interop, observe, shared};
+
+#[doc(hidden)]
+pub use gpu_pool_runtime::__private;
+
+/// The names most code needs, macros and the traits whose methods buffers are used through
+/// included: `use gpu_pool::prelude::*;`.
+///
+/// ```
+/// use gpu_pool::prelude::*;
+///
+/// fn fill(out: &mut impl GpuWrite<f32>, v: f32) -> Result<(), PoolError> {
+///     out.set_to(v)
+/// }
+///
+/// #[pooled(stream)]
+/// fn sum(stream: &Stream, n: usize) -> Result<f32, PoolError> {
+///     let mut x = buffer!(n; f32)?;
+///     fill(&mut x, 0.5)?;
+///     Ok(x.to_vec()?.iter().sum())
+/// }
+///
+/// let stream = Stream::new(&Device::host())?;
+/// assert_eq!(sum(&stream, 8)?, 4.0);
+/// assert_eq!(stream.stats().stack_in_use, 0);
+/// # Ok::<(), PoolError>(())
+/// ```
 pub mod prelude {
+    #[doc(no_inline)]
     pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
+    // TODO(lead, issue 31): add `Temp` and `DeviceMat` once E2's split of `GpuMat` lands, and
+    // drop `GpuMat` / `BufferPool` (they move to `compat::opencv`):
+    // pub use gpu_pool_runtime::{DeviceMat, Temp};
+    #[cfg(feature = "cuda")]
+    #[doc(no_inline)]
+    pub use gpu_pool_runtime::interop::{LaunchArgsExt, Pitched, grid_2d};
+    #[doc(no_inline)]
+    pub use gpu_pool_runtime::shared::SharedMat;
+    #[doc(no_inline)]
     pub use gpu_pool_runtime::{
-        BufferPool, Device, GpuMat, GpuRead, GpuView, GpuViewMut, GpuWrite, PoolError, Pooled,
-        SharedMat, Source, Stream,
+        BufferPool, Device, GpuMat, GpuRead, GpuView, GpuViewMut, GpuWrite, HostMem, PoolError,
+        Pooled, Source, Stream,
     };
 }
 

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use gpu_pool::{Device, EnvConfig, Fallback, Packing, PoolError, Stream};
+use gpu_pool::{Device, PoolError, Stream, config::EnvConfig, config::Fallback, config::Packing};
 
 const CHILD: &str = "child_reports_what_it_sees";
 
@@ -47,7 +47,7 @@ fn child_reports_what_it_sees() {
                  packing={:?} gap={gap}",
                 device.pool_config(),
                 device.fallback(),
-                gpu_pool::buffer_pool_usage(),
+                gpu_pool::config::buffer_pool_usage(),
                 stream.stack_index(),
                 device.recording_events_per_stream(),
                 device.packing(),

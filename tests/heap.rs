@@ -5,7 +5,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use gpu_pool::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+use gpu_pool::{BufferPool, Device, PoolError, Stream, config::Fallback, set_buffer_pool_config};
 
 struct Counting;
 

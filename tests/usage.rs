@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, PoolError, Source, Stream, buffer_pool_usage,
-    set_buffer_pool_config, set_buffer_pool_usage,
+    BufferPool, Device, FallbackReason, PoolError, Source, Stream, config::Fallback,
+    config::buffer_pool_usage, config::set_buffer_pool_usage, set_buffer_pool_config,
 };
 
 static GLOBAL: Mutex<()> = Mutex::new(());

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_pool::prelude::*;
-use gpu_pool::{Fallback, StreamOrderedAllocator, set_buffer_pool_config};
+use gpu_pool::{alloc::StreamOrderedAllocator, config::Fallback, set_buffer_pool_config};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

@@ -3,7 +3,7 @@
 
 use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
-use gpu_pool::{BufferPool, Device, MixMemory, PoolError, Stream};
+use gpu_pool::{BufferPool, Device, PoolError, Stream, compat::mix::MixMemory};
 
 #[test]
 fn typed_access_to_memory_not_aligned_for_the_type_is_an_error() -> Result<(), PoolError> {
@@ -94,14 +94,14 @@ fn element_types_aligned_above_256_bytes_are_refused_everywhere() -> Result<(), 
     let stats = stream.stats();
     assert_eq!((stats.stack_allocations, stats.stack_in_use), (0, 0));
     assert_eq!(stats.fallback_allocations.total(), 0);
-    assert_eq!(gpu_pool::MAX_ELEMENT_ALIGN, 256);
+    assert_eq!(gpu_pool::config::MAX_ELEMENT_ALIGN, 256);
     Ok(())
 }
 
 #[test]
 fn rows_of_the_most_aligned_element_type_are_aligned() -> Result<(), PoolError> {
     let device = Device::host_with_limit(64 << 20);
-    device.set_fallback(gpu_pool::Fallback::Driver);
+    device.set_fallback(gpu_pool::config::Fallback::Driver);
     gpu_pool::set_buffer_pool_config(&device, 64 << 10, 1)?;
     let stream = Stream::new(&device)?;
     let pool = BufferPool::new(&stream);
@@ -129,22 +129,22 @@ struct Skewed(std::sync::atomic::AtomicUsize);
 
 // SAFETY: the skewed address is refused by the pool before any buffer uses it, which the test
 // checks; `deallocate` gives the driver its own address back.
-unsafe impl gpu_pool::GpuAllocator for Skewed {
+unsafe impl gpu_pool::alloc::GpuAllocator for Skewed {
     fn allocate(
         &self,
-        ctx: &gpu_pool::AllocContext<'_>,
-        req: &gpu_pool::AllocRequest,
-    ) -> Result<gpu_pool::Allocation, PoolError> {
+        ctx: &gpu_pool::alloc::AllocContext<'_>,
+        req: &gpu_pool::alloc::AllocRequest,
+    ) -> Result<gpu_pool::alloc::Allocation, PoolError> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(gpu_pool::Allocation::new(
+        Ok(gpu_pool::alloc::Allocation::new(
             ctx.alloc(req.bytes + 8)? + 4,
             req.pitch,
         ))
     }
     unsafe fn deallocate(
         &self,
-        ctx: &gpu_pool::AllocContext<'_>,
-        a: gpu_pool::Allocation,
+        ctx: &gpu_pool::alloc::AllocContext<'_>,
+        a: gpu_pool::alloc::Allocation,
     ) -> Result<(), PoolError> {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: `a.ptr - 4` is what `ctx.alloc` returned in `allocate`; freed once.
@@ -233,7 +233,7 @@ fn devices_never_share_an_identity() {
 #[test]
 fn a_caching_pool_serves_only_its_own_device() -> Result<(), PoolError> {
     let (a, b) = (Device::private_host(), Device::private_host());
-    let cache = std::sync::Arc::new(gpu_pool::CachingPool::new(&a));
+    let cache = std::sync::Arc::new(gpu_pool::alloc::CachingPool::new(&a));
     let on_b = Stream::with_allocator(&b, cache.clone())?;
     let err = BufferPool::new(&on_b).get_buffer_1d::<u8>(64).unwrap_err();
     assert!(matches!(err, PoolError::DeviceMismatch { .. }), "{err}");

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crate::common::each_device;
 use gpu_pool::{
-    BufferPool, CachingPool, Device, Fallback, FallbackReason, PoolError, Source, Stream,
-    set_buffer_pool_config,
+    BufferPool, Device, FallbackReason, PoolError, Source, Stream, alloc::CachingPool,
+    config::Fallback, set_buffer_pool_config,
 };
 
 #[test]
@@ -169,7 +169,7 @@ fn gpu_cross_stream() -> Result<(), PoolError> {
     let address = x.device_ptr();
     // SAFETY: `src` and `x` hold n bytes each; `x` is what the test watches being reused.
     unsafe {
-        let cuda = a.cuda_stream().expect("CUDA");
+        let cuda = a.cudarc().expect("CUDA");
         crate::common::kernels::slow_copy(
             &k,
             cuda,

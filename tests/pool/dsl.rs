@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Waker};
 
 use crate::common::each_device;
 use gpu_pool::prelude::*;
-use gpu_pool::{Fallback, FallbackReason, set_buffer_pool_config};
+use gpu_pool::{FallbackReason, config::Fallback, set_buffer_pool_config};
 
 /// Stack use is back to zero and nothing was released out of order.
 fn clean(stream: &Stream) {

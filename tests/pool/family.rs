@@ -50,7 +50,7 @@ fn ten_graphs_of_a_family_hold_the_largest_scratch_not_the_sum() -> TestResult {
             .enumerate()
             .map(|(i, out)| stream.capture(member_work(i, out)))
             .collect::<Result<Vec<_>, _>>()?;
-        graphs.iter().map(gpu_pool::Graph::stack_bytes).sum()
+        graphs.iter().map(gpu_pool::graph::Graph::stack_bytes).sum()
     };
     assert_eq!(stream.stats().stack_in_use, 0);
 

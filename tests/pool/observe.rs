@@ -1,7 +1,7 @@
 //! Seeing the pool: call sites of fallbacks, peaks and errors; recordings and their exports.
 
 use gpu_pool::prelude::*;
-use gpu_pool::{EventKind, Fallback, FallbackReason, set_buffer_pool_config};
+use gpu_pool::{FallbackReason, config::Fallback, observe::RecordKind, set_buffer_pool_config};
 
 /// A device with one small stack and the given fallback.
 fn small(fallback: Fallback) -> Device {
@@ -52,7 +52,7 @@ fn fallbacks_and_the_peak_name_their_buffer_lines() -> Result<(), PoolError> {
     );
     let peak = stats.peak_at.expect("a peak was reached");
     assert_eq!(peak.line(), lines.wide);
-    let report = gpu_pool::report().to_string();
+    let report = gpu_pool::observe::report().to_string();
     assert!(
         report.contains(&format!("`_huge` at {}:{}", site.site.file(), lines.huge)),
         "{report}"
@@ -167,12 +167,12 @@ fn a_recording_keeps_the_last_events_of_each_stream() -> Result<(), PoolError> {
         "the ring holds the last 6"
     );
     // The last call, in order: three takes, then three releases in reverse.
-    let kinds: Vec<EventKind> = ra.events.iter().map(|e| e.kind).collect();
+    let kinds: Vec<RecordKind> = ra.events.iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
-        [EventKind::Take; 3]
+        [RecordKind::Take; 3]
             .into_iter()
-            .chain([EventKind::Release; 3])
+            .chain([RecordKind::Release; 3])
             .collect::<Vec<_>>()
     );
     assert_eq!(ra.events[0].site.and_then(|s| s.name()), Some("_small"));
@@ -207,7 +207,8 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
     grows(&streams[1], 8 << 10)?; // does not
     let recordings = device.recordings();
     let trace: serde_json::Value =
-        serde_json::from_str(&gpu_pool::timeline::chrome_trace(&recordings)).expect("JSON");
+        serde_json::from_str(&gpu_pool::observe::timeline::chrome_trace(&recordings))
+            .expect("JSON");
     let events = trace["traceEvents"].as_array().expect("a trace");
     for stream in &streams {
         let of = |ph: &str| {
@@ -230,7 +231,7 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
         "{site}"
     );
 
-    let svg = gpu_pool::timeline::svg(&recordings)?;
+    let svg = gpu_pool::observe::timeline::svg(&recordings)?;
     for stream in &streams {
         let label = format!("stream {} ({})", stream.id(), device.id());
         assert_eq!(svg.matches(&label).count(), 1, "one series for {label}");
@@ -242,7 +243,7 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
     );
     assert_eq!(svg.matches("<circle").count(), 1, "one fallback dot");
     let path = std::env::temp_dir().join(format!("gpu-pool-timeline-{}.svg", std::process::id()));
-    gpu_pool::timeline::write_svg(&path)?;
+    gpu_pool::observe::timeline::write_svg(&path)?;
     let written = std::fs::read_to_string(&path).expect("written");
     assert!(written.contains(&format!("stream {}", streams[1].id())));
     let _ = std::fs::remove_file(path);

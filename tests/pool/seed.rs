@@ -5,8 +5,8 @@ use crate::common::each_device;
 use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, GpuMat, Packing, PoolError, Source, Stream,
-    set_buffer_pool_config,
+    BufferPool, Device, FallbackReason, GpuMat, PoolError, Source, Stream, config::Fallback,
+    config::Packing, set_buffer_pool_config,
 };
 
 const MIB: usize = 1 << 20;

@@ -2,7 +2,7 @@
 //! size a pooled function needs, whatever stack it was measured on.
 
 use gpu_pool::prelude::*;
-use gpu_pool::{Sizing, set_buffer_pool_config};
+use gpu_pool::{observe::Sizing, set_buffer_pool_config};
 
 const MIB: usize = 1 << 20;
 

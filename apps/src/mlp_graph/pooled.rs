@@ -5,8 +5,8 @@
 
 use std::cell::RefCell;
 
-use gpu_pool::Graph;
-use gpu_pool::cudarc::cublas::CudaBlas;
+use gpu_pool::graph::Graph;
+use gpu_pool::interop::cudarc::cublas::CudaBlas;
 use gpu_pool::prelude::*;
 
 use super::{BATCH, CLASSES, Kernels, Work};

@@ -1,4 +1,4 @@
 //! The seed APIs as thin layers over the pool: ppl.cv's memory pool, TensorRT-style `MixMemory`.
 
-pub(crate) mod mix;
+pub mod mix;
 pub mod pplcv;

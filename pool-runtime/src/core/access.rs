@@ -52,6 +52,11 @@ pub trait GpuRead<T: Pod> {
     /// The memory as a read-only view, queued on its stream.
     fn view(&self) -> GpuView<'_, T>;
 
+    /// The field holding [`device_ptr`](Self::device_ptr), which a kernel argument pushed with
+    /// `LaunchArgsExt::buf` points at until the launch: it lives as long as `self` is borrowed.
+    #[doc(hidden)]
+    fn addr_ref(&self) -> &u64;
+
     /// Rows.
     fn rows(&self) -> usize {
         self.view().window.rows
@@ -164,6 +169,14 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// The memory as a writable view, queued on its stream.
     fn view_mut(&mut self) -> GpuViewMut<'_, T>;
 
+    /// The field holding the address [`view_mut`](Self::view_mut) lends, which a kernel argument
+    /// pushed with `LaunchArgsExt::buf_mut` points at. The read view's unless a type lends
+    /// different memory for writing.
+    #[doc(hidden)]
+    fn addr_mut(&mut self) -> &u64 {
+        self.addr_ref()
+    }
+
     /// Copies `data` (`rows * cols` elements, row-major) in, on the memory's stream, and waits
     /// until `data` has been read: `data` may be changed or freed as soon as this returns, even if
     /// it is page-locked memory (such as [`MixMemory::cpu`](crate::MixMemory::cpu)'s), which the
@@ -263,6 +276,10 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
 }
 
 impl<T: Pod> GpuRead<T> for GpuMat<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        self.ptr_field()
+    }
+
     fn view(&self) -> GpuView<'_, T> {
         GpuMat::view(self)
     }
@@ -275,6 +292,10 @@ impl<T: Pod> GpuWrite<T> for GpuMat<'_, T> {
 }
 
 impl<T: Pod> GpuRead<T> for Pooled<'_, '_, T> {
+    fn addr_ref(&self) -> &u64 {
+        self.ptr_field()
+    }
+
     fn view(&self) -> GpuView<'_, T> {
         GpuMat::view(self)
     }
@@ -287,12 +308,20 @@ impl<T: Pod> GpuWrite<T> for Pooled<'_, '_, T> {
 }
 
 impl<T: Pod> GpuRead<T> for GpuView<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        &self.window.ptr
+    }
+
     fn view(&self) -> GpuView<'_, T> {
         *self
     }
 }
 
 impl<T: Pod> GpuRead<T> for GpuViewMut<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        &self.window.ptr
+    }
+
     fn view(&self) -> GpuView<'_, T> {
         self.as_view()
     }
@@ -305,12 +334,20 @@ impl<T: Pod> GpuWrite<T> for GpuViewMut<'_, T> {
 }
 
 impl<T: Pod> GpuRead<T> for SharedRead<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        self.ptr_field()
+    }
+
     fn view(&self) -> GpuView<'_, T> {
         SharedRead::view(self)
     }
 }
 
 impl<T: Pod> GpuRead<T> for SharedWrite<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        self.ptr_field()
+    }
+
     fn view(&self) -> GpuView<'_, T> {
         SharedWrite::view(self)
     }

@@ -191,7 +191,6 @@ impl<'s, T> GpuMat<'s, T> {
     }
 
     /// The address field kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
         self.lease.ptr_field()
     }

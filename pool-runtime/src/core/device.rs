@@ -287,10 +287,24 @@ impl Device {
         Layout::of::<T>(rows, cols, self.texture_alignment(), packing).map(|l| Footprint::of(&l))
     }
 
-    /// The cudarc context of a CUDA device, for loading modules and launching kernels.
+    /// The cudarc context of a CUDA device, for loading modules (`load_module`) and making
+    /// cudarc's own streams and allocations.
+    ///
+    /// # Errors
+    /// [`PoolError::Unsupported`] on the host backend, which has no cudarc context: skip the
+    /// kernels there, or run their CPU twins.
     #[cfg(feature = "cuda")]
-    #[must_use]
-    pub fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
+    pub fn cudarc(&self) -> Result<&std::sync::Arc<cudarc::driver::CudaContext>, PoolError> {
+        self.cuda_context().ok_or(PoolError::Unsupported {
+            device: self.id(),
+            what: "a cudarc context (only a CUDA device has one: use Device::cuda(n), or run the \
+                   kernels' CPU twins on the host backend)",
+        })
+    }
+
+    /// The cudarc context of a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
         self.inner.storage.backend.cuda_context()
     }
 

@@ -159,7 +159,6 @@ impl<'s, T> Deref for Pooled<'_, 's, T> {
 
 impl<'s, T> Pooled<'_, 's, T> {
     /// The address field kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
         self.mat.ptr_field()
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::capturing;
 use crate::holders::GaveBack;
 use crate::id::DeviceId;
-use crate::record::{Event, Ring};
+use crate::record::{RecordEntry, Ring};
 use crate::source::{CallSite, FallbackReason};
 use crate::stack::Bounds;
 use crate::stats::{SiteFallbacks, StreamCounters, StreamStats};
@@ -106,7 +106,7 @@ impl Ledger {
 
     /// Records `event`, where this stream records.
     #[cold]
-    pub(crate) fn record(&self, event: Event) {
+    pub(crate) fn record(&self, event: RecordEntry) {
         if let Some(recorder) = &self.recorder {
             sync::lock(recorder).push(event);
         }

@@ -56,6 +56,9 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 
+use bytemuck::Pod;
+
+use crate::access::{GpuRead, GpuWrite};
 use crate::error::PoolError;
 use crate::view::Window;
 
@@ -101,6 +104,82 @@ unsafe impl<'a, 'b: 'a, 'h, 's, T> PushKernelArg<&'b mut Pooled<'h, 's, T>> for 
     #[inline(always)]
     fn arg(&mut self, buffer: &'b mut Pooled<'h, 's, T>) -> &mut Self {
         <Self as PushKernelArg<&'b u64>>::arg(self, buffer.ptr_field())
+    }
+}
+
+/// Pool buffers as kernel arguments, by what the kernel takes: `.buf(&src)` for a `const T*`,
+/// `.buf_mut(&mut dst)` for a `T*`, `.pitched(&p)` for a `Pitched<const T>` of [`PITCHED_H`]
+/// (the 32-byte address, step, rows and columns, made by `src.pitched()`). Each takes anything that is [`GpuRead`] (or
+/// [`GpuWrite`]): a `GpuMat`, a `buffer!` handle, a view or region, an access to shared memory, and
+/// a function's `&impl GpuRead<T>` parameter.
+///
+/// cudarc's own `.arg(&x)` takes only concrete types: on a generic `src: &impl GpuRead<T>` it
+/// fails with "the trait bound `impl GpuRead<f32>: DeviceRepr` is not satisfied", and cudarc
+/// cannot be told otherwise (its trait is foreign, and so is the generic type). `.buf(src)` is
+/// what that code means.
+///
+/// ```no_run
+/// use gpu_pool::prelude::*;
+/// use gpu_pool::interop::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+///
+/// /// `dst = 2 * src` on `src`'s stream, for any kind of buffer.
+/// fn double(
+///     f: &CudaFunction,
+///     src: &impl GpuRead<f32>,
+///     dst: &mut impl GpuWrite<f32>,
+/// ) -> Result<(), Box<dyn std::error::Error>> {
+///     let n = src.len() as i32;
+///     let stream = src.view().stream().ok_or("memory of no stream")?.cudarc()?;
+///     let mut args = stream.launch_builder(f);
+///     args.buf(src).buf_mut(dst).arg(&n);
+///     // SAFETY: the kernel takes (const float*, float*, int) and touches n elements of each.
+///     unsafe { args.launch(LaunchConfig::for_num_elems(n as u32))? };
+///     Ok(())
+/// }
+/// ```
+pub trait LaunchArgsExt<'a> {
+    /// Pushes the device address of `buffer`'s first element, for a kernel's `const T*`
+    /// parameter. The buffer stays borrowed while the builder lives.
+    fn buf<T: Pod, S: GpuRead<T> + ?Sized>(&mut self, buffer: &'a S) -> &mut Self;
+
+    /// Pushes the device address of `buffer`'s first element, for a kernel's `T*` parameter
+    /// the kernel writes through. The buffer stays borrowed mutably while the builder lives.
+    fn buf_mut<T: Pod, S: GpuWrite<T> + ?Sized>(&mut self, buffer: &'a mut S) -> &mut Self;
+
+    /// Pushes a [`Pitched`] or [`PitchedMut`] (made by `.pitched()` / `.pitched_mut()`): the
+    /// 32-byte `Pitched<T>` of [`PITCHED_H`] (address, step, rows and columns), for 2D kernels.
+    /// What `.arg(&p)` does, named so that a struct is never pushed where an address was meant.
+    /// cudarc keeps a pointer to the value until the launch, so the value lives outside the
+    /// builder: `let p = src.pitched(); args.pitched(&p)`.
+    fn pitched<P: PitchedArg>(&mut self, arg: &'a P) -> &mut Self;
+}
+
+/// A 2D kernel argument that [`LaunchArgsExt::pitched`] pushes: [`Pitched`] or [`PitchedMut`].
+pub trait PitchedArg: DeviceRepr + sealed::Sealed {}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<T> sealed::Sealed for Pitched<'_, T> {}
+impl<T> PitchedArg for Pitched<'_, T> {}
+impl<T> sealed::Sealed for PitchedMut<'_, T> {}
+impl<T> PitchedArg for PitchedMut<'_, T> {}
+
+impl<'a> LaunchArgsExt<'a> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn buf<T: Pod, S: GpuRead<T> + ?Sized>(&mut self, buffer: &'a S) -> &mut Self {
+        <Self as PushKernelArg<&'a u64>>::arg(self, buffer.addr_ref())
+    }
+
+    #[inline(always)]
+    fn buf_mut<T: Pod, S: GpuWrite<T> + ?Sized>(&mut self, buffer: &'a mut S) -> &mut Self {
+        <Self as PushKernelArg<&'a u64>>::arg(self, buffer.addr_mut())
+    }
+
+    #[inline(always)]
+    fn pitched<P: PitchedArg>(&mut self, arg: &'a P) -> &mut Self {
+        <Self as PushKernelArg<&'a P>>::arg(self, arg)
     }
 }
 

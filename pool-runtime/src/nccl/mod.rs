@@ -43,7 +43,7 @@
 //! `PoolError::NoCudaLibrary`, never cudarc's panic.
 //!
 //! Symmetric stacks: ranks that run the same pooled work take the same offsets
-//! ([`check_symmetric`](crate::check_symmetric) proves it in debug builds). With
+//! ([`check_symmetric`](crate::symmetric::check_symmetric) proves it in debug builds). With
 //! [`use_nccl_memory`] a device's stacks come from `ncclMemAlloc`, and
 //! [`Communicators::register_stacks`] registers every rank's stacks with its communicator, as
 //! NCCL buffers or as one symmetric window, so collectives on `buffer!` temporaries can skip
@@ -81,7 +81,8 @@ use crate::arena::StackMemory;
 use crate::backend::DevPtr;
 use crate::backend::cuda::ContextGuard;
 use crate::device::Device;
-use crate::error::{NcclFailure, PoolError};
+pub use crate::error::NcclFailure;
+use crate::error::PoolError;
 use crate::graph::{Graph, GraphNodes};
 use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut};
@@ -674,7 +675,7 @@ impl<'s> Communicators<'s> {
     }
 
     /// Checks that every rank's stream laid its stack out alike (see
-    /// [`check_symmetric`](crate::check_symmetric)), in every process: each rank all-gathers its
+    /// [`check_symmetric`](crate::symmetric::check_symmetric)), in every process: each rank all-gathers its
     /// [`Stream::layout_trace`] through NCCL and compares every rank's with rank 0's, so every
     /// process gets the same answer. Call it on every rank at the same point of the program, as
     /// a collective, outside any capture. A debug check: in builds without debug assertions it
@@ -688,11 +689,11 @@ impl<'s> Communicators<'s> {
         }
         if self.remote.is_none() {
             let streams: Vec<&Stream> = self.ranks.iter().map(|r| r.stream).collect();
-            return crate::check_symmetric(&streams);
+            return crate::symmetric::check_symmetric(&streams);
         }
         self.refuse_aborted()?;
         self.refuse_capture("Communicators::check_symmetric")?;
-        let nothing = crate::LayoutTrace::from_bytes([0; 24]);
+        let nothing = crate::stack::LayoutTrace::from_bytes([0; 24]);
         let mine: Vec<[u8; SLOT]> = self
             .ranks
             .iter()

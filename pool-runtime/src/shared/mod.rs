@@ -67,7 +67,7 @@ use crate::view::{GpuView, GpuViewMut, Keeper, Window};
 
 /// A shared array's memory is a driver allocation of its own, aligned as the driver aligns it: no
 /// stack block, so no packing to choose.
-const DRIVER: usize = crate::Packing::Cuda.block_align();
+const DRIVER: usize = crate::config::Packing::Cuda.block_align();
 
 /// A 2D array of `T` in device memory that no stream owns: `Send + Sync`, read from any stream on
 /// any thread through [`read`](Self::read), written through [`write`](Self::write) (`&mut`), with
@@ -312,7 +312,6 @@ impl<'a, T> SharedRead<'a, T> {
     }
 
     /// The address field kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
         &self.window.ptr
     }
@@ -332,7 +331,6 @@ impl<'a, T> SharedWrite<'a, T> {
     }
 
     /// The address field kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
         &self.window.ptr
     }

@@ -23,8 +23,9 @@ use std::sync::Arc;
 
 use gpu_pool::testing::host_live_bytes;
 use gpu_pool::{
-    BufferPool, CachingPool, Device, EnvConfig, Fallback, MixMemory, Packing, PoolError, Source,
-    Stream, buffer_pool_usage, set_buffer_pool_config, set_buffer_pool_usage,
+    BufferPool, Device, PoolError, Source, Stream, alloc::CachingPool, compat::mix::MixMemory,
+    config::EnvConfig, config::Fallback, config::Packing, config::buffer_pool_usage,
+    config::set_buffer_pool_usage, set_buffer_pool_config,
 };
 
 use super::buffer::Buf;

@@ -4,7 +4,7 @@
 use crate::common::each_device;
 use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
-use gpu_pool::{BufferPool, Device, Fallback, GpuMat, PoolError, Source, Stream};
+use gpu_pool::{BufferPool, Device, GpuMat, PoolError, Source, Stream, config::Fallback};
 
 use super::private;
 

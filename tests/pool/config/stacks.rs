@@ -3,8 +3,8 @@
 
 use crate::common::each_device;
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, Packing, PoolConfig, PoolError, Source, Stream,
-    set_buffer_pool_config,
+    BufferPool, Device, FallbackReason, PoolError, Source, Stream, config::Fallback,
+    config::Packing, config::PoolConfig, set_buffer_pool_config,
 };
 
 use super::{MIB, private};

@@ -14,7 +14,7 @@ use crate::backend::DevPtr;
 use crate::capturing;
 use crate::error::{PoolError, RequestContext};
 use crate::layout::Layout;
-use crate::record::EventKind;
+use crate::record::RecordKind;
 use crate::source::{CallSite, FallbackReason, Source};
 use crate::stack::{Block, Release, Stack};
 
@@ -89,7 +89,6 @@ impl<'s> Lease<'s> {
     }
 
     /// The address itself, which kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &DevPtr {
         &self.ptr
     }
@@ -257,7 +256,7 @@ impl Stream {
         }
         if self.recording {
             self.record(
-                EventKind::Take,
+                RecordKind::Take,
                 Source::Stack,
                 (offset, layout.bytes),
                 Some(site),
@@ -361,7 +360,7 @@ impl Stream {
         let demand = (reason != FallbackReason::Disabled).then(|| self.fallback_demand(layout));
         if self.recording {
             let source = Source::Fallback(reason);
-            self.record(EventKind::Take, source, (0, layout.bytes), Some(site));
+            self.record(RecordKind::Take, source, (0, layout.bytes), Some(site));
         }
         let held = Held::Fallback(Box::new(FallbackHeld {
             allocation,
@@ -553,7 +552,7 @@ impl Stream {
                 }
                 if self.recording {
                     self.record(
-                        EventKind::Release,
+                        RecordKind::Release,
                         Source::Fallback(reason),
                         (0, bytes),
                         None,

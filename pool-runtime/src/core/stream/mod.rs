@@ -26,7 +26,7 @@ use crate::device::Device;
 use crate::error::PoolError;
 use crate::holders::ReclaimedFrom;
 use crate::ledger::Ledger;
-use crate::record::{Event, EventKind};
+use crate::record::{RecordEntry, RecordKind};
 use crate::source::{CallSite, Source};
 use crate::stack::{LayoutTrace, Stack};
 use crate::stats::{StreamCounters, StreamStats};
@@ -156,10 +156,24 @@ impl Stream {
         Ok(made)
     }
 
-    /// The cudarc stream, on a CUDA device: launch kernels on it.
+    /// The cudarc stream of a CUDA device's stream: launch kernels on it (with
+    /// `LaunchArgsExt::buf` for pool buffers), or hand it to cuBLAS.
+    ///
+    /// # Errors
+    /// [`PoolError::Unsupported`] on the host backend, which has no cudarc stream: run the CPU
+    /// twin of the kernel there (`host_rows`, `for_each_host_row_mut`).
     #[cfg(feature = "cuda")]
-    #[must_use]
-    pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+    pub fn cudarc(&self) -> Result<&Arc<cudarc::driver::CudaStream>, PoolError> {
+        self.cuda_stream().ok_or(PoolError::Unsupported {
+            device: self.device().id(),
+            what: "a cudarc stream (only a CUDA device has one: make the stream on \
+                   Device::cuda(n), or run the kernel's CPU twin on the host backend)",
+        })
+    }
+
+    /// The cudarc stream, on a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         match &self.raw {
             RawStream::Cuda(s) => Some(s),
             RawStream::Host => None,
@@ -513,12 +527,12 @@ impl Stream {
     #[cold]
     fn record(
         &self,
-        kind: EventKind,
+        kind: RecordKind,
         source: Source,
         (offset, bytes): (usize, usize),
         site: Option<CallSite>,
     ) {
-        self.ledger.record(Event {
+        self.ledger.record(RecordEntry {
             t_ns: crate::record::now_ns(),
             kind,
             source,
@@ -535,7 +549,7 @@ impl Stream {
     fn record_release(&self, offset: u64, end: usize, source: Source) {
         let offset = offset as usize;
         let bytes = end.saturating_sub(offset);
-        self.record(EventKind::Release, source, (offset, bytes), None);
+        self.record(RecordKind::Release, source, (offset, bytes), None);
     }
 
     /// Counts a release out of LIFO order (of the block at `offset`), logged once per device; an
