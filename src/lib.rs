@@ -40,13 +40,9 @@ pub use gpu_pool_runtime::{
     Stream, set_buffer_pool_config,
 };
 
-// One module per feature.
-#[cfg(feature = "cuda")]
-pub use gpu_pool_runtime::graph;
-#[cfg(feature = "nccl")]
-pub use gpu_pool_runtime::nccl;
-#[cfg(feature = "testing")]
-pub use gpu_pool_runtime::testing;
+// One module per feature: `graph` (cuda), `nccl` and `testing` are there when the runtime was built
+// with them (the glob names only those three).
+pub use gpu_pool_runtime::__features::*;
 pub use gpu_pool_runtime::{alloc, compat, config, interop, observe, shared};
 
 #[doc(hidden)]

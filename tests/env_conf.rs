@@ -3,7 +3,9 @@
 
 use std::process::Command;
 
-use gpu_pool::{Device, PoolError, Stream, config::EnvConfig, config::Fallback, config::Packing};
+use gpu_pool::{
+    Device, GpuRead, PoolError, Stream, config::EnvConfig, config::Fallback, config::Packing,
+};
 
 const CHILD: &str = "child_reports_what_it_sees";
 

@@ -4,14 +4,14 @@
 //! Most users depend on the `gpu-pool` facade instead, which adds the `#[pooled]` DSL.
 //!
 //! ```
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Source, Stream};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Source, Stream};
 //! let stream = Stream::new(&Device::host())?;
 //! let pool = BufferPool::new(&stream);
 //! let mut a = pool.get_buffer::<f32>(64, 64)?;
 //! a.set_to(1.5)?;
 //! assert_eq!(a.source(), Source::Stack);
 //! assert!(a.to_vec()?.iter().all(|&x| x == 1.5));
-//! # Ok::<(), gpu_pool_runtime::PoolError>(())
+//! # Ok::<(), gpu_pool::PoolError>(())
 //! ```
 //!
 //! # Guarantees
@@ -140,6 +140,18 @@ pub mod alloc {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The feature modules this build has, for the facade to re-export whichever the runtime was
+/// built with (its own features may be fewer: cargo unifies the runtime's); not part of the API.
+#[doc(hidden)]
+pub mod __features {
+    #[cfg(feature = "cuda")]
+    pub use crate::graph;
+    #[cfg(feature = "nccl")]
+    pub use crate::nccl;
+    #[cfg(feature = "testing")]
+    pub use crate::testing;
+}
 
 /// What the DSL's expansion calls; not part of the API.
 #[doc(hidden)]

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::common::each_device;
+use gpu_pool::GpuRead;
 use gpu_pool::{
     BufferPool, Device, FallbackReason, PoolError, Source, Stream, alloc::CachingPool,
     config::Fallback, set_buffer_pool_config,

@@ -30,7 +30,7 @@ use crate::storage::Storage;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+/// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
 /// let device = Device::private_host();
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;
@@ -122,7 +122,7 @@ impl State {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+/// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
 /// let device = Device::private_host();
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;
@@ -187,7 +187,7 @@ impl CachingPool {
     /// the request's highest bit.
     ///
     /// ```
-    /// use gpu_pool_runtime::CachingPool;
+    /// use gpu_pool::alloc::CachingPool;
     /// assert_eq!(CachingPool::bin_of(1000, 4).1, 1023);          // 0b1111101000 -> 0b1111111111
     /// assert_eq!(CachingPool::bin_of(1024, 4).1, 1087);          // 0b10000000000 -> 0b10000111111
     /// assert_eq!(CachingPool::bin_of(17, 4).1, 17);              // small sizes are exact
@@ -260,7 +260,7 @@ impl CachingPool {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+    /// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// let cache = Arc::new(CachingPool::new(&device));
     /// let stream = Stream::with_allocator(&device, cache.clone())?;

@@ -147,7 +147,10 @@ impl AllocContext<'_> {
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use gpu_pool_runtime::{AllocContext, AllocRequest, Allocation, BufferPool, Device, GpuAllocator, PoolError, Stream};
+/// use gpu_pool::{
+///     alloc::{AllocContext, AllocRequest, Allocation, GpuAllocator}, BufferPool, Device,
+///     PoolError, Stream,
+/// };
 ///
 /// /// Plain driver allocations, counted.
 /// #[derive(Debug, Default)]

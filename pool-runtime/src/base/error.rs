@@ -24,7 +24,7 @@ use crate::source::{CallSite, FallbackReason};
 /// Everything that can go wrong in gpu-pool.
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, PoolError, Stream};
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
@@ -631,7 +631,7 @@ impl PoolError {
     /// [`MixMemory`](crate::MixMemory), the ppl.cv pool, the stack a capture keeps).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let stream = Stream::new(&Device::host_with_limit(64 << 20))?;
     /// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
     /// let context = err.context().expect("a buffer asked");
@@ -704,7 +704,7 @@ pub struct RequestContext {
 /// ```
 /// use std::error::Error as _;
 /// use std::io;
-/// use gpu_pool_runtime::PoolError;
+/// use gpu_pool::PoolError;
 /// let err = PoolError::Io {
 ///     path: "trace.json".into(),
 ///     source: io::Error::from(io::ErrorKind::PermissionDenied).into(),

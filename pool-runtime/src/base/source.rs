@@ -63,7 +63,7 @@ impl fmt::Display for FallbackReason {
 /// reads them: a fallback, an error, a recording.
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, PoolError, Stream};
 /// let stream = Stream::new(&Device::host_with_limit(64 << 20))?;
 /// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
 /// assert!(err.to_string().contains(file!()), "{err}"); // the line that asked

@@ -36,7 +36,7 @@ enum Gpu {
 /// A pinned-host buffer and a device buffer that grow on demand.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, MixMemory, PoolError, Stream};
+/// use gpu_pool::{compat::mix::MixMemory, Device, PoolError, Stream};
 /// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
 /// let mut mix = MixMemory::new(&device)?;
@@ -148,7 +148,7 @@ impl<'a> MixMemory<'a> {
     /// flight is waited for first.
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, MixMemory, PoolError, Stream};
+    /// use gpu_pool::{compat::mix::MixMemory, Device, PoolError, Stream};
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
     /// let mut mix = MixMemory::new(&device)?;

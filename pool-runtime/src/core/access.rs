@@ -5,7 +5,7 @@
 //! fills, copies, regions, kernel arguments, cudarc lending) is found in one place.
 //!
 //! ```
-//! use gpu_pool_runtime::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
+//! use gpu_pool::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
 //!
 //! /// `out = 2 * src` (a kernel would go here; the host backend's CPU twin stands in).
 //! fn double(src: &impl GpuRead<f32>, out: &mut impl GpuWrite<f32>) -> Result<(), PoolError> {
@@ -103,7 +103,7 @@ pub trait GpuRead<T: Pod> {
     /// thread and for memory of no stream; `CapturedElsewhere`.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let mut gpu = BufferPool::new(&stream).get_buffer::<f32>(4, 4)?;
     /// gpu.set_to(1.5)?;
@@ -184,13 +184,13 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// other columns, so a varying batch can fill the first rows of a fixed buffer.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let mut batch = BufferPool::new(&stream).get_buffer::<f32>(8, 4)?; // room for 8 rows
     /// batch.set_to(0.0)?;
     /// batch.row_range_mut(0..2)?.upload(&[1.0; 8])?;                      // 2 rows this time
     /// assert_eq!(batch.to_vec()?.iter().sum::<f32>(), 8.0);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
         self.view_mut().upload(data)
@@ -203,7 +203,7 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// Errors: as [`download_async`](GpuRead::download_async).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let src = HostMem::from_slice(stream.device(), &[3u8; 12])?;
     /// let mut gpu = BufferPool::new(&stream).get_buffer::<u8>(3, 4)?;
@@ -281,13 +281,13 @@ impl<T: Pod> GpuRead<T> for GpuMat<'_, T> {
     }
 
     fn view(&self) -> GpuView<'_, T> {
-        GpuMat::view(self)
+        GpuMat::whole(self)
     }
 }
 
 impl<T: Pod> GpuWrite<T> for GpuMat<'_, T> {
     fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        GpuMat::view_mut(self)
+        GpuMat::whole_mut(self)
     }
 }
 
@@ -297,13 +297,13 @@ impl<T: Pod> GpuRead<T> for Pooled<'_, '_, T> {
     }
 
     fn view(&self) -> GpuView<'_, T> {
-        GpuMat::view(self)
+        GpuMat::whole(self)
     }
 }
 
 impl<T: Pod> GpuWrite<T> for Pooled<'_, '_, T> {
     fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        self.mat_mut().view_mut()
+        self.mat_mut().whole_mut()
     }
 }
 
@@ -339,7 +339,7 @@ impl<T: Pod> GpuRead<T> for SharedRead<'_, T> {
     }
 
     fn view(&self) -> GpuView<'_, T> {
-        SharedRead::view(self)
+        SharedRead::whole(self)
     }
 }
 
@@ -349,12 +349,12 @@ impl<T: Pod> GpuRead<T> for SharedWrite<'_, T> {
     }
 
     fn view(&self) -> GpuView<'_, T> {
-        SharedWrite::view(self)
+        SharedWrite::whole(self)
     }
 }
 
 impl<T: Pod> GpuWrite<T> for SharedWrite<'_, T> {
     fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        SharedWrite::view_mut(self)
+        SharedWrite::whole_mut(self)
     }
 }

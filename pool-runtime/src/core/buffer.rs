@@ -14,14 +14,14 @@ use crate::view::{GpuView, GpuViewMut, Keeper, Window};
 /// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`).
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, Source, Stream};
+/// use gpu_pool::{BufferPool, Device, Source, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let pool = BufferPool::new(&stream);
 /// let image = pool.get_buffer::<[u8; 3]>(480, 640)?;    // 2D, pitched
 /// let sums = pool.get_buffer_1d::<f32>(480)?;           // contiguous
 /// assert_eq!(image.step(), 2048);                        // align_up(640 * 3, 512)
 /// assert_eq!(image.source(), Source::Stack);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct BufferPool<'s> {
@@ -77,13 +77,13 @@ impl<'s> BufferPool<'s> {
     /// is for 2D kernels that read image rows.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let pool = BufferPool::new(&stream);
     /// let logits = pool.get_buffer_packed::<f32>(256, 10)?;
     /// assert_eq!((logits.rows(), logits.cols(), logits.step()), (256, 10, 40)); // not 512
     /// assert!(logits.is_continuous());
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     #[inline(always)]
     #[track_caller]
@@ -131,7 +131,7 @@ impl<'s> BufferPool<'s> {
 ///
 /// A buffer borrows its stream, so it cannot outlive it or move to another thread:
 /// ```compile_fail
-/// use gpu_pool_runtime::{BufferPool, Device, Stream};
+/// use gpu_pool::{BufferPool, Device, Stream};
 /// let buf = {
 ///     let stream = Stream::new(&Device::host()).unwrap();
 ///     BufferPool::new(&stream).get_buffer_1d::<u8>(8).unwrap()
@@ -175,7 +175,7 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         data: &[T],
     ) -> Result<GpuMat<'s, T>, PoolError> {
         let mut mat = GpuMat::new(stream, rows, cols)?;
-        mat.view_mut().upload(data)?;
+        mat.whole_mut().upload(data)?;
         Ok(mat)
     }
 }
@@ -197,37 +197,6 @@ impl<'s, T> GpuMat<'s, T> {
 }
 
 impl<'s, T: Pod> GpuMat<'s, T> {
-    /// Rows.
-    #[must_use]
-    pub fn rows(&self) -> usize {
-        self.lease.rows()
-    }
-
-    /// Columns.
-    #[must_use]
-    pub fn cols(&self) -> usize {
-        self.lease.cols()
-    }
-
-    /// Elements (`rows * cols`).
-    #[must_use]
-    pub fn len(&self) -> usize {
-        // Cannot wrap: every buffer's layout checked `rows * cols`, zero-sized elements included.
-        self.lease.rows() * self.lease.cols()
-    }
-
-    /// Whether it has no elements.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Bytes from the start of one row to the next.
-    #[must_use]
-    pub fn step(&self) -> usize {
-        self.lease.pitch()
-    }
-
     /// Whether the rows follow each other with no padding.
     #[must_use]
     pub fn is_continuous(&self) -> bool {
@@ -244,12 +213,6 @@ impl<'s, T: Pod> GpuMat<'s, T> {
     #[must_use]
     pub fn stream(&self) -> &'s Stream {
         self.lease.stream()
-    }
-
-    /// The device address of row 0 (0 for an empty buffer).
-    #[must_use]
-    pub fn device_ptr(&self) -> u64 {
-        self.lease.ptr()
     }
 
     /// Tells the pool that work queued on `user` (another stream of the same device) so far uses this
@@ -280,9 +243,8 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         }
     }
 
-    /// A read-only view of the whole buffer, for kernels and copies; what
-    /// [`GpuRead`](crate::GpuRead)'s methods work on.
-    pub fn view(&self) -> GpuView<'_, T> {
+    /// A read-only view of the whole buffer: [`GpuRead::view`](crate::GpuRead::view).
+    pub(crate) fn whole(&self) -> GpuView<'_, T> {
         GpuView::new(
             self.window(),
             self.stream().device().id(),
@@ -290,8 +252,8 @@ impl<'s, T: Pod> GpuMat<'s, T> {
         )
     }
 
-    /// A writable view of the whole buffer; what [`GpuWrite`](crate::GpuWrite)'s methods work on.
-    pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+    /// A writable view of the whole buffer: [`GpuWrite::view_mut`](crate::GpuWrite::view_mut).
+    pub(crate) fn whole_mut(&mut self) -> GpuViewMut<'_, T> {
         GpuViewMut::new(
             self.window(),
             self.stream().device().id(),

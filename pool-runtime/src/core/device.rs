@@ -30,7 +30,7 @@ use crate::unique::Counter;
 /// A device: the host backend or a CUDA GPU. Cheap to clone; clones share one pool.
 ///
 /// ```
-/// use gpu_pool_runtime::Device;
+/// use gpu_pool::Device;
 /// let device = Device::host();
 /// assert_eq!(device.id().to_string(), "host");
 /// assert_eq!(device.texture_alignment(), 512);
@@ -134,7 +134,7 @@ impl Device {
     /// settings, stacks and counters are its own, so tests use it for isolation.
     ///
     /// ```
-    /// use gpu_pool_runtime::Device;
+    /// use gpu_pool::Device;
     /// let (a, b) = (Device::private_host(), Device::private_host());
     /// assert_ne!(a, b);
     /// assert_ne!(a, Device::host());
@@ -149,7 +149,9 @@ impl Device {
     /// `limit` bytes in all (like a GPU's memory size): tests use it to provoke out-of-memory.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+    /// use gpu_pool::{
+    ///     BufferPool, config::Fallback, Device, PoolError, set_buffer_pool_config, Stream,
+    /// };
     /// let small = Device::host_with_limit(1 << 20);
     /// small.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&small, 512 << 10, 1)?;
@@ -188,7 +190,7 @@ impl Device {
     /// without the `cuda` feature), `PoolError::NoSuchDevice` for an ordinal past the last.
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, PoolError};
+    /// use gpu_pool::{Device, PoolError};
     /// match Device::cuda(0) {
     ///     Ok(gpu) => assert!(gpu.texture_alignment() >= 256),
     ///     Err(PoolError::NoCudaDriver { .. }) => println!("no GPU here"),
@@ -247,7 +249,7 @@ impl Device {
     /// start), which a program can print, since a broken driver otherwise looks like "no GPU".
     ///
     /// ```
-    /// use gpu_pool_runtime::Device;
+    /// use gpu_pool::Device;
     /// let (device, why_host) = Device::cuda_or_host_with_reason();
     /// match &why_host {
     ///     Some(reason) => println!("running on {} ({reason})", device.id()),
@@ -269,7 +271,7 @@ impl Device {
     /// `UnsupportedAlignment`.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, Stream};
     /// let device = Device::private_host();
     /// let image = device.footprint::<[u8; 3]>(480, 640)?;
     /// assert_eq!((image.bytes, image.step, image.align), (480 * 2048, 2048, 512));
@@ -280,7 +282,7 @@ impl Device {
     /// assert_eq!(buffer.step(), image.step);
     /// assert_eq!(stream.stats().stack_in_use, image.bytes);
     /// # drop(buffer);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn footprint<T>(&self, rows: usize, cols: usize) -> Result<Footprint, PoolError> {
         let packing = self.packing()?.block_align();
@@ -383,12 +385,12 @@ impl Device {
     /// (the host backend models it, in 64 KiB granules).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_growable_stacks(true)?;
     /// let stream = Stream::new(&device)?;
     /// let big = BufferPool::new(&stream).get_buffer::<f32>(4096, 4096)?; // 64 MiB: no fallback
-    /// assert_eq!(big.source(), gpu_pool_runtime::Source::Stack);
+    /// assert_eq!(big.source(), gpu_pool::Source::Stack);
     /// assert_eq!(stream.stats().stack_mapped, 64 << 20);
     /// drop(big);
     /// assert_eq!(stream.trim()?, 64 << 20); // the memory goes back
@@ -414,14 +416,14 @@ impl Device {
     /// while a stream holds a stack: drop those streams first.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// let stream = Stream::new(&device)?;
     /// drop(BufferPool::new(&stream).get_buffer::<u8>(4, 4)?);
     /// assert!(device.release_stack_memory().is_err()); // `stream` holds a stack
     /// drop(stream);
     /// assert_eq!(device.release_stack_memory()?, 50 << 20); // the default 5 x 10 MiB
-    /// assert_eq!(gpu_pool_runtime::testing::host_live_bytes(&device), Some(0));
+    /// assert_eq!(gpu_pool::testing::host_live_bytes(&device), Some(0));
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn release_stack_memory(&self) -> Result<usize, PoolError> {
@@ -494,7 +496,7 @@ impl Device {
     /// turns it on for every device. A stream that does not record pays nothing for it.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_recording(100);
     /// let stream = Stream::new(&device)?;
@@ -515,7 +517,7 @@ impl Device {
     /// default samples the sum when a stream passes its own high and at every stats read.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_exact_live_peak(true);
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
@@ -589,7 +591,9 @@ impl Device {
     /// capture), and an empty `Reclaimed` is returned.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+    /// use gpu_pool::{
+    ///     BufferPool, config::Fallback, Device, PoolError, set_buffer_pool_config, Stream,
+    /// };
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Caching);
     /// set_buffer_pool_config(&device, 1 << 20, 1)?;
@@ -617,7 +621,7 @@ impl Device {
     /// `PoolError::OutOfMemory`, whose message says the limit. Memory already held stays.
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, Fallback, GpuMat, PoolError, Stream};
+    /// use gpu_pool::{config::Fallback, Device, GpuMat, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Driver);
     /// device.set_memory_limit(Some(64 << 20));
@@ -660,7 +664,7 @@ impl Device {
     /// reset may have its demand peak set a little low or high (to a level reached around it).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, Stream, set_buffer_pool_config};
+    /// use gpu_pool::{BufferPool, config::Fallback, Device, set_buffer_pool_config, Stream};
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&device, 1 << 20, 1)?;
@@ -674,7 +678,7 @@ impl Device {
     /// assert_eq!(stats.peak_stream_demand, 1024);
     /// assert_eq!(stats.recommended_config().unwrap().stack_size(), 1 << 20);
     /// # drop(small);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn reset_peak(&self) {
         let mut state = self.inner.lock_state();
@@ -990,7 +994,7 @@ impl Drop for DeviceInner {
 /// allocated when a stream first needs it.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
+/// use gpu_pool::{Device, PoolError, set_buffer_pool_config, Stream};
 /// let device = Device::private_host();
 /// set_buffer_pool_config(&device, 64 << 20, 2)?;
 /// let stream = Stream::new(&device)?;

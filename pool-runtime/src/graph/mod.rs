@@ -38,7 +38,7 @@
 //! [`Stream::capture_with`]`::<E>`: its error comes back unchanged, the pool's converted.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
+//! use gpu_pool::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
 //! # fn main() -> Result<(), PoolError> {
 //! let stream = Stream::new(&Device::cuda(0)?)?;
 //! let out = GpuMat::<f32>::new(&stream, 512, 512)?;
@@ -508,7 +508,7 @@ impl Stream {
     /// leaves it open: `stream.capture_with::<AppError>(|s| { ...; Ok(()) })`.
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::{Device, GpuRead, GpuWrite, PoolError, Stream};
+    /// use gpu_pool::{Device, GpuRead, GpuWrite, PoolError, Stream};
     ///
     /// #[derive(Debug)]
     /// enum AppError {
@@ -528,7 +528,7 @@ impl Stream {
     ///     if rows == 0 {
     ///         return Err(AppError::BadInput); // comes back as it is
     ///     }
-    ///     let mut tmp = gpu_pool_runtime::BufferPool::new(s).get_buffer::<f32>(rows, cols)?;
+    ///     let mut tmp = gpu_pool::BufferPool::new(s).get_buffer::<f32>(rows, cols)?;
     ///     tmp.set_to(0.0)?; // a PoolError, converted
     ///     Ok(())
     /// })?;

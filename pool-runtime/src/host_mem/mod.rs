@@ -57,7 +57,7 @@ use crate::view::{GpuView, GpuViewMut};
 /// driver refuses one) does the drop wait for the copy's stream.
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let mut frame = HostMem::<u8>::new(stream.device(), 640 * 480)?;
 /// frame.as_mut_slice()?.fill(7); // waits for nothing: no copy is in flight
@@ -562,7 +562,7 @@ impl<T: Pod> GpuViewMut<'_, T> {
     /// Queues a copy of `src` into the view on its stream and returns without waiting; `src`
     /// cannot be written or freed until the copy is done ([`HostMem`]).
     pub(crate) fn upload_async(&mut self, src: &HostMem<T>) -> Result<(), PoolError> {
-        let stream = copy_stream(self.stream(), self.device, self.len(), src)?;
+        let stream = copy_stream(self.stream(), self.device, self.elems(), src)?;
         let raw = stream.work_stream("upload_async")?;
         if src.len == 0 || size_of::<T>() == 0 {
             return Ok(());
@@ -587,7 +587,7 @@ impl<T: Pod> GpuView<'_, T> {
     /// Queues a copy of the view into `dst` on its stream and returns without waiting; `dst`
     /// cannot be read or freed until the copy is done ([`HostMem`]).
     pub(crate) fn download_async(&self, dst: &mut HostMem<T>) -> Result<(), PoolError> {
-        let stream = copy_stream(self.stream(), self.device, self.len(), dst)?;
+        let stream = copy_stream(self.stream(), self.device, self.elems(), dst)?;
         let raw = stream.work_stream("download_async")?;
         if dst.len == 0 || size_of::<T>() == 0 {
             return Ok(());

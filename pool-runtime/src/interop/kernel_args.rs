@@ -11,12 +11,12 @@
 //! an element. See the `Pitched` example below the first one.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
-//! use gpu_pool_runtime::cudarc::driver::{LaunchConfig, PushKernelArg};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::interop::cudarc::driver::{LaunchConfig, PushKernelArg};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;
 //! let stream = Stream::new(&gpu)?;
-//! let ptx = gpu_pool_runtime::cudarc::nvrtc::compile_ptx(
+//! let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(
 //!     r#"extern "C" __global__ void one(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = 1.0f; }"#,
 //! )?;
 //! let f = gpu.cuda_context().unwrap().load_module(ptx)?.load_function("one")?;
@@ -31,8 +31,8 @@
 //! With the shape in the argument:
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, PITCHED_H, Stream, grid_2d};
-//! use gpu_pool_runtime::cudarc::driver::PushKernelArg;
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, interop::{PITCHED_H, grid_2d}, Stream};
+//! use gpu_pool::interop::cudarc::driver::PushKernelArg;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;
 //! let stream = Stream::new(&gpu)?;
@@ -41,7 +41,7 @@
 //!     unsigned c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
 //!     if (r < m.rows && c < m.cols) m(r, c) = r * 1000.0f + c;
 //! }"#);
-//! let ptx = gpu_pool_runtime::cudarc::nvrtc::compile_ptx(src)?;
+//! let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(src)?;
 //! let f = gpu.cuda_context().unwrap().load_module(ptx)?.load_function("index")?;
 //! let mut m = BufferPool::new(&stream).get_buffer::<f32>(30, 70)?;
 //! let grid = grid_2d(m.rows(), m.cols())?;

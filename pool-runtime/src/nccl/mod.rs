@@ -50,8 +50,8 @@
 //! NCCL's staging copies.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::nccl::{Communicators, Reduce};
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, PoolError, Stream};
+//! use gpu_pool::nccl::{Communicators, Reduce};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, PoolError, Stream};
 //! let streams = [Stream::new(&Device::cuda(0)?)?, Stream::new(&Device::cuda(1)?)?];
 //! let ranks = Communicators::new(&[&streams[0], &streams[1]])?;
 //! let mut x0 = BufferPool::new(&streams[0]).get_buffer_1d::<f32>(1024)?;
@@ -179,14 +179,14 @@ pub const UNIQUE_ID_BYTES: usize = 128;
 /// every communicator.
 ///
 /// ```
-/// use gpu_pool_runtime::nccl::UniqueId;
+/// use gpu_pool::nccl::UniqueId;
 /// let id = UniqueId::from_bytes([7; 128]); // rank 0 makes it with UniqueId::new()
 /// let text = id.to_string(); // e.g. into an environment variable of the other ranks
 /// assert_eq!(text.len(), 256);
 /// let back: UniqueId = text.parse()?;
 /// assert_eq!(back, id);
 /// assert!("not an id".parse::<UniqueId>().is_err());
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UniqueId([u8; UNIQUE_ID_BYTES]);
@@ -266,9 +266,9 @@ impl std::str::FromStr for UniqueId {
 /// `PoolError::NoCudaLibrary` where `libnccl` cannot be loaded.
 ///
 /// ```no_run
-/// let version = gpu_pool_runtime::nccl::version()?;
+/// let version = gpu_pool::nccl::version()?;
 /// println!("NCCL {}.{}.{}", version / 10000, version / 100 % 100, version % 100);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 pub fn version() -> Result<i32, PoolError> {
     present()?;
@@ -531,8 +531,8 @@ impl<'s> Communicators<'s> {
     /// The caller's current CUDA context is kept.
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::nccl::{Communicators, Reduce, UniqueId};
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::nccl::{Communicators, Reduce, UniqueId};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// use std::time::Duration;
     /// let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
     /// let world: usize = std::env::var("WORLD_SIZE").unwrap().parse().unwrap();
@@ -1125,8 +1125,8 @@ impl<'s> Communicators<'s> {
     /// registration) or inside another capture of these communicators.
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::nccl::{Communicators, Reduce};
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuWrite, PoolError, Stream};
+    /// use gpu_pool::nccl::{Communicators, Reduce};
+    /// use gpu_pool::{BufferPool, Device, GpuWrite, PoolError, Stream};
     /// let (s0, s1) = (Stream::new(&Device::cuda(0)?)?, Stream::new(&Device::cuda(1)?)?);
     /// let ranks = Communicators::new(&[&s0, &s1])?;
     /// let (mut x0, mut x1) = (
@@ -1202,8 +1202,8 @@ impl<'s> Communicators<'s> {
     /// (nothing stays registered).
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::nccl::{Communicators, use_nccl_memory};
-    /// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
+    /// use gpu_pool::nccl::{Communicators, use_nccl_memory};
+    /// use gpu_pool::{Device, PoolError, set_buffer_pool_config, Stream};
     /// let gpus = [Device::cuda(0)?, Device::cuda(1)?];
     /// for gpu in &gpus {
     ///     set_buffer_pool_config(gpu, 256 << 20, 1)?; // the same on every rank
@@ -2079,7 +2079,7 @@ impl StackMemory for NcclMemory {
 /// `StackMemoryRegistered` while it is registered.
 ///
 /// ```no_run
-/// use gpu_pool_runtime::{Device, PoolError, nccl};
+/// use gpu_pool::{Device, nccl, PoolError};
 /// let gpu = Device::cuda(0)?;
 /// nccl::use_nccl_memory(&gpu)?; // before the first stream
 /// # Ok::<(), PoolError>(())
@@ -2109,7 +2109,7 @@ pub fn use_nccl_memory(device: &Device) -> Result<(), PoolError> {
 /// (`ConfigInUse` otherwise; `StackMemoryRegistered` while registered).
 ///
 /// ```no_run
-/// use gpu_pool_runtime::{Device, PoolError, nccl};
+/// use gpu_pool::{Device, nccl, PoolError};
 /// let gpu = Device::cuda(0)?;
 /// nccl::use_nccl_memory(&gpu)?;
 /// nccl::use_driver_memory(&gpu)?;

@@ -16,7 +16,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::thread;
-//! use gpu_pool_runtime::{Device, GpuRead, GpuWrite, SharedMat, Stream};
+//! use gpu_pool::{Device, GpuRead, GpuWrite, shared::SharedMat, Stream};
 //! let device = Device::host();
 //! let loader = Stream::new(&device)?;
 //! let mut weights = SharedMat::<f32>::new(&device, 4, 8)?;
@@ -27,13 +27,13 @@
 //!     thread::spawn(move || {
 //!         let stream = Stream::new(&device)?;       // ... read on others, on other threads
 //!         let w = weights.read(&stream)?;
-//!         Ok::<f32, gpu_pool_runtime::PoolError>(w.to_vec()?.iter().sum())
+//!         Ok::<f32, gpu_pool::PoolError>(w.to_vec()?.iter().sum())
 //!     })
 //! });
 //! for sum in sums {
 //!     assert_eq!(sum.join().unwrap()?, 16.0);
 //! }
-//! # Ok::<(), gpu_pool_runtime::PoolError>(())
+//! # Ok::<(), gpu_pool::PoolError>(())
 //! ```
 //!
 //! Inside a [`Stream::capture`](crate::Stream::capture), an access is recorded into the graph: the
@@ -120,7 +120,7 @@ impl<T: Pod> SharedMat<T> {
         data: &[T],
     ) -> Result<SharedMat<T>, PoolError> {
         let mut mat = SharedMat::new(stream.device(), rows, cols)?;
-        mat.write(stream)?.view_mut().upload(data)?;
+        mat.write(stream)?.whole_mut().upload(data)?;
         Ok(mat)
     }
 
@@ -305,8 +305,8 @@ pub struct SharedWrite<'a, T> {
 }
 
 impl<'a, T> SharedRead<'a, T> {
-    /// The memory as a view on the guard's stream.
-    pub fn view(&self) -> GpuView<'_, T> {
+    /// The memory as a view on the guard's stream: [`GpuRead::view`](crate::GpuRead::view).
+    pub(crate) fn whole(&self) -> GpuView<'_, T> {
         let stream = self.access.stream;
         GpuView::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }
@@ -318,14 +318,15 @@ impl<'a, T> SharedRead<'a, T> {
 }
 
 impl<'a, T> SharedWrite<'a, T> {
-    /// The memory as a view on the guard's stream.
-    pub fn view(&self) -> GpuView<'_, T> {
+    /// The memory as a view on the guard's stream: [`GpuRead::view`](crate::GpuRead::view).
+    pub(crate) fn whole(&self) -> GpuView<'_, T> {
         let stream = self.access.stream;
         GpuView::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }
 
-    /// The memory as a writable view on the guard's stream.
-    pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+    /// The memory as a writable view on the guard's stream:
+    /// [`GpuWrite::view_mut`](crate::GpuWrite::view_mut).
+    pub(crate) fn whole_mut(&mut self) -> GpuViewMut<'_, T> {
         let stream = self.access.stream;
         GpuViewMut::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }

@@ -2,6 +2,7 @@
 //! over between streams, and reconfiguring.
 
 use crate::common::each_device;
+use gpu_pool::GpuRead;
 use gpu_pool::{
     BufferPool, Device, FallbackReason, PoolError, Source, Stream, config::Fallback,
     config::Packing, config::PoolConfig, set_buffer_pool_config,

@@ -342,6 +342,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn a_capture_reserves_what_its_packed_buffers_used() -> Result<(), crate::PoolError> {
+        use crate::GpuRead;
         let device = crate::Device::private_host();
         let stream = crate::Stream::new(&device)?;
         let pool = crate::BufferPool::new(&stream);

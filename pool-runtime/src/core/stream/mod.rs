@@ -45,17 +45,17 @@ use work::Waits;
 /// A stream of work on a device, with the stack that its temporary buffers come from.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, Stream};
+/// use gpu_pool::{Device, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// assert_eq!(stream.device(), &Device::host());
 /// stream.synchronize()?;
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 ///
 /// `Stream` is `Send` but not `Sync`:
 /// ```compile_fail
 /// fn shared<T: Sync>() {}
-/// shared::<gpu_pool_runtime::Stream>();
+/// shared::<gpu_pool::Stream>();
 /// ```
 pub struct Stream {
     device: Device,
@@ -412,7 +412,7 @@ impl Stream {
     /// use, so it is not lowered then (the other figures are reset).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, Stream};
     /// let stream = Stream::new(&Device::private_host())?;
     /// let pool = BufferPool::new(&stream);
     /// let kept = pool.get_buffer_1d::<u8>(1000)?;   // 1024 bytes of stack
@@ -423,7 +423,7 @@ impl Stream {
     /// assert_eq!((stats.stack_high_water, stats.peak_demand), (1024, 1024));
     /// assert_eq!(stats.peak_at, None);
     /// drop(kept);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn reset_peak(&self) {
         let top = self.stack.get().map_or(0, Stack::top);

@@ -47,9 +47,9 @@ impl Stream {
     /// [`peak_demand`](crate::StreamStats::peak_demand) sees the work as any other.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, Stream};
     /// let stream = Stream::new(&Device::host())?;
-    /// let (sum, sizing) = stream.measure(|s| -> Result<usize, gpu_pool_runtime::PoolError> {
+    /// let (sum, sizing) = stream.measure(|s| -> Result<usize, gpu_pool::PoolError> {
     ///     let pool = BufferPool::new(s);
     ///     let image = pool.get_buffer::<u8>(1080, 1920)?; // 1080 rows of 2048 bytes
     ///     let row = pool.get_buffer_1d::<f32>(1920)?;     // 7680 bytes
@@ -58,7 +58,7 @@ impl Stream {
     /// assert_eq!(sum?, 1080 * 1920 + 1920);
     /// assert_eq!(sizing.stack_bytes, 1080 * 2048 + 7680);
     /// assert_eq!((sizing.buffers, sizing.fallbacks), (2, 0));
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     ///
     /// [`Device::footprint`]: crate::Device::footprint
