@@ -24,7 +24,7 @@
 //! # Layers
 //! Each module has a rank and imports only modules of a lower rank, never one of its own, so no
 //! import cycle can form. `tests/layers.rs` reads the table below and checks every path into the
-//! crate against it, the names re-exported here included (`crate::LentSlice` is an import of
+//! crate against it, the names re-exported here included (`crate::interop::LentSlice` is an import of
 //! `device_memory`); only `#[cfg(test)] mod` blocks may look anywhere. Every module file is named
 //! once (a file under a module's directory is `dir::file`), or belongs to its nearest named parent
 //! (`stream/lease.rs` is part of `stream`): a new module is one more name in a row, or a row of its
@@ -32,20 +32,20 @@
 //!
 //! | rank | modules | what they hold |
 //! |---:|---|---|
-//! | 1 | `source`, `id`, `unique`, `sync`, `holders` | vocabulary: [`Source`], [`DeviceId`], ids, the lock; idle memory and who holds it ([`Reclaimed`]) |
+//! | 1 | `source`, `id`, `unique`, `sync`, `holders` | vocabulary: [`Source`], [`DeviceId`], ids, the lock; idle memory and who holds it ([`Reclaimed`](alloc::Reclaimed)) |
 //! | 2 | `error` | [`PoolError`] |
 //! | 3 | `layout` | how a shape becomes bytes: the pitch and alignment rules |
-//! | 4 | `config` | [`PoolConfig`], `GPU_POOL_CONF`: the one settings lookup |
+//! | 4 | `config` | [`PoolConfig`](config::PoolConfig), `GPU_POOL_CONF`: the one settings lookup |
 //! | 5 | `stats`, `record` | counters and their snapshots; the opt-in event ring |
 //! | 7 | `backend` | what a backend does: allocate, copy, fill, streams and events |
 //! | 8 | `backend::host`, `backend::cuda`, `storage` | backends; counted driver calls |
-//! | 9 | `stack`, `allocator`, `capturing` | a stream's bump stack; [`GpuAllocator`] and fallbacks; what a capture asks of every stream |
+//! | 9 | `stack`, `allocator`, `capturing` | a stream's bump stack; [`GpuAllocator`](alloc::GpuAllocator) and fallbacks; what a capture asks of every stream |
 //! | 10 | `arena`, `pinned`, `ledger` | one allocation cut into a device's stacks; page-locked memory freed once its copies are done; what a stream shares with its device (counters, peak and fallback sites, recording, its stack's idle memory) |
 //! | 11 | `device` | the composition root: storage, stack arena, settings, stream ledgers |
-//! | 12 | `caching` | [`CachingPool`], made for a device |
+//! | 12 | `caching` | [`CachingPool`](alloc::CachingPool), made for a device |
 //! | 13 | `stream` | [`Stream`]: the take and give-back (`stream/lease.rs`), its work, its captures |
 //! | 14 | `view`, `graph`, `pplcv`, `symmetric` | views and regions; CUDA graphs; ppl.cv's pool; the symmetric-stack check |
-//! | 15 | `buffer`, `mix`, `shared`, `host_mem` | [`GpuMat`], [`BufferPool`]; [`MixMemory`]; [`SharedMat`], memory no stream owns; [`HostMem`], page-locked memory for asynchronous copies |
+//! | 15 | `buffer`, `mix`, `shared`, `host_mem` | [`GpuMat`], [`BufferPool`]; [`MixMemory`](compat::mix::MixMemory); [`SharedMat`](shared::SharedMat), memory no stream owns; [`HostMem`], page-locked memory for asynchronous copies |
 //! | 16 | `frame` | what the DSL expands to |
 //! | 17 | `device_memory`, `kernel_args`, `blas` | CUDA interop: views lent to cudarc; kernel arguments; cuBLAS handles |
 //! | 18 | `access` | [`GpuRead`] / [`GpuWrite`]: one parameter type for every kind of buffer |
@@ -68,7 +68,7 @@
 //! memory goes back once.
 //!
 //! # Memory no stream owns
-//! A [`SharedMat`] holds a `SharedMemory` (`stream/sharing.rs`): a driver allocation and the
+//! A [`SharedMat`](shared::SharedMat) holds a `SharedMemory` (`stream/sharing.rs`): a driver allocation and the
 //! events of its last write and of each stream's reads since. An access names its stream; it
 //! begins by making that stream wait for the accesses it conflicts with and ends by recording an
 //! event there. Inside a capture the host waits instead, and each replay of the graph is an access

@@ -54,7 +54,7 @@ pub struct CachingStats {
     /// Blocks handed out and not yet freed.
     pub active_blocks: usize,
     /// Bytes the requests of the blocks handed out and not yet freed asked for (each request's
-    /// [`AllocRequest::bytes`](crate::AllocRequest::bytes), before rounding to its bin): PyOpenCL's
+    /// [`AllocRequest::bytes`](crate::alloc::AllocRequest::bytes), before rounding to its bin): PyOpenCL's
     /// `active_bytes`.
     pub active_requested_bytes: usize,
     /// Bytes of the blocks handed out and not yet freed, each its bin's size: what the device

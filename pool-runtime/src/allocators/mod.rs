@@ -42,7 +42,7 @@ pub struct AllocRequest {
     pub stack_free: usize,
     /// Bytes of the stream's stack (0 without one).
     pub stack_size: usize,
-    /// `align_of::<T>()` (at most [`MAX_ELEMENT_ALIGN`](crate::MAX_ELEMENT_ALIGN)): the address
+    /// `align_of::<T>()` (at most [`MAX_ELEMENT_ALIGN`](crate::config::MAX_ELEMENT_ALIGN)): the address
     /// and the pitch returned must be multiples of it.
     pub align: usize,
 }

@@ -81,7 +81,7 @@ pub enum PoolError {
         type_name: &'static str,
         /// `align_of` the element type.
         align: usize,
-        /// [`MAX_ELEMENT_ALIGN`](crate::MAX_ELEMENT_ALIGN).
+        /// [`MAX_ELEMENT_ALIGN`](crate::config::MAX_ELEMENT_ALIGN).
         max: usize,
     },
 
@@ -92,7 +92,7 @@ pub enum PoolError {
         reason: String,
     },
 
-    /// A [`GpuAllocator`](crate::GpuAllocator) answered against its contract (a null address, a
+    /// A [`GpuAllocator`](crate::alloc::GpuAllocator) answered against its contract (a null address, a
     /// pitch below the row width, or memory not aligned for the element type). Its answer was
     /// given back, not used.
     #[error("allocator contract broken{at}: {reason}", at = request_at(.context))]
@@ -189,7 +189,7 @@ pub enum PoolError {
         /// Why the stack could not serve it.
         reason: FallbackReason,
         /// The buffer request: the `buffer!` or runtime call that asked, and its stream (attached
-        /// by the stream; [`NoFallback`](crate::NoFallback) leaves it `None`).
+        /// by the stream; [`NoFallback`](crate::alloc::NoFallback) leaves it `None`).
         context: Option<RequestContext>,
     },
 
@@ -354,7 +354,7 @@ pub enum PoolError {
         device: DeviceId,
     },
 
-    /// Two ranks' stacks laid their blocks out differently ([`check_symmetric`](crate::check_symmetric)).
+    /// Two ranks' stacks laid their blocks out differently ([`check_symmetric`](crate::observe::check_symmetric)).
     #[error(
         "the stacks are not symmetric: rank {rank} took {takes} block(s), its top at offset {top}, \
          layout digest {digest:#018x}; rank 0 took {takes0}, its top at {top0}, digest \
@@ -501,7 +501,7 @@ pub enum PoolError {
         stream: u64,
     },
 
-    /// A graph replay would access [`SharedMat`](crate::SharedMat) memory while a conflicting
+    /// A graph replay would access [`SharedMat`](crate::shared::SharedMat) memory while a conflicting
     /// access of it through a guard is still open on another stream (a write, for a replay that
     /// reads; any access, for a replay that writes). The guard's work is not all queued yet, so
     /// nothing can order the replay after it; nothing was queued.
@@ -628,7 +628,7 @@ impl PoolError {
     /// [`CaptureNeedsStack`](PoolError::CaptureNeedsStack),
     /// [`AllocatorContract`](PoolError::AllocatorContract)), where a buffer asked: `None` for
     /// other errors, and for memory that was not for a buffer (the stacks themselves,
-    /// [`MixMemory`](crate::MixMemory), the ppl.cv pool, the stack a capture keeps).
+    /// [`MixMemory`](crate::compat::mix::MixMemory), the ppl.cv pool, the stack a capture keeps).
     ///
     /// ```
     /// use gpu_pool::{BufferPool, Device, PoolError, Stream};

@@ -27,7 +27,7 @@ pub enum FallbackReason {
     NoStack,
     /// The request is larger than a whole stack.
     TooLarge,
-    /// Pooling is off ([`crate::set_buffer_pool_usage`]`(false)`), or the stream has a custom allocator.
+    /// Pooling is off ([`crate::config::set_buffer_pool_usage`]`(false)`), or the stream has a custom allocator.
     Disabled,
     /// The device had no memory for the stacks when the stream was made (OpenCV makes the stream
     /// all the same and serves it from the default allocator; so does gpu-pool). Streams made

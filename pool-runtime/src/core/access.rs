@@ -44,7 +44,7 @@ use crate::{
 };
 
 /// Device memory a function reads: a [`GpuMat`], a `buffer!` handle, a view or region, or a read
-/// of a [`SharedMat`](crate::SharedMat). Take it as `src: &impl GpuRead<T>`.
+/// of a [`SharedMat`](crate::shared::SharedMat). Take it as `src: &impl GpuRead<T>`.
 ///
 /// Only [`view`](Self::view) is implemented by each type; every other method works on the view,
 /// so all of them behave alike.
@@ -164,7 +164,7 @@ pub trait GpuRead<T: Pod> {
 }
 
 /// Device memory a function fills: a [`GpuMat`], a `buffer!` handle, a writable view or region,
-/// or a write of a [`SharedMat`](crate::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
+/// or a write of a [`SharedMat`](crate::shared::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
 pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// The memory as a writable view, queued on its stream.
     fn view_mut(&mut self) -> GpuViewMut<'_, T>;
@@ -179,7 +179,7 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
 
     /// Copies `data` (`rows * cols` elements, row-major) in, on the memory's stream, and waits
     /// until `data` has been read: `data` may be changed or freed as soon as this returns, even if
-    /// it is page-locked memory (such as [`MixMemory::cpu`](crate::MixMemory::cpu)'s), which the
+    /// it is page-locked memory (such as [`MixMemory::cpu`](crate::compat::mix::MixMemory::cpu)'s), which the
     /// driver copies asynchronously. A region's rows are written without touching its parent's
     /// other columns, so a varying batch can fill the first rows of a fixed buffer.
     ///

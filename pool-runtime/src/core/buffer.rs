@@ -14,7 +14,7 @@ use crate::view::{GpuView, GpuViewMut, Keeper, Window};
 /// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`).
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, Source, Stream};
+/// use gpu_pool::{BufferPool, Device, GpuRead, Source, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let pool = BufferPool::new(&stream);
 /// let image = pool.get_buffer::<[u8; 3]>(480, 640)?;    // 2D, pitched
@@ -42,7 +42,7 @@ impl<'s> BufferPool<'s> {
     }
 
     /// A `rows x cols` buffer. With more than one row and column it is pitched: its
-    /// [`step`](GpuMat::step) is `cols * size_of::<T>()` rounded up to the texture alignment. A single
+    /// [`step`](crate::GpuRead::step) is `cols * size_of::<T>()` rounded up to the texture alignment. A single
     /// row or column is contiguous. No element is initialised by the pool.
     ///
     /// From the stack when it fits (no lock, no heap allocation, no driver call), else from the

@@ -139,7 +139,7 @@ pub enum Fallback {
     /// `cuMemAllocFromPoolAsync`/`cuMemFreeAsync` on the buffer's stream, from a memory pool of our
     /// own with its release threshold raised. The default where the device supports it.
     StreamOrdered,
-    /// The device's binned [`CachingPool`](crate::CachingPool): freed blocks are held and reused by
+    /// The device's binned [`CachingPool`](crate::alloc::CachingPool): freed blocks are held and reused by
     /// requests of the same size bin, with no driver call.
     Caching,
     /// No fallback: a request the stack cannot serve is `PoolError::StackExhausted`.
@@ -168,7 +168,7 @@ impl Fallback {
 /// of the examples' stacks is smaller for it: BENCHMARKS.md, section P).
 ///
 /// ```
-/// use gpu_pool::{BufferPool, config::Packing, Device, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, GpuRead, PoolError, Stream, config::Packing};
 /// let device = Device::private_host();
 /// assert_eq!(device.packing()?, Packing::Cuda);
 /// let stream = Stream::new(&device)?;

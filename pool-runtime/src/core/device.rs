@@ -52,7 +52,7 @@ pub(crate) struct DeviceInner {
     pub(crate) live_peak: DevicePeak,
     /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
     pub(crate) pinned_frees: DeferredFrees,
-    /// The [`CachingPool`](crate::CachingPool) behind `Fallback::Caching`, made at first use by
+    /// The [`CachingPool`](crate::alloc::CachingPool) behind `Fallback::Caching`, made at first use by
     /// `caching.rs` (which is above the device: its constructors take one), so held as `Any`.
     caching: OnceLock<Arc<dyn Any + Send + Sync>>,
 }
@@ -271,7 +271,7 @@ impl Device {
     /// `UnsupportedAlignment`.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
     /// let device = Device::private_host();
     /// let image = device.footprint::<[u8; 3]>(480, 640)?;
     /// assert_eq!((image.bytes, image.step, image.align), (480 * 2048, 2048, 512));
@@ -492,7 +492,7 @@ impl Device {
     }
 
     /// Records the last `events_per_stream` takes and releases of each stream made from now on (0:
-    /// none), for [`timeline`](crate::timeline)'s exports. Off by default; `GPU_POOL_CONF=record=N`
+    /// none), for [`timeline`](crate::observe::timeline)'s exports. Off by default; `GPU_POOL_CONF=record=N`
     /// turns it on for every device. A stream that does not record pays nothing for it.
     ///
     /// ```

@@ -56,7 +56,7 @@ impl Block {
 /// many blocks, where its top is, and a digest of every block's offset and end in order. Two
 /// stacks with equal traces laid out the same blocks at the same offsets, which is what symmetric
 /// memory (NCCL windows) asks of every rank. Made by [`Stream::layout_trace`](crate::Stream::layout_trace)
-/// in builds with debug assertions; compared by [`check_symmetric`](crate::check_symmetric).
+/// in builds with debug assertions; compared by [`check_symmetric`](crate::observe::check_symmetric).
 ///
 /// ```
 /// use gpu_pool::{BufferPool, Device, PoolError, Stream};

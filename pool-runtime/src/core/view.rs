@@ -132,11 +132,11 @@ pub struct GpuViewMut<'a, T> {
 /// Whose order a view's memory follows, which decides how work on it is queued.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Keeper<'a> {
-    /// No stream's (a [`MixMemory`](crate::MixMemory)'s device side): kernel arguments only.
+    /// No stream's (a [`MixMemory`](crate::compat::mix::MixMemory)'s device side): kernel arguments only.
     Unordered,
     /// A buffer of this pool stream, whose memory is reused in the stream's order.
     Stream(&'a Stream),
-    /// Shared memory accessed on this stream ([`SharedMat`](crate::SharedMat)).
+    /// Shared memory accessed on this stream ([`SharedMat`](crate::shared::SharedMat)).
     Shared(&'a Stream),
 }
 
@@ -191,7 +191,7 @@ macro_rules! view_common {
                 self.window.is_continuous::<T>()
             }
             /// The stream work on this view is queued on; `None` for memory of no stream (a
-            /// [`MixMemory`](crate::MixMemory)'s device side).
+            /// [`MixMemory`](crate::compat::mix::MixMemory)'s device side).
             #[must_use]
             pub fn stream(&self) -> Option<&'a Stream> {
                 self.keeper.stream()
@@ -277,7 +277,7 @@ impl<'a, T: Pod> GpuView<'a, T> {
     /// the `rows()` slices holds `cols()` elements, zero-sized ones included (they take no memory).
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let units = BufferPool::new(&stream).get_buffer::<()>(3, 4)?;
     /// let lens: Vec<usize> = units.view().host_rows()?.map(|row| row.len()).collect();

@@ -230,7 +230,7 @@ pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// Runs `work` with `blas` working in a pool buffer: the handle's workspace is `workspace` while
 /// `work` runs (`cublasSetWorkspace`), and its own again when `work` returns (or unwinds). A
 /// [`Blas`]'s own workspace already keeps captured GEMMs free of allocations; this puts the
-/// workspace where the graph's other buffers are instead (a [`GraphFamily`](crate::GraphFamily)'s
+/// workspace where the graph's other buffers are instead (a [`GraphFamily`](crate::graph::GraphFamily)'s
 /// shared region, say), so the graph holds it like them. Feature `cublas`.
 ///
 /// A closure rather than a guard: a guard could be forgotten (`mem::forget`), leaving the handle

@@ -35,7 +35,7 @@
 //! let stream = Stream::new(&Device::cuda(0)?)?;
 //! let mut x = BufferPool::new(&stream).get_buffer_1d::<f32>(1024)?;
 //! x.set_to(1.0)?;
-//! let cuda = stream.cuda_stream().unwrap();
+//! let cuda = stream.cudarc()?;
 //! let host: Vec<f32> = cuda.clone_dtoh(&x.as_cudarc()?)?; // cudarc's own copy
 //! assert_eq!(host, vec![1.0; 1024]);
 //! # Ok(()) }

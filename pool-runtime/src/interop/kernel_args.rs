@@ -1,8 +1,9 @@
-//! Pool buffers as arguments of cudarc kernel launches: `stream.launch_builder(&f).arg(&mat)`.
+//! Pool buffers as arguments of cudarc kernel launches: `.buf(&src).buf_mut(&mut dst)`
+//! ([`LaunchArgsExt`]).
 //!
 //! A buffer is passed as its device address (a `u64`, what a kernel's `T*` parameter receives).
-//! cudarc cannot build its own views from raw pointers, so the buffers implement its
-//! `PushKernelArg` instead.
+//! `.buf` / `.buf_mut` take any [`GpuRead`] / [`GpuWrite`]; the concrete buffer types also
+//! implement cudarc's `PushKernelArg` (`.arg(&mat)`), which a generic `&impl GpuRead<T>` cannot.
 //!
 //! A 2D kernel takes a buffer with its shape as one parameter: [`Pitched`] (read-only, from
 //! `.pitched()`) or [`PitchedMut`] (from `.pitched_mut()`, for outputs) carry the address, the step
@@ -12,6 +13,7 @@
 //!
 //! ```no_run
 //! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::interop::LaunchArgsExt;
 //! use gpu_pool::interop::cudarc::driver::{LaunchConfig, PushKernelArg};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;
@@ -19,11 +21,11 @@
 //! let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(
 //!     r#"extern "C" __global__ void one(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = 1.0f; }"#,
 //! )?;
-//! let f = gpu.cuda_context().unwrap().load_module(ptx)?.load_function("one")?;
+//! let f = gpu.cudarc()?.load_module(ptx)?.load_function("one")?;
 //! let mut x = BufferPool::new(&stream).get_buffer_1d::<f32>(256)?;
 //! let n = 256i32;
 //! // SAFETY: `one` takes (float*, int) and writes n floats, which `x` holds.
-//! unsafe { stream.cuda_stream().unwrap().launch_builder(&f).arg(&mut x).arg(&n).launch(LaunchConfig::for_num_elems(256))? };
+//! unsafe { stream.cudarc()?.launch_builder(&f).buf_mut(&mut x).arg(&n).launch(LaunchConfig::for_num_elems(256))? };
 //! assert!(x.to_vec()?.iter().all(|&v| v == 1.0));
 //! # Ok(()) }
 //! ```
@@ -31,8 +33,9 @@
 //! With the shape in the argument:
 //!
 //! ```no_run
-//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, interop::{PITCHED_H, grid_2d}, Stream};
-//! use gpu_pool::interop::cudarc::driver::PushKernelArg;
+//! use gpu_pool::interop::{PITCHED_H, grid_2d};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::interop::LaunchArgsExt;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;
 //! let stream = Stream::new(&gpu)?;
@@ -42,12 +45,12 @@
 //!     if (r < m.rows && c < m.cols) m(r, c) = r * 1000.0f + c;
 //! }"#);
 //! let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(src)?;
-//! let f = gpu.cuda_context().unwrap().load_module(ptx)?.load_function("index")?;
+//! let f = gpu.cudarc()?.load_module(ptx)?.load_function("index")?;
 //! let mut m = BufferPool::new(&stream).get_buffer::<f32>(30, 70)?;
 //! let grid = grid_2d(m.rows(), m.cols())?;
 //! let arg = m.pitched_mut();
 //! // SAFETY: `index` takes one `Pitched<float>` and writes only inside its rows and columns.
-//! unsafe { stream.cuda_stream().unwrap().launch_builder(&f).arg(&arg).launch(grid)? };
+//! unsafe { stream.cudarc()?.launch_builder(&f).pitched(&arg).launch(grid)? };
 //! assert_eq!(m.to_vec()?[70 + 3], 1003.0);
 //! # Ok(()) }
 //! ```

@@ -1547,7 +1547,7 @@ impl Drop for Registered<'_, '_> {
 /// ([`Communicators::group`]). `'b` is how long the buffers stay borrowed: past the group's end.
 ///
 /// Each call names its rank and takes that rank's buffers: a `buffer!`, a `GpuMat`, a view or a
-/// [`SharedMat`](crate::SharedMat) access of the rank's own stream (`PoolError::Unsupported`
+/// [`SharedMat`](crate::shared::SharedMat) access of the rank's own stream (`PoolError::Unsupported`
 /// for memory of another stream, `NotContinuous` for a region narrower than its buffer).
 pub struct Group<'b> {
     /// The ranks this process holds.

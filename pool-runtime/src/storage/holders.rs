@@ -23,7 +23,7 @@ pub(crate) struct GaveBack {
     pub(crate) deferred: bool,
 }
 
-/// Idle memory of one holder: what [`DeviceStats::idle_holders`](crate::DeviceStats::idle_holders)
+/// Idle memory of one holder: what [`DeviceStats::idle_holders`](crate::observe::DeviceStats::idle_holders)
 /// lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -62,7 +62,7 @@ pub struct Stream {
     raw: RawStream,
     /// The device's texture alignment, kept here so the hot path makes no virtual call.
     texture_alignment: usize,
-    /// The device's [`Packing`](crate::Packing) when the stream was made, as a block alignment.
+    /// The device's [`Packing`](crate::config::Packing) when the stream was made, as a block alignment.
     packing: usize,
     ledger: Arc<Ledger>,
     stack: OnceCell<Stack>,
@@ -266,7 +266,7 @@ impl Stream {
 
     /// What this stream's stack has handed out since the stream got it (see [`LayoutTrace`]), to
     /// check that ranks running the same pooled work take the same offsets
-    /// ([`check_symmetric`](crate::check_symmetric)). `None` before the stream's first stack
+    /// ([`check_symmetric`](crate::observe::check_symmetric)). `None` before the stream's first stack
     /// buffer, for a stream without a stack, and in builds without debug assertions (the take
     /// records nothing there).
     #[must_use]
