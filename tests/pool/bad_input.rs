@@ -240,3 +240,19 @@ fn a_caching_pool_serves_only_its_own_device() -> Result<(), PoolError> {
     assert_eq!(gpu_pool::testing::host_live_bytes(&b), Some(0));
     Ok(())
 }
+
+/// The host backend has no cudarc stream or context: asking for one is `PoolError::Unsupported`
+/// saying what to do instead (it was a bare `None`).
+#[cfg(feature = "cuda")]
+#[test]
+fn cudarc_on_the_host_is_unsupported_and_says_what_to_do() -> Result<(), PoolError> {
+    let device = Device::host();
+    let stream = Stream::new(&device)?;
+    let stream_err = stream.cudarc().expect_err("the host has no cudarc stream");
+    let device_err = device.cudarc().expect_err("the host has no cudarc context");
+    for (err, advice) in [(stream_err, "Device::cuda(n)"), (device_err, "CPU twins")] {
+        assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
+        assert!(err.to_string().contains(advice), "{err}");
+    }
+    Ok(())
+}

@@ -1214,3 +1214,100 @@ fn a_gemm_on_packed_buffers_matches_the_cpu() -> TestResult {
     assert!(worst < 1e-4);
     Ok(())
 }
+
+/// `.buf` / `.buf_mut` (`LaunchArgsExt`) push the address of the first element of whatever
+/// `GpuRead` / `GpuWrite` is implemented for, through a generic function as through concrete
+/// types, and `.pitched` pushes the 32-byte struct: each kernel sees the right memory.
+#[test]
+fn buf_and_buf_mut_push_the_address_of_every_kind_of_buffer() -> TestResult {
+    use gpu_pool::interop::LaunchArgsExt;
+    use gpu_pool::interop::cudarc::driver::{CudaFunction, LaunchConfig};
+    let Some((gpu, _lock)) = gpu("buf_and_buf_mut") else {
+        return Ok(());
+    };
+    let source = format!(
+        "{PITCHED_H}{}",
+        r#"
+extern "C" __global__ void axpy(const float* x, float* y, float a, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+extern "C" __global__ void rows(Pitched<const float> src, Pitched<float> dst) {
+    unsigned c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
+    if (dst.contains(r, c)) dst(r, c) = src(r, c) + r;
+}"#
+    );
+    let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(source)?;
+    let module = gpu.cudarc()?.load_module(ptx)?;
+    let (axpy, rows) = (module.load_function("axpy")?, module.load_function("rows")?);
+    let stream = Stream::new(&gpu)?;
+
+    fn generic(
+        s: &Stream,
+        f: &CudaFunction,
+        x: &impl GpuRead<f32>,
+        y: &mut impl GpuWrite<f32>,
+        a: f32,
+    ) -> TestResult {
+        let n = x.len() as u32;
+        let mut args = s.cudarc()?.launch_builder(f);
+        args.buf(x).buf_mut(y).arg(&a).arg(&n);
+        // SAFETY: `axpy` takes (const float*, float*, float, unsigned) and touches n elements of
+        // x and y, both n long.
+        unsafe { args.launch(LaunchConfig::for_num_elems(n)) }?;
+        Ok(())
+    }
+
+    let n = 1000usize;
+    let pool = BufferPool::new(&stream);
+    let x = GpuMat::from_host(&stream, 1, n, &(0..n).map(|i| i as f32).collect::<Vec<_>>())?;
+    let mut y = pool.get_buffer_1d::<f32>(n)?;
+    y.set_to(1.0)?;
+    generic(&stream, &axpy, &x, &mut y, 2.0)?; // concrete buffers through the generic function
+    let mut batch = pool.get_buffer::<f32>(4, n)?; // a region of a bigger buffer, as the output
+    batch.set_to(0.0)?;
+    generic(
+        &stream,
+        &axpy,
+        &y.view(),
+        &mut batch.row_range_mut(2..3)?,
+        1.0,
+    )?;
+    let got = batch.to_vec()?;
+    let wrong = (0..4 * n)
+        .filter(|&k| {
+            let (r, i) = (k / n, k % n);
+            let want = if r == 2 { 1.0 + 2.0 * i as f32 } else { 0.0 };
+            got[k] != want
+        })
+        .count();
+    eprintln!("buf_and_buf_mut: {wrong} wrong of {} elements", 4 * n);
+    assert_eq!(wrong, 0);
+
+    // `.pitched`: the struct, for a 2D kernel, from a region as input.
+    let (r, c) = (3usize, 40usize);
+    let src = batch.roi(1..4, 10..10 + c)?; // rows 1..4: 0, 1 + 2i, 0
+    let mut dst = pool.get_buffer::<f32>(r, c)?;
+    let (input, output) = (src.pitched(), dst.pitched_mut());
+    let grid = grid_2d(r, c)?;
+    // SAFETY: `rows` takes two Pitched<float> and writes only inside dst's rows and columns.
+    unsafe {
+        stream
+            .cudarc()?
+            .launch_builder(&rows)
+            .pitched(&input)
+            .pitched(&output)
+            .launch(grid)
+    }?;
+    let got = dst.to_vec()?;
+    for (k, v) in got.iter().enumerate() {
+        let (row, col) = (k / c, k % c);
+        let base = if row == 1 {
+            1.0 + 2.0 * (10 + col) as f32
+        } else {
+            0.0
+        };
+        assert_eq!(*v, base + row as f32, "({row}, {col})");
+    }
+    Ok(())
+}
