@@ -12,7 +12,11 @@ fn rust_blocks(markdown: &str, stop: &str) -> Vec<String> {
             break;
         }
         match (&mut current, line.trim_start().strip_prefix("```")) {
-            (None, Some(info)) if info.starts_with("rust") && !info.contains("compile_fail") => {
+            // A fence with no language is Rust to rustdoc.
+            (None, Some(info))
+                if (info.is_empty() || info.starts_with("rust"))
+                    && !info.contains("compile_fail") =>
+            {
                 current = Some(String::new());
             }
             (Some(block), Some(_)) => {
