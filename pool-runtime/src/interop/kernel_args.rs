@@ -122,8 +122,9 @@ unsafe impl<'a, 'b: 'a, 'h, 's, T> PushKernelArg<&'b mut Pooled<'h, 's, T>> for 
 /// what that code means.
 ///
 /// ```no_run
-/// use gpu_pool::prelude::*;
+/// use gpu_pool::interop::LaunchArgsExt; // in `gpu_pool::prelude` too
 /// use gpu_pool::interop::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+/// use gpu_pool::{GpuRead, GpuWrite};
 ///
 /// /// `dst = 2 * src` on `src`'s stream, for any kind of buffer.
 /// fn double(
