@@ -14,8 +14,9 @@ use std::cell::Cell;
 use std::hint::black_box;
 
 use criterion::BatchSize;
+use gpu_pool::compat::opencv::BufferPool;
 use gpu_pool::prelude::*;
-use gpu_pool::{Fallback, set_buffer_pool_config};
+use gpu_pool::{compat::opencv::set_buffer_pool_config, config::Fallback};
 
 /// The least a stack can do: an aligned bump, and a LIFO check on release.
 struct BareBump {
@@ -111,14 +112,15 @@ fn main() {
     drop(growable_pool.get_buffer_1d::<u8>(1024).expect("maps"));
     let fallback_device = Device::private_host();
     fallback_device.set_fallback(Fallback::Driver);
-    gpu_pool::set_buffer_pool_config(&fallback_device, 4096, 1).expect("valid config");
+    gpu_pool::compat::opencv::set_buffer_pool_config(&fallback_device, 4096, 1)
+        .expect("valid config");
     let full = Stream::new(&fallback_device).expect("host stream");
     let full_pool = BufferPool::new(&full);
     let _filler = full_pool
         .get_buffer_1d::<u8>(4096)
         .expect("fills the stack");
 
-    let cache = std::sync::Arc::new(gpu_pool::CachingPool::new(&fallback_device));
+    let cache = std::sync::Arc::new(gpu_pool::alloc::CachingPool::new(&fallback_device));
     let cached = Stream::with_allocator(&fallback_device, cache.clone()).expect("host stream");
     let cached_pool = BufferPool::new(&cached);
     drop(cached_pool.get_buffer_1d::<u8>(1024).expect("host memory")); // the one miss

@@ -13,8 +13,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use gpu_pool::compat::opencv::BufferPool;
 use gpu_pool::prelude::*;
-use gpu_pool::{AllocContext, AllocRequest, Allocation, GpuAllocator, set_buffer_pool_config};
+use gpu_pool::{
+    alloc::AllocContext, alloc::AllocRequest, alloc::Allocation, alloc::GpuAllocator,
+    compat::opencv::set_buffer_pool_config,
+};
 use support::Stages;
 use support::kernels::pattern;
 

@@ -10,7 +10,7 @@
 
 mod support;
 
-use gpu_pool::MixMemory;
+use gpu_pool::compat::mix::MixMemory;
 use gpu_pool::prelude::*;
 use support::Stages;
 use support::kernels::affine_relu_of;

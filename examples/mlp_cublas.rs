@@ -8,6 +8,7 @@
 
 mod support;
 
+use gpu_pool::compat::opencv::GpuMat;
 use gpu_pool::prelude::*;
 use support::dense::{BATCH, IN, OUT, dense_relu, engine, largest_difference, parameters};
 

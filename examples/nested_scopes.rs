@@ -9,8 +9,8 @@
 
 mod support;
 
+use gpu_pool::compat::opencv::set_buffer_pool_config;
 use gpu_pool::prelude::*;
-use gpu_pool::set_buffer_pool_config;
 use support::Stages;
 use support::kernels::pattern;
 
@@ -56,7 +56,7 @@ fn frame(stages: &Stages, stream: &Stream, seed: i32) -> Result<usize, PoolError
 /// What one thread saw.
 struct Outcome {
     wrong: usize,
-    stats: gpu_pool::StreamStats,
+    stats: gpu_pool::observe::StreamStats,
     driver_calls_after_first_frame: u64,
 }
 

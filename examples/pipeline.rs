@@ -11,8 +11,9 @@
 
 mod support;
 
+use gpu_pool::compat::opencv::GpuMat;
+use gpu_pool::compat::opencv::set_buffer_pool_config;
 use gpu_pool::prelude::*;
-use gpu_pool::set_buffer_pool_config;
 use support::Stages;
 
 const ROWS: usize = 4096;
@@ -38,7 +39,7 @@ fn gray_threshold(
     Ok(())
 } // binary, then gray, go back to the stack: nothing reaches the driver
 
-/// This example's own kernel, in CUDA C++ after `gpu_pool::PITCHED_H`: one thread a pixel, inside
+/// This example's own kernel, in CUDA C++ after `gpu_pool::interop::PITCHED_H`: one thread a pixel, inside
 /// both images.
 const THRESHOLD: &str = r#"
 extern "C" __global__ void threshold(Pitched<const unsigned char> src, Pitched<unsigned char> dst, unsigned char t) {
@@ -50,7 +51,7 @@ extern "C" __global__ void threshold(Pitched<const unsigned char> src, Pitched<u
 /// `THRESHOLD` compiled with nvrtc, on a CUDA device.
 struct Threshold {
     #[cfg(feature = "cuda")]
-    function: Option<gpu_pool::cudarc::driver::CudaFunction>,
+    function: Option<gpu_pool::interop::cudarc::driver::CudaFunction>,
 }
 
 impl Threshold {
@@ -59,10 +60,10 @@ impl Threshold {
         let _ = (device, THRESHOLD); // the host backend runs the CPU twin
         Ok(Threshold {
             #[cfg(feature = "cuda")]
-            function: match device.cuda_context() {
+            function: match device.cudarc().ok() {
                 Some(ctx) => {
-                    let source = format!("{}{THRESHOLD}", gpu_pool::PITCHED_H);
-                    let ptx = gpu_pool::cudarc::nvrtc::compile_ptx(source)?;
+                    let source = format!("{}{THRESHOLD}", gpu_pool::interop::PITCHED_H);
+                    let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(source)?;
                     Some(ctx.load_module(ptx)?.load_function("threshold")?)
                 }
                 None => None,
@@ -80,9 +81,9 @@ fn threshold(
     t: u8,
 ) -> Result<(), PoolError> {
     #[cfg(feature = "cuda")]
-    if let (Some(f), Some(cuda)) = (&kernel.function, stream.cuda_stream()) {
-        use gpu_pool::cudarc::driver::PushKernelArg;
-        let grid = gpu_pool::grid_2d(dst.rows(), dst.cols())?;
+    if let (Some(f), Some(cuda)) = (&kernel.function, stream.cudarc().ok()) {
+        use gpu_pool::interop::cudarc::driver::PushKernelArg;
+        let grid = gpu_pool::interop::grid_2d(dst.rows(), dst.cols())?;
         // SAFETY: `threshold` takes (Pitched<const unsigned char>, Pitched<unsigned char>,
         // unsigned char) and touches only pixels inside both images; the arguments borrow
         // buffers of this stream's device that only this stream's later work reuses.

@@ -6,8 +6,9 @@
 
 mod support;
 
+use gpu_pool::compat::opencv::set_buffer_pool_config;
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
-use gpu_pool::set_buffer_pool_config;
 use support::Stages;
 
 const ROWS: usize = 4096;

@@ -7,7 +7,8 @@
 
 mod support;
 
-use gpu_pool::pplcv::{
+use gpu_pool::compat::opencv::GpuMat;
+use gpu_pool::compat::pplcv::{
     GpuMemoryBlock, activate_gpu_memory_pool_on, ceil_2d_volume, memory_pool_used,
     ppl_cuda_malloc_pitch, shutdown_gpu_memory_pool,
 };
@@ -37,12 +38,21 @@ mod library {
 
         /// The intermediate as a kernel's output, `rows x cols` floats.
         #[cfg(feature = "cuda")]
-        fn pitched_mut(&mut self, rows: usize, cols: usize) -> gpu_pool::PitchedMut<'_, f32> {
+        fn pitched_mut(
+            &mut self,
+            rows: usize,
+            cols: usize,
+        ) -> gpu_pool::interop::PitchedMut<'_, f32> {
             match self {
                 // SAFETY: the block holds `rows` rows of `cols` floats at its pitch (asked for in
                 // `new`) and is borrowed, so it stays allocated, while the argument lives.
                 Scratch::Pool(b) => unsafe {
-                    gpu_pool::PitchedMut::from_raw_parts(b.device_ptr(), b.pitch(), rows, cols)
+                    gpu_pool::interop::PitchedMut::from_raw_parts(
+                        b.device_ptr(),
+                        b.pitch(),
+                        rows,
+                        cols,
+                    )
                 },
                 Scratch::Own(m) => m.pitched_mut(),
             }
@@ -107,7 +117,7 @@ mod library {
         };
         #[cfg(feature = "cuda")]
         if let Some(k) = stages.kernels() {
-            let s = stream.cuda_stream().expect("CUDA stream");
+            let s = stream.cudarc().expect("CUDA stream");
             // SAFETY: the three buffers hold rows x cols of their element; the intermediate lives
             // until this function returns, after the stream has queued both kernels (ppl.cv's
             // reuse is in host order, on one stream), and `dst` is borrowed mutably meanwhile.

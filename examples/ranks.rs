@@ -16,6 +16,7 @@ mod ranks_support;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use gpu_pool::compat::opencv::GpuMat;
 use gpu_pool::nccl::{Communicators, Reduce, UniqueId};
 use gpu_pool::prelude::*;
 use ranks_support::{RankEnv, launch, publish_id, read_id};
@@ -141,7 +142,7 @@ fn rank_process(env: &RankEnv, steps: usize) -> Result<(), PoolError> {
     };
     let gpu = Device::cuda(rank)?;
     // Two 16 MiB buffers a rank, padding included: a 64 MiB stack, the same on every rank.
-    gpu_pool::set_buffer_pool_config(&gpu, 64 << 20, 1)?;
+    gpu_pool::compat::opencv::set_buffer_pool_config(&gpu, 64 << 20, 1)?;
     let stream = Stream::new(&gpu)?;
     // The buffers the collectives use before the communicator, so that it drops first: on an
     // error path its drop gives up at the timeout and aborts NCCL's kernels, whereas freeing a

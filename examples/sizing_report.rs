@@ -90,7 +90,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .sum::<Result<usize, PoolError>>()
     })?;
 
-    let report = gpu_pool::report();
+    let report = gpu_pool::observe::report();
     println!("{report}");
     let stats = report
         .devices
@@ -109,8 +109,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dir.join(format!("sizing_report_{run}.svg")),
         dir.join(format!("sizing_report_{run}.json")),
     );
-    gpu_pool::timeline::write_svg(&svg)?;
-    gpu_pool::timeline::write_chrome_trace(&trace)?;
+    gpu_pool::observe::timeline::write_svg(&svg)?;
+    gpu_pool::observe::timeline::write_chrome_trace(&trace)?;
     println!("timeline: {} and {}", svg.display(), trace.display());
     device.release_stack_memory()?; // the streams are gone: everything freed before exit
     if run == "growable" {

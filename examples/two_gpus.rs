@@ -7,8 +7,9 @@
 //! fewer than two GPUs, or without `libnccl`, it prints why and runs the step's stack work on the
 //! host backend instead, twice, to show the symmetric-stack check.
 
-use gpu_pool::check_symmetric;
+use gpu_pool::compat::opencv::GpuMat;
 use gpu_pool::nccl::{Communicators, Reduce};
+use gpu_pool::observe::check_symmetric;
 use gpu_pool::prelude::*;
 
 /// Gradient elements per rank: 16 MiB of f32.
@@ -78,7 +79,7 @@ fn on_two_gpus(steps: usize) -> Result<(), PoolError> {
     let (gpu0, gpu1) = (Device::cuda(0)?, Device::cuda(1)?);
     for gpu in [&gpu0, &gpu1] {
         // Two 16 MiB buffers a rank, padding included: a 64 MiB stack each.
-        gpu_pool::set_buffer_pool_config(gpu, 64 << 20, 1)?;
+        gpu_pool::compat::opencv::set_buffer_pool_config(gpu, 64 << 20, 1)?;
     }
     let (s0, s1) = (Stream::new(&gpu0)?, Stream::new(&gpu1)?);
     let ranks = Communicators::new(&[&s0, &s1])?;

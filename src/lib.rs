@@ -23,16 +23,65 @@
 //!
 //! The runtime underneath ([`BufferPool`], [`GpuMat`], [`set_buffer_pool_config`], ...) follows
 //! OpenCV's `cv::cuda::BufferPool` and can be used directly.
+//!
+//! # Where things are
+//! - [`prelude`]: what most code needs, macros included.
+//! - The root: the core types ([`Stream`], [`Device`], [`PoolError`], the [`GpuRead`] /
+//!   [`GpuWrite`] traits, views, [`Source`], [`Pooled`], [`HostMem`]).
+//! - One module per feature: [`config`], [`alloc`], `graph`, [`shared`], `nccl`, [`observe`],
+//!   [`interop`] (cudarc, cuBLAS, kernel arguments), [`compat`] (the seed APIs), `testing`.
 
 pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
-pub use gpu_pool_runtime::*;
 
-/// The names most code needs, macros included.
+// The core, at the root: every item is at one path (and the common ones in the prelude too).
+pub use gpu_pool_runtime::{
+    AsStream, CallSite, Cause, Device, DeviceId, DeviceMat, Element, FallbackReason, GpuRead,
+    GpuView, GpuViewMut, GpuWrite, HostMem, PinnedHost, PoolError, Pooled, RequestContext, Source,
+    Stream, Temp,
+};
+
+// One module per feature: `graph` (cuda), `nccl` and `testing` are there when the runtime was built
+// with them (the glob names only those three).
+pub use gpu_pool_runtime::__features::*;
+pub use gpu_pool_runtime::{alloc, compat, config, interop, observe, shared};
+
+#[doc(hidden)]
+pub use gpu_pool_runtime::__private;
+
+/// The names most code needs, macros and the traits whose methods buffers are used through
+/// included: `use gpu_pool::prelude::*;`.
+///
+/// ```
+/// use gpu_pool::prelude::*;
+///
+/// fn fill(out: &mut impl GpuWrite<f32>, v: f32) -> Result<(), PoolError> {
+///     out.set_to(v)
+/// }
+///
+/// #[pooled(stream)]
+/// fn sum(stream: &Stream, n: usize) -> Result<f32, PoolError> {
+///     let mut x = buffer!(n; f32)?;
+///     fill(&mut x, 0.5)?;
+///     Ok(x.to_vec()?.iter().sum())
+/// }
+///
+/// let stream = Stream::new(&Device::host())?;
+/// assert_eq!(sum(&stream, 8)?, 4.0);
+/// assert_eq!(stream.stats().stack_in_use, 0);
+/// # Ok::<(), PoolError>(())
+/// ```
 pub mod prelude {
+    #[doc(no_inline)]
     pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
+    #[cfg(feature = "cuda")]
+    #[doc(no_inline)]
+    pub use gpu_pool_runtime::interop::{LaunchArgsExt, Pitched, grid_2d};
+    #[doc(no_inline)]
+    pub use gpu_pool_runtime::shared::SharedMat;
+    #[doc(no_inline)]
     pub use gpu_pool_runtime::{
-        BufferPool, Device, DeviceMat, GpuMat, GpuRead, GpuView, GpuViewMut, GpuWrite, HostMem,
-        PoolError, Pooled, SharedMat, Source, Stream, Temp,
+        Device, DeviceMat, GpuRead, GpuView, GpuViewMut, GpuWrite, HostMem, PoolError, Pooled,
+        Source, Stream, Temp,
     };
 }
 

@@ -3,7 +3,8 @@
 
 use std::process::Command;
 
-use gpu_pool::{Device, DeviceConfig, EnvConfig, Fallback, Packing, PoolError, Stacks, Stream};
+use gpu_pool::config::{DeviceConfig, EnvConfig, Fallback, Packing, Stacks};
+use gpu_pool::{Device, GpuRead, PoolError, Stream};
 
 const CHILD: &str = "child_reports_what_it_sees";
 
@@ -38,7 +39,7 @@ fn child_reports_what_it_sees() {
     let device = Device::private_host();
     match Stream::new(&device) {
         Ok(stream) => {
-            let pool = gpu_pool::BufferPool::new(&stream);
+            let pool = gpu_pool::compat::opencv::BufferPool::new(&stream);
             let _b = pool.get_buffer_1d::<u8>(64);
             let events: usize = device.recordings().iter().map(|r| r.events.len()).sum();
             let next = pool.get_buffer_1d::<u8>(64);
@@ -51,7 +52,7 @@ fn child_reports_what_it_sees() {
                  packing={:?} gap={gap}",
                 device.pool_config(),
                 device.fallback(),
-                gpu_pool::buffer_pool_usage(),
+                gpu_pool::compat::opencv::buffer_pool_usage(),
                 stream.stack_index(),
                 device.recording_events_per_stream(),
                 device.packing(),

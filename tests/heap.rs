@@ -5,7 +5,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use gpu_pool::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+use gpu_pool::{
+    Device, PoolError, Stream, compat::opencv::BufferPool, compat::opencv::set_buffer_pool_config,
+    config::Fallback,
+};
 
 struct Counting;
 

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::model::{self, Elem, Fill, Mismatch, Model, Op, Pick, Setup, Shape, StreamKind, Tally};
-use gpu_pool::{CachingPool, Device, Fallback, set_buffer_pool_config};
+use gpu_pool::{
+    Device, alloc::CachingPool, compat::opencv::set_buffer_pool_config, config::Fallback,
+};
 
 const THREADS: usize = 8;
 const MAX_LIVE: usize = 12;

@@ -5,6 +5,7 @@
 //! - `ui/escape`: no safe code lets a buffer outlive its scope or leave its owner (guarantees 1, 2);
 //! - `ui/pooled`, `ui/gpu_scope`: misuse is an error on the user's tokens saying how to fix it;
 //! - `ui/runtime`: what unsafe code trusts cannot be forged by safe code;
+//! - `ui/interop`: what cudarc says where `.buf` is meant (pinned so a better message is noticed);
 //! - `ui/pass`: what must keep compiling.
 
 #[test]
@@ -23,5 +24,7 @@ fn ui() {
     t.compile_fail("tests/ui/pooled/*.rs");
     t.compile_fail("tests/ui/gpu_scope/*.rs");
     t.compile_fail("tests/ui/runtime/*.rs");
+    #[cfg(feature = "cuda")]
+    t.compile_fail("tests/ui/interop/*.rs");
     t.pass("tests/ui/pass/*.rs");
 }

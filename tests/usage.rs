@@ -4,8 +4,9 @@
 use std::sync::Mutex;
 
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, PoolError, Source, Stream, buffer_pool_usage,
-    set_buffer_pool_config, set_buffer_pool_usage,
+    Device, FallbackReason, PoolError, Source, Stream, compat::opencv::BufferPool,
+    compat::opencv::buffer_pool_usage, compat::opencv::set_buffer_pool_config,
+    compat::opencv::set_buffer_pool_usage, config::Fallback,
 };
 
 static GLOBAL: Mutex<()> = Mutex::new(());

@@ -114,7 +114,7 @@ pub fn report(
 
 /// Prints the pool's driver calls per unit of work, by kind (what the gpu-pool twin asked of the
 /// driver besides its kernels, cuBLAS calls and the copies cudarc made for it).
-pub fn print_calls_per_unit(calls: gpu_pool::DriverCalls, units: usize, unit: &str) {
+pub fn print_calls_per_unit(calls: gpu_pool::observe::DriverCalls, units: usize, unit: &str) {
     let per = |n: u64| n as f64 / units.max(1) as f64;
     println!(
         "gpu-pool's own driver calls per {unit}: {:.2} in all ({:.2} event records, {:.2} GPU \
@@ -145,9 +145,9 @@ pub fn rounds_arg(default: usize) -> usize {
 /// stream-ordered allocation advises). cudarc has no safe call for it. Called for the cudarc
 /// twins; gpu-pool's stacks do not use the pool.
 pub fn keep_freed_pool_memory(
-    ctx: &gpu_pool::cudarc::driver::CudaContext,
-) -> Result<(), gpu_pool::cudarc::driver::DriverError> {
-    use gpu_pool::cudarc::driver::sys;
+    ctx: &gpu_pool::interop::cudarc::driver::CudaContext,
+) -> Result<(), gpu_pool::interop::cudarc::driver::DriverError> {
+    use gpu_pool::interop::cudarc::driver::sys;
     ctx.bind_to_thread()?;
     let mut pool = std::ptr::null_mut();
     let mut threshold = u64::MAX;

@@ -23,8 +23,8 @@ fn the_check_catches_a_stale_output() {
     let work = mlp_graph::work(2);
     let stream = Stream::new(&Device::host()).unwrap();
     let model = Model::load(&stream, &work.weights).unwrap();
-    let x = RefCell::new(GpuMat::<f32>::new_packed(&stream, BATCH, IN).unwrap());
-    let probs = RefCell::new(GpuMat::<f32>::new_packed(&stream, BATCH, CLASSES).unwrap());
+    let x = RefCell::new(DeviceMat::<f32>::new_packed(&stream, BATCH, IN).unwrap());
+    let probs = RefCell::new(DeviceMat::<f32>::new_packed(&stream, BATCH, CLASSES).unwrap());
     // A step loop whose forward pass ran only once: the second step reads the first's output.
     let mut ran = false;
     let once = || {

@@ -25,9 +25,10 @@ mod run;
 
 use std::time::{Duration, Instant};
 
-use gpu_pool::cudarc::driver::{DevicePtr, result};
+use gpu_pool::HostMem;
+use gpu_pool::compat::opencv::GpuMat;
+use gpu_pool::interop::cudarc::driver::{DevicePtr, result};
 use gpu_pool::prelude::*;
-use gpu_pool::{GpuMat, HostMem};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -45,14 +46,14 @@ fn main() -> Res<()> {
         }
     };
     let rounds = run::count(0, "COPY_ROUNDS", 200);
-    let ctx = device.cuda_context().expect("a CUDA device").clone();
+    let ctx = device.cudarc().expect("a CUDA device").clone();
     ctx.bind_to_thread()?;
     let stream = if std::env::var("FRAME_STREAM").is_ok_and(|v| v == "default") {
         Stream::from_cuda(&device, ctx.default_stream())?
     } else {
         Stream::new(&device)?
     };
-    let cs = stream.cuda_stream().expect("a CUDA stream").clone();
+    let cs = stream.cudarc().expect("a CUDA stream").clone();
     println!(
         "device: {} ({}, driver {}); cudarc multi-stream mode: {}",
         device.id(),

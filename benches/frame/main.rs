@@ -51,11 +51,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use driver::{Block, Competitor, Driver};
-use gpu_pool::cudarc::driver::{CudaContext, CudaFunction, CudaStream, PushKernelArg, result};
-use gpu_pool::cudarc::nvrtc::compile_ptx;
+use gpu_pool::compat::opencv::GpuMat;
+use gpu_pool::interop::cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, PushKernelArg, result,
+};
+use gpu_pool::interop::cudarc::nvrtc::compile_ptx;
 use gpu_pool::prelude::*;
 use gpu_pool::{
-    Fallback, HostMem, PITCHED_H, Pitched, PitchedMut, grid_2d, set_buffer_pool_config,
+    HostMem, compat::opencv::set_buffer_pool_config, config::Fallback, interop::PITCHED_H,
+    interop::Pitched, interop::PitchedMut, interop::grid_2d,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -269,7 +273,7 @@ struct OwnIo<'s> {
 /// One frame's work with its temporaries from the stack; they go back when it returns.
 #[pooled(stream)]
 fn pooled_frame(stream: &Stream, k: &Kernels, io: &mut Io<'_>, size: Size) -> Res<()> {
-    let cs = stream.cuda_stream().expect("a CUDA stream");
+    let cs = stream.cudarc().expect("a CUDA stream");
     io.upload(cs)?;
     let mut t1 = buffer!(size.rows, size.cols; u8)?;
     let mut t2 = buffer!(size.rows, size.cols; u8)?;
@@ -293,7 +297,7 @@ fn pooled_frame(stream: &Stream, k: &Kernels, io: &mut Io<'_>, size: Size) -> Re
 /// queued on the stream and return; the frame's synchronize is the one wait, as for the others.
 #[pooled(stream)]
 fn pooled_own_frame(stream: &Stream, k: &Kernels, own: &mut OwnIo<'_>, size: Size) -> Res<()> {
-    let cs = stream.cuda_stream().expect("a CUDA stream");
+    let cs = stream.cudarc().expect("a CUDA stream");
     own.input.upload_async(&own.host_in)?;
     let mut t1 = buffer!(size.rows, size.cols; u8)?;
     let mut t2 = buffer!(size.rows, size.cols; u8)?;
@@ -448,7 +452,7 @@ fn main() -> Res<()> {
         run::count(0, "FRAME_ROUNDS", 20),
         run::count(1, "FRAME_FRAMES", 100),
     );
-    let ctx = device.cuda_context().expect("a CUDA device").clone();
+    let ctx = device.cudarc().expect("a CUDA device").clone();
     ctx.bind_to_thread()?;
     println!(
         "device: {} ({}, driver {})",
@@ -487,7 +491,7 @@ fn main() -> Res<()> {
         "gpu-pool stack: {} MiB (the largest size's temporaries take {need} bytes)",
         stack_size >> 20
     );
-    let cs = stream.cuda_stream().expect("a CUDA stream").clone();
+    let cs = stream.cudarc().expect("a CUDA stream").clone();
     let drv = Driver::new(cs, device.texture_alignment())?;
     let k = Kernels::load(&ctx)?;
     for size in sizes {

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use gpu_pool::cudarc::driver::result::{self, DriverError};
-use gpu_pool::cudarc::driver::sys;
-use gpu_pool::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use gpu_pool::interop::cudarc::driver::result::{self, DriverError};
+use gpu_pool::interop::cudarc::driver::sys;
+use gpu_pool::interop::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 /// An allocator the pool is compared against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

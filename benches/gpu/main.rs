@@ -26,9 +26,13 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion};
 use driver::{Competitor, Driver};
-use gpu_pool::cudarc::driver::{CudaStream, result, sys};
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
+use gpu_pool::interop::cudarc::driver::{CudaStream, result, sys};
 use gpu_pool::prelude::*;
-use gpu_pool::{CachingPool, Fallback, Pitched, PitchedMut, set_buffer_pool_config};
+use gpu_pool::{
+    alloc::CachingPool, compat::opencv::set_buffer_pool_config, config::Fallback, interop::Pitched,
+    interop::PitchedMut,
+};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -55,7 +59,7 @@ fn main() -> Res<()> {
             return Ok(());
         }
     };
-    let ctx = device.cuda_context().expect("a CUDA device").clone();
+    let ctx = device.cudarc().expect("a CUDA device").clone();
     ctx.bind_to_thread()?;
     println!(
         "device: {} ({}, driver {}), {:.0} GiB",
@@ -69,7 +73,7 @@ fn main() -> Res<()> {
     device.set_fallback(Fallback::Error); // the stack must serve every stack case
     set_buffer_pool_config(&device, 512 * MIB, 1)?;
     let stream = Stream::new(&device)?;
-    let cs = stream.cuda_stream().expect("a CUDA stream").clone();
+    let cs = stream.cudarc().expect("a CUDA stream").clone();
     let drv = Driver::new(cs.clone(), device.texture_alignment())?;
     let cached = Stream::with_allocator(&device, Arc::new(CachingPool::new(&device)))?;
 
@@ -401,12 +405,8 @@ fn print_take_table() {
 fn bandwidth(stream: &Stream, k: &kernels::Kernels) -> Res<()> {
     const SETS: usize = 4;
     const REPS: usize = 100;
-    let ctx = stream
-        .device()
-        .cuda_context()
-        .expect("a CUDA device")
-        .clone();
-    let cs = stream.cuda_stream().expect("a CUDA stream").clone();
+    let ctx = stream.device().cudarc().expect("a CUDA device").clone();
+    let cs = stream.cudarc().expect("a CUDA stream").clone();
     let pool = BufferPool::new(stream);
     let mut owners = Vec::new();
     let mut sets = Vec::new(); // (bgr, gray, binary) addresses

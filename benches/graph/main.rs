@@ -24,8 +24,11 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpu_pool::compat::opencv::GpuMat;
 use gpu_pool::prelude::*;
-use gpu_pool::{Fallback, StreamOrderedAllocator, set_buffer_pool_config};
+use gpu_pool::{
+    alloc::StreamOrderedAllocator, compat::opencv::set_buffer_pool_config, config::Fallback,
+};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

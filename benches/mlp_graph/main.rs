@@ -37,14 +37,20 @@ mod run;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpu_pool::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, result::CublasError, sys as blas_sys};
-use gpu_pool::cudarc::driver::{
+use gpu_pool::compat::opencv::GpuMat;
+use gpu_pool::interop::cudarc::cublas::{
+    CudaBlas, Gemm, GemmConfig, result::CublasError, sys as blas_sys,
+};
+use gpu_pool::interop::cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
     PushKernelArg, sys,
 };
-use gpu_pool::cudarc::nvrtc::compile_ptx;
+use gpu_pool::interop::cudarc::nvrtc::compile_ptx;
 use gpu_pool::prelude::*;
-use gpu_pool::{BLAS_WORKSPACE_BYTES, Fallback, set_buffer_pool_config, with_blas_workspace};
+use gpu_pool::{
+    compat::opencv::set_buffer_pool_config, config::Fallback, interop::BLAS_WORKSPACE_BYTES,
+    interop::with_blas_workspace,
+};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -194,11 +200,11 @@ fn layers<W: GpuRead<f32>>(
 #[pooled(stream)]
 fn forward_padded(
     stream: &Stream,
-    (blas, k): (&mut gpu_pool::Blas, &Kernels),
+    (blas, k): (&mut gpu_pool::interop::Blas, &Kernels),
     net: &[GpuMat<'_, f32>; 5],
     probs: &GpuMat<'_, f32>,
 ) -> Result<(), PoolError> {
-    let cs = stream.cuda_stream().expect("a CUDA stream");
+    let cs = stream.cudarc().expect("a CUDA stream");
     let mut room = buffer!(BLAS_WORKSPACE_BYTES; u8)?;
     let mut h = buffer!(BATCH, HIDDEN; f32)?;
     let mut logits = buffer!(BATCH, CLASSES; f32)?;
@@ -211,11 +217,11 @@ fn forward_padded(
 #[pooled(stream)]
 fn forward_packed(
     stream: &Stream,
-    (blas, k): (&mut gpu_pool::Blas, &Kernels),
+    (blas, k): (&mut gpu_pool::interop::Blas, &Kernels),
     net: &[GpuMat<'_, f32>; 5],
     probs: &GpuMat<'_, f32>,
 ) -> Result<(), PoolError> {
-    let cs = stream.cuda_stream().expect("a CUDA stream");
+    let cs = stream.cudarc().expect("a CUDA stream");
     let mut room = buffer!(BLAS_WORKSPACE_BYTES; u8)?;
     let mut h = buffer!(BATCH, HIDDEN; f32, packed)?;
     let mut logits = buffer!(BATCH, CLASSES; f32, packed)?;
@@ -233,7 +239,7 @@ fn forward_no_workspace(
     net: &[GpuMat<'_, f32>; 5],
     probs: &GpuMat<'_, f32>,
 ) -> Result<(), PoolError> {
-    let cs = stream.cuda_stream().expect("a CUDA stream");
+    let cs = stream.cudarc().expect("a CUDA stream");
     let mut h = buffer!(BATCH, HIDDEN; f32, packed)?;
     let mut logits = buffer!(BATCH, CLASSES; f32, packed)?;
     layers(cs, (blas, k), net.each_ref(), &mut h, &mut logits, probs)
@@ -248,7 +254,7 @@ fn forward_shared(
     net: &[SharedMat<f32>; 5],
     probs: &GpuMat<'_, f32>,
 ) -> Result<(), PoolError> {
-    let cs = stream.cuda_stream().expect("a CUDA stream");
+    let cs = stream.cudarc().expect("a CUDA stream");
     let mut h = buffer!(BATCH, HIDDEN; f32, packed)?;
     let mut logits = buffer!(BATCH, CLASSES; f32, packed)?;
     let [a, b, c, d, e] = net.each_ref().map(|m| m.read(stream));
@@ -333,7 +339,7 @@ fn main() -> Res<()> {
         run::count(0, "MLP_ROUNDS", 15),
         run::count(1, "MLP_REPLAYS", 1000),
     );
-    let ctx = device.cuda_context().expect("a CUDA device").clone();
+    let ctx = device.cudarc().expect("a CUDA device").clone();
     // SAFETY: before any cudarc slice exists; all of cudarc's work (slices, cuBLAS, kernels,
     // the capture) is on one stream, `cs`, so no slice is used on another stream.
     unsafe { ctx.disable_event_tracking() };
@@ -351,7 +357,7 @@ fn main() -> Res<()> {
         };
     // cudarc's own handle on the pool stream: cuBLAS's default workspace, which `Stream::cublas`
     // replaces with one of the handle's own.
-    let blas_bare = CudaBlas::new(stream.cuda_stream().expect("a CUDA stream").clone())?;
+    let blas_bare = CudaBlas::new(stream.cudarc().expect("a CUDA stream").clone())?;
     let cs = ctx.new_stream()?;
     let blas_cudarc = CudaBlas::new(cs.clone())?;
     println!(

@@ -23,9 +23,10 @@ mod run;
 
 use std::time::{Duration, Instant};
 
+use gpu_pool::compat::opencv::BufferPool;
+use gpu_pool::compat::opencv::set_buffer_pool_config;
 use gpu_pool::nccl::{Communicators, Reduce, use_driver_memory, use_nccl_memory};
 use gpu_pool::prelude::*;
-use gpu_pool::set_buffer_pool_config;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

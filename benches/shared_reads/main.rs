@@ -16,10 +16,11 @@ mod run;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_pool::SharedRead;
-use gpu_pool::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-use gpu_pool::cudarc::driver::sys;
+use gpu_pool::compat::opencv::GpuMat;
+use gpu_pool::interop::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+use gpu_pool::interop::cudarc::driver::sys;
 use gpu_pool::prelude::*;
+use gpu_pool::shared::SharedRead;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -98,8 +99,8 @@ fn worker(
 ) -> Res<()> {
     let stream = Stream::new(device)?;
     let blas = stream.cublas()?;
-    let cu = stream.cuda_stream().expect("CUDA").cu_stream();
-    device.cuda_context().expect("CUDA").bind_to_thread()?;
+    let cu = stream.cudarc().expect("CUDA").cu_stream();
+    device.cudarc().expect("CUDA").bind_to_thread()?;
     let mut event = std::ptr::null_mut();
     // SAFETY: a fresh event handle out-parameter, on the current context (cublas bound it).
     unsafe {
@@ -233,8 +234,8 @@ fn main() -> Res<()> {
         "one read guard taken and dropped on an idle stream: {:.0} ns",
         start.elapsed().as_secs_f64() * 1e9 / n as f64
     );
-    let cu = stream.cuda_stream().expect("CUDA").cu_stream();
-    device.cuda_context().expect("CUDA").bind_to_thread()?;
+    let cu = stream.cudarc().expect("CUDA").cu_stream();
+    device.cudarc().expect("CUDA").bind_to_thread()?;
     let mut event = std::ptr::null_mut();
     // SAFETY: a fresh event handle out-parameter, on the current context.
     unsafe {
@@ -304,7 +305,7 @@ fn main() -> Res<()> {
         dev.download(&mut back)?;
         Ok(())
     })?;
-    let cs = stream.cuda_stream().expect("CUDA").clone();
+    let cs = stream.cudarc().expect("CUDA").clone();
     let mut slice = cs.alloc_zeros::<u8>(1 << 10)?;
     time("cudarc memcpy_htod of 1 KiB pageable", &mut || {
         cs.memcpy_htod(&small, &mut slice)?;

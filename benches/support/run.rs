@@ -1,6 +1,6 @@
 //! What the harness-less GPU benches share: their run-length arguments and the driver they ran on.
 
-use gpu_pool::cudarc::driver::sys;
+use gpu_pool::interop::cudarc::driver::sys;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

@@ -35,7 +35,7 @@ pub fn largest_difference(got: &[f32], x: &[f32], w: &[f32], b: &[f32]) -> f32 {
 /// How the layer runs: cuBLAS and a kernel on a GPU, or CPU twins on the host backend.
 pub enum Engine {
     Gpu {
-        blas: gpu_pool::Blas,
+        blas: gpu_pool::interop::Blas,
         kernels: super::kernels::Kernels,
     },
     Cpu,
@@ -67,7 +67,7 @@ pub fn dense_relu(
 #[pooled(stream)]
 pub fn dense_relu_gpu(
     stream: &Stream,
-    blas: &gpu_pool::cudarc::cublas::CudaBlas,
+    blas: &gpu_pool::interop::cudarc::cublas::CudaBlas,
     kernels: &super::kernels::Kernels,
     x: &impl GpuRead<f32>,
     w: &impl GpuRead<f32>,
@@ -81,7 +81,7 @@ pub fn dense_relu_gpu(
 }
 
 mod gpu {
-    use gpu_pool::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+    use gpu_pool::interop::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
     use gpu_pool::prelude::*;
 
     /// `h = x w`, row-major. cuBLAS is column-major, and a row-major matrix read column-major is
@@ -121,9 +121,7 @@ mod gpu {
         b: &impl GpuRead<f32>,
         y: &mut impl GpuWrite<f32>,
     ) -> Result<(), PoolError> {
-        let cuda = stream
-            .cuda_stream()
-            .expect("a GPU engine runs on a CUDA stream");
+        let cuda = stream.cudarc().expect("a GPU engine runs on a CUDA stream");
         // SAFETY: `h` and `y` are on this stream's device (the launcher checks their shapes)
         // and `b` holds `y.cols()` floats; `h` is a stack buffer this stream alone reuses, after
         // the kernel.
@@ -185,7 +183,7 @@ pub fn reference(x: &[f32], w: &[f32], b: &[f32]) -> Vec<f32> {
 /// The engine for `stream`: cuBLAS on a CUDA stream, the CPU twins on the host backend; and where,
 /// in words.
 pub fn engine(device: &Device, stream: &Stream) -> Result<(Engine, String), PoolError> {
-    if stream.cuda_stream().is_none() {
+    if stream.cudarc().is_err() {
         return Ok((
             Engine::Cpu,
             format!("{} (host backend: CPU twins)", device.id()),

@@ -10,13 +10,15 @@ use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
 use std::sync::Arc;
 
-use gpu_pool::cudarc::driver::{
+use gpu_pool::interop::cudarc::driver::{
     CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
-use gpu_pool::cudarc::nvrtc::compile_ptx;
-use gpu_pool::{Device, PITCHED_H, Pitched, PitchedMut, PoolError, grid_2d};
+use gpu_pool::interop::cudarc::nvrtc::compile_ptx;
+use gpu_pool::{
+    Device, PoolError, interop::PITCHED_H, interop::Pitched, interop::PitchedMut, interop::grid_2d,
+};
 
-/// The kernels, in CUDA C++ after `gpu_pool::PITCHED_H`: a 2D buffer is one `Pitched<T>`
+/// The kernels, in CUDA C++ after `gpu_pool::interop::PITCHED_H`: a 2D buffer is one `Pitched<T>`
 /// parameter (`Pitched<const T>` for an input), and the shape a kernel covers is its output's.
 pub const SOURCE: &str = r#"
 // The byte-image kernels are bandwidth-bound: each thread moves 16 pixels of a row with 16-byte
@@ -183,7 +185,7 @@ pub struct Kernels {
 
 impl Kernels {
     pub fn load(device: &Device) -> Kernels {
-        let ctx: &Arc<_> = device.cuda_context().expect("a CUDA device");
+        let ctx: &Arc<_> = device.cudarc().expect("a CUDA device");
         let ptx =
             compile_ptx(format!("{PITCHED_H}{SOURCE}")).expect("nvrtc compiles the test kernels");
         let module = ctx.load_module(ptx).expect("the module loads");
@@ -481,8 +483,8 @@ pub fn gray_of([b, g, r]: [u8; 3]) -> u8 {
 pub fn six_kernels(
     stream: &gpu_pool::Stream,
     k: &Kernels,
-    src: &gpu_pool::GpuMat<'_, [u8; 3]>,
-    out: &gpu_pool::GpuMat<'_, u8>,
+    src: &gpu_pool::compat::opencv::GpuMat<'_, [u8; 3]>,
+    out: &gpu_pool::compat::opencv::GpuMat<'_, u8>,
 ) -> Result<(), gpu_pool::PoolError> {
     let shape = (src.rows(), src.cols());
     if (out.rows(), out.cols()) != shape {
@@ -494,12 +496,7 @@ pub fn six_kernels(
     let mut gray = gpu_pool::buffer!(shape.0, shape.1; u8)?;
     let mut inv = gpu_pool::buffer!(shape.0, shape.1; u8)?;
     let mut sums = gpu_pool::buffer!(shape.0, shape.1; f32)?;
-    let cuda = stream
-        .cuda_stream()
-        .ok_or(gpu_pool::PoolError::Unsupported {
-            device: stream.device().id(),
-            what: "CUDA kernels",
-        })?;
+    let cuda = stream.cudarc()?;
     // SAFETY: `out` is written through its address, as capture needs (see above): it is
     // `shape` bytes (checked above), and nothing else uses it while the kernels run.
     let mut out =

@@ -69,9 +69,7 @@ impl Stages {
         let _ = device; // only CUDA devices load kernels
         Stages {
             #[cfg(feature = "cuda")]
-            gpu: device
-                .cuda_context()
-                .map(|_| kernels::Kernels::load(device)),
+            gpu: device.cudarc().ok().map(|_| kernels::Kernels::load(device)),
         }
     }
 
@@ -215,8 +213,8 @@ impl Stages {
 
 /// The cudarc stream of a stream on a CUDA device.
 #[cfg(feature = "cuda")]
-fn cuda(stream: &Stream) -> &std::sync::Arc<gpu_pool::cudarc::driver::CudaStream> {
+fn cuda(stream: &Stream) -> &std::sync::Arc<gpu_pool::interop::cudarc::driver::CudaStream> {
     stream
-        .cuda_stream()
+        .cudarc()
         .expect("the kernels are loaded only on a CUDA device, whose streams are CUDA streams")
 }

@@ -4,14 +4,14 @@
 //! Most users depend on the `gpu-pool` facade instead, which adds the `#[pooled]` DSL.
 //!
 //! ```
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Source, Stream};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Source, Stream};
 //! let stream = Stream::new(&Device::host())?;
 //! let pool = BufferPool::new(&stream);
 //! let mut a = pool.get_buffer::<f32>(64, 64)?;
 //! a.set_to(1.5)?;
 //! assert_eq!(a.source(), Source::Stack);
 //! assert!(a.to_vec()?.iter().all(|&x| x == 1.5));
-//! # Ok::<(), gpu_pool_runtime::PoolError>(())
+//! # Ok::<(), gpu_pool::PoolError>(())
 //! ```
 //!
 //! # Guarantees
@@ -38,7 +38,7 @@
 //! memory goes back once.
 //!
 //! # Memory no stream owns
-//! A [`SharedMat`] holds a `SharedMemory` (`stream/sharing.rs`): a driver allocation and the
+//! A [`SharedMat`](shared::SharedMat) holds a `SharedMemory` (`stream/sharing.rs`): a driver allocation and the
 //! events of its last write and of each stream's reads since. An access names its stream; it
 //! begins by making that stream wait for the accesses it conflicts with and ends by recording an
 //! event there. Inside a capture the host waits instead, and each replay of the graph is an access
@@ -53,88 +53,83 @@ mod core;
 #[cfg(feature = "cuda")]
 pub mod graph;
 mod host_mem;
-mod interop;
+pub mod interop;
 #[cfg(feature = "nccl")]
 pub mod nccl;
-mod observe;
+pub mod observe;
 pub mod shared;
 mod storage;
+#[cfg(feature = "testing")]
+#[path = "observe/testing.rs"]
+pub mod testing;
 
 // The paths the modules used before they moved into layer folders; removed once every `use` names
 // the layer.
 use self::core::{
-    access, arena, buffer, capturing, config, device, frame, ledger, pinned, record, stack, stats,
-    stream, symmetric, view,
+    access, arena, buffer, capturing, device, frame, ledger, pinned, record, stack, stats, stream,
+    symmetric, view,
 };
 use allocators as allocator;
 use allocators::caching;
 use base::{counters, error, holders, id, layout, source, sync, unique};
-use compat::mix;
-pub use compat::pplcv;
-#[cfg(feature = "cublas")]
-use interop::blas;
 #[cfg(feature = "cuda")]
 use interop::{device_memory, kernel_args};
-use observe::report;
-#[cfg(feature = "testing")]
-pub use observe::testing;
-#[cfg(feature = "timeline")]
-pub use observe::timeline;
 use storage::backend;
 
+// The core, at the root: what every use of the pool names.
 pub use access::{GpuRead, GpuWrite, PinnedHost};
-pub use allocator::{
-    AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
-    StreamOrderedAllocator,
-};
-pub use backend::calls::DriverCalls;
-#[cfg(feature = "cublas")]
-pub use blas::{BLAS_WORKSPACE_BYTES, Blas, with_blas_workspace};
 pub use buffer::{DeviceMat, Temp};
-pub use caching::{CachingPool, CachingStats};
-pub use compat::opencv::{BufferPool, GpuMat};
-pub use config::{
-    DeviceConfig, ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, Stacks, buffer_pool_usage,
-    env_config, set_buffer_pool_usage,
-};
-pub use device::{Device, set_buffer_pool_config};
-#[cfg(feature = "cuda")]
-pub use device_memory::{LentSlice, LentSliceMut};
-#[cfg(feature = "nccl")]
-pub use error::NcclFailure;
+pub use device::Device;
 pub use error::{Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
-#[cfg(feature = "cuda")]
-pub use graph::{Graph, GraphFamily, GraphNodes};
-pub use holders::{IdleHolding, Reclaimed, ReclaimedFrom};
 pub use host_mem::HostMem;
 pub use id::DeviceId;
-#[cfg(feature = "cuda")]
-pub use kernel_args::{BLOCK_2D, PITCHED_H, Pitched, PitchedMut, grid_2d};
-pub use layout::{Footprint, MAX_ELEMENT_ALIGN};
-pub use mix::MixMemory;
-pub use record::{Event, EventKind, StreamRecording};
-pub use report::{Report, report};
-pub use shared::{SharedMat, SharedRead, SharedWrite};
 pub use source::{CallSite, FallbackReason, Source};
-pub use stack::LayoutTrace;
-pub use stats::{DeviceStats, FallbackCounts, SiteFallbacks, StreamStats};
-pub use stream::{Sizing, Stream};
-pub use symmetric::check_symmetric;
+pub use stream::Stream;
 pub use view::{GpuView, GpuViewMut};
+
+/// Settings: the stacks' size and count, the fallback, the packing, the `GPU_POOL_CONF`
+/// environment variable, and what a shape takes of a stack.
+pub mod config {
+    pub use crate::core::config::{
+        DeviceConfig, ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, Stacks, env_config,
+    };
+    // OpenCV's process-wide switch is public in `compat::opencv`; the crate reads it here.
+    #[allow(unused_imports)]
+    pub(crate) use crate::core::config::*;
+    pub use crate::layout::{Footprint, MAX_ELEMENT_ALIGN};
+}
+
+/// Where memory comes from when a stack cannot serve a request: the [`GpuAllocator`] API, the
+/// allocators it ships with, the [`CachingPool`], and the idle memory the pool can reclaim.
+pub mod alloc {
+    pub use crate::allocator::{
+        AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
+        StreamOrderedAllocator,
+    };
+    pub use crate::caching::{CachingPool, CachingStats};
+    pub use crate::holders::{IdleHolding, Reclaimed, ReclaimedFrom};
+}
 
 /// The crate README's example, compiled and run as a doctest so it stays true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// The feature modules this build has, for the facade to re-export whichever the runtime was
+/// built with (its own features may be fewer: cargo unifies the runtime's); not part of the API.
+#[doc(hidden)]
+pub mod __features {
+    #[cfg(feature = "cuda")]
+    pub use crate::graph;
+    #[cfg(feature = "nccl")]
+    pub use crate::nccl;
+    #[cfg(feature = "testing")]
+    pub use crate::testing;
+}
+
 /// What the DSL's expansion calls; not part of the API.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::frame::{frame, handle, take, take_1d, take_packed};
 }
-
-/// The cudarc this crate was built with, for launching kernels on pool buffers.
-/// # use gpu_pool_runtime::{GpuRead, GpuWrite};
-#[cfg(feature = "cuda")]
-pub use cudarc;

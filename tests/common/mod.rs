@@ -8,7 +8,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use gpu_pool::{Device, Fallback, PoolError};
+use gpu_pool::{Device, PoolError, config::Fallback};
 
 #[cfg(feature = "cuda")]
 #[path = "../../examples/support/kernels.rs"]
@@ -41,7 +41,9 @@ impl Drop for GpuLock {
         let _ = self.device.caching_pool().free_held();
         // The device is one for the whole binary: the next test gets the default stacks, whatever
         // this one configured (refused only if a stream outlived its test, which keeps its stack).
-        let _ = self.device.set_pool_config(gpu_pool::PoolConfig::default());
+        let _ = self
+            .device
+            .set_pool_config(gpu_pool::config::PoolConfig::default());
     }
 }
 
@@ -53,7 +55,7 @@ pub fn gpu(test: &str) -> Option<(Device, GpuLock)> {
         Ok(device) => {
             device.set_fallback(Fallback::Driver);
             device.set_strict_lifo(false);
-            device.set_packing(gpu_pool::Packing::Cuda);
+            device.set_packing(gpu_pool::config::Packing::Cuda);
             // The tests assume OpenCV's fixed stacks unless they ask for growable ones (the CUDA
             // default where the device can map memory).
             let _ = device.set_growable_stacks(false);

@@ -17,7 +17,7 @@
 pub mod model;
 
 use arbitrary::{Arbitrary, Unstructured};
-use gpu_pool::{Device, Fallback};
+use gpu_pool::{Device, config::Fallback};
 
 use model::{Fill, Pick, Setup, Shape, StreamKind};
 

@@ -3,7 +3,7 @@
 
 use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
-use gpu_pool::{BufferPool, Device, MixMemory, PoolError, Stream};
+use gpu_pool::{Device, PoolError, Stream, compat::mix::MixMemory, compat::opencv::BufferPool};
 
 #[test]
 fn typed_access_to_memory_not_aligned_for_the_type_is_an_error() -> Result<(), PoolError> {
@@ -90,19 +90,19 @@ fn element_types_aligned_above_256_bytes_are_refused_everywhere() -> Result<(), 
     refused(pool.get_buffer::<Page>(3, 3).unwrap_err());
     refused(pool.get_buffer_1d::<Page>(5).unwrap_err());
     refused(pool.get_buffer::<Page>(0, 0).unwrap_err()); // even with nothing to allocate
-    refused(gpu_pool::GpuMat::<Page>::new(&stream, 2, 2).unwrap_err());
+    refused(gpu_pool::compat::opencv::GpuMat::<Page>::new(&stream, 2, 2).unwrap_err());
     let stats = stream.stats();
     assert_eq!((stats.stack_allocations, stats.stack_in_use), (0, 0));
     assert_eq!(stats.fallback_allocations.total(), 0);
-    assert_eq!(gpu_pool::MAX_ELEMENT_ALIGN, 256);
+    assert_eq!(gpu_pool::config::MAX_ELEMENT_ALIGN, 256);
     Ok(())
 }
 
 #[test]
 fn rows_of_the_most_aligned_element_type_are_aligned() -> Result<(), PoolError> {
     let device = Device::host_with_limit(64 << 20);
-    device.set_fallback(gpu_pool::Fallback::Driver);
-    gpu_pool::set_buffer_pool_config(&device, 64 << 10, 1)?;
+    device.set_fallback(gpu_pool::config::Fallback::Driver);
+    gpu_pool::compat::opencv::set_buffer_pool_config(&device, 64 << 10, 1)?;
     let stream = Stream::new(&device)?;
     let pool = BufferPool::new(&stream);
     // From the stack after a 1-byte block, from the fallback (too large), and from the driver.
@@ -111,7 +111,7 @@ fn rows_of_the_most_aligned_element_type_are_aligned() -> Result<(), PoolError> 
         pool.get_buffer::<Line>(3, 5)?,
         pool.get_buffer::<Line>(7, 1)?,
         pool.get_buffer::<Line>(300, 3)?,
-        gpu_pool::GpuMat::<Line>::new(&stream, 3, 3)?,
+        gpu_pool::compat::opencv::GpuMat::<Line>::new(&stream, 3, 3)?,
     ];
     for mat in &mut mats {
         mat.for_each_host_row_mut(|_, row| row.fill(Line([7; 256])))?;
@@ -129,22 +129,22 @@ struct Skewed(std::sync::atomic::AtomicUsize);
 
 // SAFETY: the skewed address is refused by the pool before any buffer uses it, which the test
 // checks; `deallocate` gives the driver its own address back.
-unsafe impl gpu_pool::GpuAllocator for Skewed {
+unsafe impl gpu_pool::alloc::GpuAllocator for Skewed {
     fn allocate(
         &self,
-        ctx: &gpu_pool::AllocContext<'_>,
-        req: &gpu_pool::AllocRequest,
-    ) -> Result<gpu_pool::Allocation, PoolError> {
+        ctx: &gpu_pool::alloc::AllocContext<'_>,
+        req: &gpu_pool::alloc::AllocRequest,
+    ) -> Result<gpu_pool::alloc::Allocation, PoolError> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(gpu_pool::Allocation::new(
+        Ok(gpu_pool::alloc::Allocation::new(
             ctx.alloc(req.bytes + 8)? + 4,
             req.pitch,
         ))
     }
     unsafe fn deallocate(
         &self,
-        ctx: &gpu_pool::AllocContext<'_>,
-        a: gpu_pool::Allocation,
+        ctx: &gpu_pool::alloc::AllocContext<'_>,
+        a: gpu_pool::alloc::Allocation,
     ) -> Result<(), PoolError> {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: `a.ptr - 4` is what `ctx.alloc` returned in `allocate`; freed once.
@@ -181,7 +181,7 @@ fn zero_sized_elements_with_huge_shapes_never_overflow() -> Result<(), PoolError
     for (rows, cols) in [(usize::MAX, 2), (2, usize::MAX), (1 << 33, 1 << 33)] {
         let err = pool.get_buffer::<()>(rows, cols).unwrap_err();
         assert!(matches!(err, PoolError::SizeOverflow { .. }), "{err}");
-        let err = gpu_pool::GpuMat::<()>::new(&stream, rows, cols).unwrap_err();
+        let err = gpu_pool::compat::opencv::GpuMat::<()>::new(&stream, rows, cols).unwrap_err();
         assert!(matches!(err, PoolError::SizeOverflow { .. }), "{err}");
     }
     let mut huge = pool.get_buffer::<()>(usize::MAX, 1)?;
@@ -233,10 +233,26 @@ fn devices_never_share_an_identity() {
 #[test]
 fn a_caching_pool_serves_only_its_own_device() -> Result<(), PoolError> {
     let (a, b) = (Device::private_host(), Device::private_host());
-    let cache = std::sync::Arc::new(gpu_pool::CachingPool::new(&a));
+    let cache = std::sync::Arc::new(gpu_pool::alloc::CachingPool::new(&a));
     let on_b = Stream::with_allocator(&b, cache.clone())?;
     let err = BufferPool::new(&on_b).get_buffer_1d::<u8>(64).unwrap_err();
     assert!(matches!(err, PoolError::DeviceMismatch { .. }), "{err}");
     assert_eq!(gpu_pool::testing::host_live_bytes(&b), Some(0));
+    Ok(())
+}
+
+/// The host backend has no cudarc stream or context: asking for one is `PoolError::Unsupported`
+/// saying what to do instead (it was a bare `None`).
+#[cfg(feature = "cuda")]
+#[test]
+fn cudarc_on_the_host_is_unsupported_and_says_what_to_do() -> Result<(), PoolError> {
+    let device = Device::host();
+    let stream = Stream::new(&device)?;
+    let stream_err = stream.cudarc().expect_err("the host has no cudarc stream");
+    let device_err = device.cudarc().expect_err("the host has no cudarc context");
+    for (err, advice) in [(stream_err, "Device::cuda(n)"), (device_err, "CPU twins")] {
+        assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
+        assert!(err.to_string().contains(advice), "{err}");
+    }
     Ok(())
 }

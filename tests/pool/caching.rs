@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use crate::common::each_device;
+use gpu_pool::GpuRead;
 use gpu_pool::{
-    BufferPool, CachingPool, Device, Fallback, FallbackReason, PoolError, Source, Stream,
-    set_buffer_pool_config,
+    Device, FallbackReason, PoolError, Source, Stream, alloc::CachingPool,
+    compat::opencv::BufferPool, compat::opencv::set_buffer_pool_config, config::Fallback,
 };
 
 #[test]
@@ -164,12 +165,12 @@ fn gpu_cross_stream() -> Result<(), PoolError> {
         Stream::with_allocator(&gpu, cache.clone())?,
     );
     let n = 1 << 20;
-    let src = gpu_pool::GpuMat::<u8>::new(&a, 1, n)?;
+    let src = gpu_pool::compat::opencv::GpuMat::<u8>::new(&a, 1, n)?;
     let x = BufferPool::new(&a).get_buffer_1d::<u8>(n)?;
     let address = x.device_ptr();
     // SAFETY: `src` and `x` hold n bytes each; `x` is what the test watches being reused.
     unsafe {
-        let cuda = a.cuda_stream().expect("CUDA");
+        let cuda = a.cudarc().expect("CUDA");
         crate::common::kernels::slow_copy(
             &k,
             cuda,

@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use crate::common::gpu;
 use crate::common::kernels::{self, Kernels, gray_of, pattern};
-use gpu_pool::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
+use gpu_pool::interop::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, GpuMat, PITCHED_H, Pitched, PitchedMut,
-    PoolError, Source, Stream, grid_2d, set_buffer_pool_config,
+    Device, FallbackReason, PoolError, Source, Stream, compat::opencv::BufferPool,
+    compat::opencv::GpuMat, compat::opencv::set_buffer_pool_config, config::Fallback,
+    interop::PITCHED_H, interop::Pitched, interop::PitchedMut, interop::grid_2d,
 };
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -74,7 +75,7 @@ fn kernels_round_trip_through_pitched_pool_buffers() -> TestResult {
     };
     let k = Kernels::load(&gpu);
     let stream = Stream::new(&gpu)?;
-    let cu_stream = stream.cuda_stream().expect("a CUDA stream").clone();
+    let cu_stream = stream.cudarc().expect("a CUDA stream").clone();
     let pool = BufferPool::new(&stream);
     let (rows, cols) = (300usize, 700usize);
     let mut a = pool.get_buffer::<u8>(rows, cols)?;
@@ -109,11 +110,11 @@ extern "C" __global__ void index(Pitched<unsigned> m, unsigned base) {
     if (m.contains(r, c)) m(r, c) = base + r * 1000 + c;
 }"#
     );
-    let ptx = gpu_pool::cudarc::nvrtc::compile_ptx(source)?;
-    let ctx = gpu.cuda_context().expect("CUDA");
+    let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(source)?;
+    let ctx = gpu.cudarc().expect("CUDA");
     let f = ctx.load_module(ptx)?.load_function("index")?;
     let stream = Stream::new(&gpu)?;
-    let cuda = stream.cuda_stream().expect("CUDA").clone();
+    let cuda = stream.cudarc().expect("CUDA").clone();
     // 37 rows of 1001: a ragged last block both ways, and a step wider than a row.
     let (rows, cols) = (37usize, 1001usize);
     let mut m = BufferPool::new(&stream).get_buffer::<u32>(rows, cols)?;
@@ -164,7 +165,7 @@ fn the_pipeline_makes_no_driver_call_after_its_first_iteration() -> TestResult {
 
 fn pipeline_case(gpu: &Device, k: &Kernels, rows: usize, cols: usize) -> TestResult {
     let stream = Stream::new(gpu)?;
-    let s = stream.cuda_stream().expect("CUDA").clone();
+    let s = stream.cudarc().expect("CUDA").clone();
     let pool = BufferPool::new(&stream);
     let image: Vec<[u8; 3]> = (0..rows * cols)
         .map(|i| [(i % 251) as u8, (i / cols % 241) as u8, (i * 7 % 239) as u8])
@@ -227,7 +228,7 @@ fn reuse_while_another_stream_reads(
     // SAFETY: `lent` and `seen` hold n bytes each and outlive the kernel (the reader's result is
     // read back after it; `lent`'s memory is what the test watches being reused).
     unsafe {
-        let cuda = user.cuda_stream().expect("CUDA");
+        let cuda = user.cudarc().expect("CUDA");
         kernels::slow_copy(k, cuda, (lent.device_ptr(), seen.device_ptr()), n, spin)?;
     }
     if record {
@@ -367,7 +368,7 @@ fn a_stream_of_the_users_own_carries_pool_buffers_and_kernels() -> TestResult {
     let Some((gpu, _lock)) = gpu("from_cuda") else {
         return Ok(());
     };
-    let ctx: Arc<CudaContext> = gpu.cuda_context().expect("CUDA").clone();
+    let ctx: Arc<CudaContext> = gpu.cudarc().expect("CUDA").clone();
     let theirs = ctx.new_stream()?;
     let stream = Stream::from_cuda(&gpu, theirs.clone())?;
     let k = Kernels::load(&gpu);
@@ -392,7 +393,7 @@ fn each_device_allocates_in_its_own_context() -> TestResult {
         return Ok(());
     }
     let gpu1 = Device::cuda(1)?;
-    gpu0.cuda_context().expect("CUDA").bind_to_thread()?;
+    gpu0.cudarc().expect("CUDA").bind_to_thread()?;
     let s0 = Stream::new(&gpu0)?;
     let s1 = Stream::new(&gpu1)?;
     let mut a = BufferPool::new(&s0).get_buffer_1d::<u32>(1000)?;
@@ -401,7 +402,7 @@ fn each_device_allocates_in_its_own_context() -> TestResult {
     b.set_to(11)?;
     assert_eq!(
         cu::ctx::get_current()?,
-        Some(gpu0.cuda_context().expect("CUDA").cu_ctx())
+        Some(gpu0.cudarc().expect("CUDA").cu_ctx())
     );
     assert!(a.to_vec()?.iter().all(|&v| v == 10));
     assert!(b.to_vec()?.iter().all(|&v| v == 11));
@@ -420,7 +421,7 @@ fn box_filter_kernels_match_the_cpu_at_a_ragged_size() -> TestResult {
     };
     let k = Kernels::load(&gpu);
     let stream = Stream::new(&gpu)?;
-    let s = stream.cuda_stream().expect("CUDA").clone();
+    let s = stream.cudarc().expect("CUDA").clone();
     let pool = BufferPool::new(&stream);
     // 1001 columns: each row ends in a partial group of four.
     let (rows, cols, r) = (37usize, 1001usize, 2i32);
@@ -477,7 +478,7 @@ pub(crate) fn stall(stream: &Stream, k: &Kernels, tick: &GpuMat<'_, u8>) -> Test
     unsafe {
         kernels::slow_copy(
             k,
-            stream.cuda_stream().expect("CUDA"),
+            stream.cudarc().expect("CUDA"),
             (src, dst),
             1,
             200_000_000,
@@ -495,7 +496,7 @@ fn an_upload_from_page_locked_memory_is_complete_when_it_returns() -> TestResult
     let stream = Stream::new(&gpu)?;
     let tick = GpuMat::<u8>::new(&stream, 1, 2)?;
     let n = 4 << 20;
-    let mut mix = gpu_pool::MixMemory::new(&gpu)?;
+    let mut mix = gpu_pool::compat::mix::MixMemory::new(&gpu)?;
     mix.cpu::<u8>(n)?.fill(1); // page-locked: the driver copies from it asynchronously
     let mut mat = GpuMat::<u8>::new(&stream, 1, n)?;
     stall(&stream, &k, &tick)?;
@@ -522,8 +523,8 @@ fn a_forgotten_mix_memory_has_no_copy_in_flight_into_a_wrapped_slice() -> TestRe
     stream.synchronize()?;
     // The wrapped slice is page-locked (another pair's host side), so the driver copies into it
     // asynchronously; into pageable memory it would wait anyway.
-    let mut pinned = gpu_pool::MixMemory::new(&gpu)?;
-    let mut mix = gpu_pool::MixMemory::wrap_cpu(&gpu, pinned.cpu::<u8>(n)?)?;
+    let mut pinned = gpu_pool::compat::mix::MixMemory::new(&gpu)?;
+    let mut mix = gpu_pool::compat::mix::MixMemory::wrap_cpu(&gpu, pinned.cpu::<u8>(n)?)?;
     // SAFETY: `source` holds n bytes and outlives the pair, which only reads it.
     unsafe { mix.wrap_gpu(source.device_ptr(), n)? };
     stall(&stream, &k, &tick)?;
@@ -721,7 +722,7 @@ fn a_captured_pooled_pipeline_replays_1000_times_with_no_allocation() -> TestRes
     // SAFETY: both hold 512x512 3-byte pixels (512 x 1536 bytes) at their steps, on this
     // stream, and outlive the kernel; `src` is written through its address, as the graph reads it.
     unsafe {
-        let cuda = stream.cuda_stream().expect("CUDA");
+        let cuda = stream.cudarc().expect("CUDA");
         let from = Pitched::<u8>::from_raw_parts(staging.device_ptr(), staging.step(), 512, 1536);
         let to = PitchedMut::<u8>::from_raw_parts(src.device_ptr(), src.step(), 512, 1536);
         crate::common::kernels::invert(&k, cuda, from, to)?;
@@ -859,7 +860,7 @@ fn a_panic_inside_any_capture_leaves_the_same_capture_working() -> TestResult {
     drop(BufferPool::new(&stream).get_buffer::<u32>(256, 256)?); // a high-water mark to keep
     let mark = stream.stats().stack_high_water;
     let clean = |stream: &Stream, what: &str| -> TestResult {
-        let status = stream.cuda_stream().expect("CUDA").capture_status()?;
+        let status = stream.cudarc().expect("CUDA").capture_status()?;
         let stats = stream.stats();
         println!(
             "capture_panics: after a panic in {what}: capture status {status:?}, {} stack bytes \
@@ -868,7 +869,7 @@ fn a_panic_inside_any_capture_leaves_the_same_capture_working() -> TestResult {
         );
         assert_eq!(
             status,
-            gpu_pool::cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+            gpu_pool::interop::cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
         );
         assert_eq!(stats.stack_in_use, 0);
         assert_eq!(stats.stack_high_water, mark);
@@ -899,7 +900,7 @@ fn a_panic_inside_any_capture_leaves_the_same_capture_working() -> TestResult {
         let family = stream.graph_family()?;
         let panicked = catch_unwind(AssertUnwindSafe(|| drop(family.capture(boom))));
         assert!(panicked.is_err());
-        let status = stream.cuda_stream().expect("CUDA").capture_status()?;
+        let status = stream.cudarc().expect("CUDA").capture_status()?;
         println!("capture_panics: after a panic in GraphFamily::capture: {status:?}");
         family.capture(fill_work(3, &mut out))?.launch()?;
     }
@@ -1002,7 +1003,7 @@ fn a_blas_workspace_outlives_the_graphs_that_used_it_and_stays_on_its_stream() -
 #[cfg(feature = "cublas")]
 #[test]
 fn a_panic_inside_with_blas_workspace_leaves_it_working() -> TestResult {
-    use gpu_pool::with_blas_workspace;
+    use gpu_pool::interop::with_blas_workspace;
     let Some((gpu, _lock)) = gpu("blas_workspace_panic") else {
         return Ok(());
     };
@@ -1071,7 +1072,7 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     use crate::common::dense::{
         BATCH, Engine, IN, OUT, dense_relu_gpu, engine, largest_difference, parameters,
     };
-    use gpu_pool::{SharedMat, with_blas_workspace};
+    use gpu_pool::{interop::with_blas_workspace, shared::SharedMat};
     let Some((gpu, _lock)) = gpu("cublas_workspace") else {
         return Ok(());
     };
@@ -1094,7 +1095,8 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     };
     const WORKSPACE: usize = 4 * MIB;
 
-    let nodes_without = |blas: &gpu_pool::cudarc::cublas::CudaBlas, y: &mut GpuMat<'_, f32>| {
+    let nodes_without = |blas: &gpu_pool::interop::cudarc::cublas::CudaBlas,
+                         y: &mut GpuMat<'_, f32>| {
         stream
             .capture(|s| dense_relu_gpu(s, blas, kernels, &x, &w, &b, y))?
             .nodes()
@@ -1103,7 +1105,7 @@ fn a_captured_gemm_works_in_a_stack_workspace_and_allocates_nothing() -> TestRes
     // The control: cudarc's own handle on the same stream, with cuBLAS's default workspace, which
     // cuBLAS allocates inside the capture.
     let bare =
-        gpu_pool::cudarc::cublas::CudaBlas::new(stream.cuda_stream().expect("CUDA").clone())?;
+        gpu_pool::interop::cudarc::cublas::CudaBlas::new(stream.cudarc().expect("CUDA").clone())?;
     let default_pool = nodes_without(&bare, &mut y)?;
     drop(bare);
     let graph = stream.capture(|s| {
@@ -1227,7 +1229,7 @@ fn a_gpu_config_round_trips_and_the_report_names_growable_stacks() -> TestResult
         Ok(()) => {
             let stream = Stream::new(&gpu)?;
             drop(BufferPool::new(&stream).get_buffer_1d::<u8>(12 * MIB)?);
-            let report = gpu_pool::Report::new(vec![gpu.stats()]).to_string();
+            let report = gpu_pool::observe::Report::new(vec![gpu.stats()]).to_string();
             let line = report
                 .lines()
                 .find(|l| l.starts_with(&format!("{}: config", gpu.id())))
@@ -1239,11 +1241,108 @@ fn a_gpu_config_round_trips_and_the_report_names_growable_stacks() -> TestResult
         Err(e) => eprintln!("device_config: no growable stacks on this GPU: {e}"),
     }
     let mut changed = before.clone();
-    changed.packing = gpu_pool::Packing::OpenCv;
+    changed.packing = gpu_pool::config::Packing::OpenCv;
     changed.record = 4;
     gpu.configure(changed.clone())?;
     assert_eq!(gpu.config()?, changed);
     gpu.configure(before.clone())?;
     assert_eq!(gpu.config()?, before);
+    Ok(())
+}
+
+/// `.buf` / `.buf_mut` (`LaunchArgsExt`) push the address of the first element of whatever
+/// `GpuRead` / `GpuWrite` is implemented for, through a generic function as through concrete
+/// types, and `.pitched` pushes the 32-byte struct: each kernel sees the right memory.
+#[test]
+fn buf_and_buf_mut_push_the_address_of_every_kind_of_buffer() -> TestResult {
+    use gpu_pool::interop::LaunchArgsExt;
+    use gpu_pool::interop::cudarc::driver::{CudaFunction, LaunchConfig};
+    let Some((gpu, _lock)) = gpu("buf_and_buf_mut") else {
+        return Ok(());
+    };
+    let source = format!(
+        "{PITCHED_H}{}",
+        r#"
+extern "C" __global__ void axpy(const float* x, float* y, float a, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+extern "C" __global__ void rows(Pitched<const float> src, Pitched<float> dst) {
+    unsigned c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
+    if (dst.contains(r, c)) dst(r, c) = src(r, c) + r;
+}"#
+    );
+    let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(source)?;
+    let module = gpu.cudarc()?.load_module(ptx)?;
+    let (axpy, rows) = (module.load_function("axpy")?, module.load_function("rows")?);
+    let stream = Stream::new(&gpu)?;
+
+    fn generic(
+        s: &Stream,
+        f: &CudaFunction,
+        x: &impl GpuRead<f32>,
+        y: &mut impl GpuWrite<f32>,
+        a: f32,
+    ) -> TestResult {
+        let n = x.len() as u32;
+        let mut args = s.cudarc()?.launch_builder(f);
+        args.buf(x).buf_mut(y).arg(&a).arg(&n);
+        // SAFETY: `axpy` takes (const float*, float*, float, unsigned) and touches n elements of
+        // x and y, both n long.
+        unsafe { args.launch(LaunchConfig::for_num_elems(n)) }?;
+        Ok(())
+    }
+
+    let n = 1000usize;
+    let pool = BufferPool::new(&stream);
+    let x = GpuMat::from_host(&stream, 1, n, &(0..n).map(|i| i as f32).collect::<Vec<_>>())?;
+    let mut y = pool.get_buffer_1d::<f32>(n)?;
+    y.set_to(1.0)?;
+    generic(&stream, &axpy, &x, &mut y, 2.0)?; // concrete buffers through the generic function
+    let mut batch = pool.get_buffer::<f32>(4, n)?; // a region of a bigger buffer, as the output
+    batch.set_to(0.0)?;
+    generic(
+        &stream,
+        &axpy,
+        &y.view(),
+        &mut batch.row_range_mut(2..3)?,
+        1.0,
+    )?;
+    let got = batch.to_vec()?;
+    let wrong = (0..4 * n)
+        .filter(|&k| {
+            let (r, i) = (k / n, k % n);
+            let want = if r == 2 { 1.0 + 2.0 * i as f32 } else { 0.0 };
+            got[k] != want
+        })
+        .count();
+    eprintln!("buf_and_buf_mut: {wrong} wrong of {} elements", 4 * n);
+    assert_eq!(wrong, 0);
+
+    // `.pitched`: the struct, for a 2D kernel, from a region as input.
+    let (r, c) = (3usize, 40usize);
+    let src = batch.roi(1..4, 10..10 + c)?; // rows 1..4: 0, 1 + 2i, 0
+    let mut dst = pool.get_buffer::<f32>(r, c)?;
+    let (input, output) = (src.pitched(), dst.pitched_mut());
+    let grid = grid_2d(r, c)?;
+    // SAFETY: `rows` takes two Pitched<float> and writes only inside dst's rows and columns.
+    unsafe {
+        stream
+            .cudarc()?
+            .launch_builder(&rows)
+            .pitched(&input)
+            .pitched(&output)
+            .launch(grid)
+    }?;
+    let got = dst.to_vec()?;
+    for (k, v) in got.iter().enumerate() {
+        let (row, col) = (k / c, k % c);
+        let base = if row == 1 {
+            1.0 + 2.0 * (10 + col) as f32
+        } else {
+            0.0
+        };
+        assert_eq!(*v, base + row as f32, "({row}, {col})");
+    }
     Ok(())
 }

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use crate::common::each_device;
+use gpu_pool::compat::opencv::BufferPool;
 use gpu_pool::prelude::*;
-use gpu_pool::{Fallback, FallbackReason, set_buffer_pool_config};
+use gpu_pool::{FallbackReason, compat::opencv::set_buffer_pool_config, config::Fallback};
 
 /// Stack use is back to zero and nothing was released out of order.
 fn clean(stream: &Stream) {

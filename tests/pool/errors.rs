@@ -7,8 +7,9 @@ use std::sync::Arc;
 use gpu_pool::GpuWrite;
 use gpu_pool::pooled;
 use gpu_pool::{
-    AllocContext, AllocRequest, Allocation, BufferPool, Device, Fallback, GpuAllocator, GpuMat,
-    MixMemory, PoolError, Stream, set_buffer_pool_config,
+    Device, PoolError, Stream, alloc::AllocContext, alloc::AllocRequest, alloc::Allocation,
+    alloc::GpuAllocator, compat::mix::MixMemory, compat::opencv::BufferPool,
+    compat::opencv::GpuMat, compat::opencv::set_buffer_pool_config, config::Fallback,
 };
 
 const MIB: usize = 1 << 20;
@@ -109,7 +110,7 @@ fn memory_not_for_a_buffer_has_no_request() -> Result<(), PoolError> {
 #[test]
 fn a_failed_write_keeps_the_io_error_as_its_source() {
     let path = std::env::temp_dir().join("gpu-pool-no-such-dir/trace.json");
-    let err = gpu_pool::timeline::write_chrome_trace(&path).unwrap_err();
+    let err = gpu_pool::observe::timeline::write_chrome_trace(&path).unwrap_err();
     let PoolError::Io { source, .. } = &err else {
         panic!("{err}");
     };
@@ -173,7 +174,7 @@ fn a_failed_cuda_call_keeps_its_error_as_its_source() {
     // cudarc's driver error, as the CUDA backend keeps it (not printed: printing asks the driver).
     #[cfg(feature = "cuda")]
     {
-        use gpu_pool::cudarc::driver::{DriverError, sys::CUresult};
+        use gpu_pool::interop::cudarc::driver::{DriverError, sys::CUresult};
         let invalid = DriverError(CUresult::CUDA_ERROR_INVALID_VALUE);
         let err = PoolError::Driver {
             call: "cuMemAlloc",
@@ -229,9 +230,9 @@ mod cudarc_errors {
     use std::error::Error as _;
     use std::ffi::CString;
 
-    use gpu_pool::cudarc::driver::{DriverError, sys::CUresult};
-    use gpu_pool::cudarc::nvrtc::{CompileError, result::NvrtcError, sys::nvrtcResult};
-    use gpu_pool::{BufferPool, Device, PoolError, Stream};
+    use gpu_pool::interop::cudarc::driver::{DriverError, sys::CUresult};
+    use gpu_pool::interop::cudarc::nvrtc::{CompileError, result::NvrtcError, sys::nvrtcResult};
+    use gpu_pool::{Device, PoolError, Stream, compat::opencv::BufferPool};
 
     fn launch() -> Result<(), DriverError> {
         Err(DriverError(CUresult::CUDA_ERROR_LAUNCH_FAILED))
@@ -290,7 +291,7 @@ mod cudarc_errors {
     #[cfg(feature = "cublas")]
     #[test]
     fn a_cublas_error_converts_and_stays_its_source() {
-        use gpu_pool::cudarc::cublas::{result::CublasError, sys::cublasStatus_t};
+        use gpu_pool::interop::cudarc::cublas::{result::CublasError, sys::cublasStatus_t};
         fn gemm() -> Result<(), PoolError> {
             Err(CublasError(cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE))?
         }
@@ -314,7 +315,7 @@ mod cudarc_errors {
         let stream = Stream::new(&Device::private_host())?;
         let err = stream.cublas().unwrap_err();
         // SAFETY: only asks whether the library loads.
-        if unsafe { gpu_pool::cudarc::cublas::sys::is_culib_present() } {
+        if unsafe { gpu_pool::interop::cudarc::cublas::sys::is_culib_present() } {
             assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
             println!("libcublas present: a host stream is {err}");
         } else {

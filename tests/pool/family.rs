@@ -5,8 +5,9 @@
 
 use std::error::Error;
 
+use gpu_pool::compat::opencv::set_buffer_pool_config;
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
-use gpu_pool::set_buffer_pool_config;
 
 use crate::common::gpu;
 
@@ -50,7 +51,7 @@ fn ten_graphs_of_a_family_hold_the_largest_scratch_not_the_sum() -> TestResult {
             .enumerate()
             .map(|(i, out)| stream.capture(member_work(i, out)))
             .collect::<Result<Vec<_>, _>>()?;
-        graphs.iter().map(gpu_pool::Graph::stack_bytes).sum()
+        graphs.iter().map(gpu_pool::graph::Graph::stack_bytes).sum()
     };
     assert_eq!(stream.stats().stack_in_use, 0);
 

@@ -6,9 +6,13 @@
 
 use std::sync::Arc;
 
-use gpu_pool::pplcv::{self, GpuMemoryBlock};
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
+use gpu_pool::compat::pplcv::{self, GpuMemoryBlock};
 use gpu_pool::prelude::*;
-use gpu_pool::{CachingPool, Fallback, MixMemory, set_buffer_pool_config};
+use gpu_pool::{
+    alloc::CachingPool, compat::mix::MixMemory, compat::opencv::set_buffer_pool_config,
+    config::Fallback,
+};
 
 /// Runs `workload` with call 1, 2, ... failing, until a run makes no failing call. Returns how many
 /// runs ended in out-of-memory.
@@ -144,18 +148,18 @@ fn the_ppl_cv_pool_survives_every_failure() {
 /// of the host backend, for any device, the GPU included.
 #[derive(Debug)]
 struct FailAt {
-    inner: Arc<dyn gpu_pool::GpuAllocator>,
+    inner: Arc<dyn gpu_pool::alloc::GpuAllocator>,
     fail_at: u64,
     calls: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: every `Ok` allocation is the inner allocator's, and every deallocation goes back to it.
-unsafe impl gpu_pool::GpuAllocator for FailAt {
+unsafe impl gpu_pool::alloc::GpuAllocator for FailAt {
     fn allocate(
         &self,
-        ctx: &gpu_pool::AllocContext<'_>,
-        req: &gpu_pool::AllocRequest,
-    ) -> Result<gpu_pool::Allocation, PoolError> {
+        ctx: &gpu_pool::alloc::AllocContext<'_>,
+        req: &gpu_pool::alloc::AllocRequest,
+    ) -> Result<gpu_pool::alloc::Allocation, PoolError> {
         let n = self
             .calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -174,8 +178,8 @@ unsafe impl gpu_pool::GpuAllocator for FailAt {
 
     unsafe fn deallocate(
         &self,
-        ctx: &gpu_pool::AllocContext<'_>,
-        allocation: gpu_pool::Allocation,
+        ctx: &gpu_pool::alloc::AllocContext<'_>,
+        allocation: gpu_pool::alloc::Allocation,
     ) -> Result<(), PoolError> {
         // SAFETY: forwarded: `allocation` came from the inner allocator, through `allocate`.
         unsafe { self.inner.deallocate(ctx, allocation) }

@@ -2,9 +2,10 @@
 //! range, 64 KiB granules mapped on demand, every reservation, map and unmap a counted call): the
 //! rules every device follows, in CI.
 
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
 use gpu_pool::testing::{host_live_bytes, host_with_faults};
-use gpu_pool::{FallbackReason, set_buffer_pool_config};
+use gpu_pool::{FallbackReason, compat::opencv::set_buffer_pool_config};
 
 const MIB: usize = 1 << 20;
 
@@ -202,7 +203,7 @@ fn a_request_past_the_reservation_falls_back_as_too_large() -> Result<(), PoolEr
 #[test]
 fn on_the_gpu_a_stack_grows_inside_a_capture_and_trim_gives_memory_back()
 -> Result<(), Box<dyn std::error::Error>> {
-    use gpu_pool::cudarc;
+    use gpu_pool::interop::cudarc;
     let Some((device, _lock)) = crate::common::gpu("growable_gpu") else {
         return Ok(());
     };
@@ -211,7 +212,7 @@ fn on_the_gpu_a_stack_grows_inside_a_capture_and_trim_gives_memory_back()
         return Ok(());
     }
     let free = || -> Result<usize, Box<dyn std::error::Error>> {
-        device.cuda_context().expect("CUDA").bind_to_thread()?;
+        device.cudarc().expect("CUDA").bind_to_thread()?;
         Ok(cudarc::driver::result::mem_get_info()?.0)
     };
     let stream = Stream::new(&device)?;

@@ -5,8 +5,9 @@
 //! growable stack maps its configured size when its stream is made. On the host backend with a
 //! memory limit, in CI; the GPU versions are in `cuda.rs`'s `holders_gpu` tests.
 
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
-use gpu_pool::{Fallback, GpuMat, SharedMat, set_buffer_pool_config};
+use gpu_pool::{compat::opencv::set_buffer_pool_config, config::Fallback, shared::SharedMat};
 
 const MIB: usize = 1 << 20;
 
@@ -242,7 +243,7 @@ fn a_caching_pools_held_block_goes_back_for_gpumat_new_and_shared_mat() -> Resul
         "{:?}",
         idle.idle_holders
     );
-    let report = gpu_pool::Report::new(vec![idle]).to_string();
+    let report = gpu_pool::observe::Report::new(vec![idle]).to_string();
     assert!(report.contains("idle: the caching pool holds"), "{report}");
     // Before: OutOfMemory until `free_held()`.
     let mat = GpuMat::<u8>::new(&stream, 1, 40 * MIB)?;
@@ -306,7 +307,7 @@ fn the_memory_limit_counts_every_holder_and_the_error_says_it() -> Result<(), Po
         "{text}"
     );
     assert!(device.stats().memory_counted <= 48 * MIB);
-    let report = gpu_pool::Report::new(vec![device.stats()]).to_string();
+    let report = gpu_pool::observe::Report::new(vec![device.stats()]).to_string();
     assert!(report.contains("memory limit 48.00 MiB"), "{report}");
     drop(mat);
     device.set_memory_limit(None);
@@ -363,8 +364,8 @@ fn work_within_the_configured_size_makes_no_driver_call_after_stream_new() -> Re
 /// The GPU's free memory now (`cuMemGetInfo`), bound to `device`'s context.
 #[cfg(feature = "cuda")]
 fn gpu_free(device: &Device) -> Result<usize, Box<dyn std::error::Error>> {
-    device.cuda_context().expect("CUDA").bind_to_thread()?;
-    Ok(gpu_pool::cudarc::driver::result::mem_get_info()?.0)
+    device.cudarc().expect("CUDA").bind_to_thread()?;
+    Ok(gpu_pool::interop::cudarc::driver::result::mem_get_info()?.0)
 }
 
 /// 60% of the GPU's free memory, in whole MiB: two of them do not fit at once.

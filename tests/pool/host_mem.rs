@@ -2,8 +2,9 @@
 //! the host can neither touch nor free. Host-backend rules first (CI), then the attacks on a GPU,
 //! each with one stream held back by a spinning kernel so a missing wait shows as wrong bytes.
 
+use gpu_pool::compat::opencv::BufferPool;
 use gpu_pool::prelude::*;
-use gpu_pool::{HostMem, MixMemory};
+use gpu_pool::{HostMem, compat::mix::MixMemory};
 
 #[test]
 fn async_copies_round_trip_and_refuse_what_does_not_fit() -> Result<(), PoolError> {
@@ -120,7 +121,8 @@ mod gpu {
     use std::error::Error;
 
     use gpu_pool::HostMem;
-    use gpu_pool::cudarc::driver::CudaEvent;
+    use gpu_pool::compat::opencv::{BufferPool, GpuMat};
+    use gpu_pool::interop::cudarc::driver::CudaEvent;
     use gpu_pool::prelude::*;
 
     use crate::common::gpu;
@@ -132,7 +134,7 @@ mod gpu {
 
     /// An event after the work queued on `stream` so far, to ask later whether it is done.
     fn mark(stream: &Stream) -> Result<CudaEvent, Box<dyn Error>> {
-        Ok(stream.cuda_stream().expect("CUDA").record_event(None)?)
+        Ok(stream.cudarc().expect("CUDA").record_event(None)?)
     }
 
     #[test]
@@ -303,7 +305,7 @@ mod gpu {
 
     #[test]
     fn a_wait_refused_by_a_foreign_capture_loses_nothing() -> TestResult {
-        use gpu_pool::cudarc::driver::sys;
+        use gpu_pool::interop::cudarc::driver::sys;
         let Some((device, _lock)) = gpu("hostmem_foreign_capture") else {
             return Ok(());
         };
@@ -315,7 +317,7 @@ mod gpu {
         let mut gpu = GpuMat::<u8>::new(&stream, 1, N)?;
         stall(&stream, &k, &tick)?;
         gpu.upload_async(&host)?; // a ticket, not covered: only a synchronize could vouch for it
-        let cuda = stream.cuda_stream().expect("CUDA").clone();
+        let cuda = stream.cudarc().expect("CUDA").clone();
         cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
         let refused = host.as_mut_slice().map(drop);
         let ended = cuda.end_capture(sys::CUgraphInstantiate_flags(0));
@@ -359,7 +361,7 @@ mod gpu {
 
     #[test]
     fn host_memory_outliving_its_stream_keeps_the_callers_context() -> TestResult {
-        use gpu_pool::cudarc::driver::{CudaContext, result};
+        use gpu_pool::interop::cudarc::driver::{CudaContext, result};
         let Some((device, _lock)) = gpu("hostmem_context") else {
             return Ok(());
         };

@@ -3,7 +3,7 @@
 
 use crate::common::each_device;
 use gpu_pool::GpuRead;
-use gpu_pool::{Device, GpuMat, MixMemory, PoolError, Stream};
+use gpu_pool::{Device, PoolError, Stream, compat::mix::MixMemory, compat::opencv::GpuMat};
 
 #[test]
 fn it_grows_only_when_more_is_asked_and_new_memory_is_zero() -> Result<(), PoolError> {
@@ -107,7 +107,7 @@ fn wrapped_memory_is_used_in_place_and_never_freed() -> Result<(), PoolError> {
 #[test]
 fn it_allocates_on_its_own_device_and_restores_the_callers_context()
 -> Result<(), Box<dyn std::error::Error>> {
-    use gpu_pool::cudarc::driver::{CudaContext, result as cu};
+    use gpu_pool::interop::cudarc::driver::{CudaContext, result as cu};
     let Some((gpu, _lock)) = crate::common::gpu("mix_device_guard") else {
         return Ok(());
     };

@@ -6,7 +6,7 @@
 //! its highest live buffer; counters and LIFO violations add up; at the end only the stack memory
 //! is left.
 
-use gpu_pool::{Device, Fallback, Packing};
+use gpu_pool::{Device, config::Fallback, config::Packing};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 

@@ -5,11 +5,13 @@
 use std::error::Error;
 use std::time::Duration;
 
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::nccl::{Communicators, Reduce};
 use gpu_pool::prelude::*;
 use gpu_pool::{
-    CachingPool, Fallback, GpuView, GpuViewMut, MixMemory, PoolConfig, check_symmetric, cudarc,
-    set_buffer_pool_config,
+    GpuView, GpuViewMut, alloc::CachingPool, compat::mix::MixMemory,
+    compat::opencv::set_buffer_pool_config, config::Fallback, config::PoolConfig, interop::cudarc,
+    observe::check_symmetric,
 };
 
 use crate::common::{GpuLock, gpu, skipped};
@@ -69,7 +71,7 @@ impl Drop for Reset<'_> {
 /// Free and total bytes of `device` as the driver reports them (what NCCL's own allocations would
 /// change, which the pool's counters cannot see).
 fn free_bytes(device: &Device) -> Result<usize, Box<dyn Error>> {
-    let ctx = device.cuda_context().expect("CUDA");
+    let ctx = device.cudarc().expect("CUDA");
     ctx.bind_to_thread()?;
     Ok(cudarc::driver::result::mem_get_info()?.0)
 }
@@ -81,7 +83,7 @@ fn mix_memory_and_the_caching_pool_stay_on_their_own_device() -> TestResult {
     };
     let _reset = Reset(&gpu0, &gpu1);
     // MixMemory of device 1 from a thread where device 0's context is current.
-    gpu0.cuda_context().expect("CUDA").bind_to_thread()?;
+    gpu0.cudarc().expect("CUDA").bind_to_thread()?;
     {
         let s1 = Stream::new(&gpu1)?;
         let mut mix = MixMemory::new(&gpu1)?;
@@ -94,7 +96,7 @@ fn mix_memory_and_the_caching_pool_stay_on_their_own_device() -> TestResult {
         assert!(mix.cpu::<u32>(4096)?.iter().all(|&v| v == 7));
         assert_eq!(
             cudarc::driver::result::ctx::get_current()?,
-            Some(gpu0.cuda_context().expect("CUDA").cu_ctx()),
+            Some(gpu0.cudarc().expect("CUDA").cu_ctx()),
             "the caller's context is current again"
         );
     }
@@ -186,11 +188,19 @@ impl GpuRead<f32> for Sneaky<'_, '_> {
     fn view(&self) -> GpuView<'_, f32> {
         self.0
     }
+
+    fn addr_ref(&self) -> &u64 {
+        self.0.addr_ref()
+    }
 }
 
 impl GpuWrite<f32> for Sneaky<'_, '_> {
     fn view_mut(&mut self) -> GpuViewMut<'_, f32> {
         self.1.view_mut()
+    }
+
+    fn addr_mut(&mut self) -> &u64 {
+        self.1.addr_ref()
     }
 }
 
@@ -602,7 +612,7 @@ fn a_panic_inside_an_nccl_capture_leaves_captures_and_registrations_working() ->
         let _ = rank.capture(|| panic!("a training step went wrong"));
     }));
     assert!(panicked.is_err());
-    let status = s.cuda_stream().expect("CUDA").capture_status()?;
+    let status = s.cudarc().expect("CUDA").capture_status()?;
     assert_eq!(
         status,
         cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,

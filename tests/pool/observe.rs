@@ -1,7 +1,10 @@
 //! Seeing the pool: call sites of fallbacks, peaks and errors; recordings and their exports.
 
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
-use gpu_pool::{EventKind, Fallback, FallbackReason, set_buffer_pool_config};
+use gpu_pool::{
+    FallbackReason, compat::opencv::set_buffer_pool_config, config::Fallback, observe::RecordKind,
+};
 
 /// A device with one small stack and the given fallback.
 fn small(fallback: Fallback) -> Device {
@@ -52,7 +55,7 @@ fn fallbacks_and_the_peak_name_their_buffer_lines() -> Result<(), PoolError> {
     );
     let peak = stats.peak_at.expect("a peak was reached");
     assert_eq!(peak.line(), lines.wide);
-    let report = gpu_pool::report().to_string();
+    let report = gpu_pool::observe::report().to_string();
     assert!(
         report.contains(&format!("`_huge` at {}:{}", site.site.file(), lines.huge)),
         "{report}"
@@ -167,12 +170,12 @@ fn a_recording_keeps_the_last_events_of_each_stream() -> Result<(), PoolError> {
         "the ring holds the last 6"
     );
     // The last call, in order: three takes, then three releases in reverse.
-    let kinds: Vec<EventKind> = ra.events.iter().map(|e| e.kind).collect();
+    let kinds: Vec<RecordKind> = ra.events.iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds,
-        [EventKind::Take; 3]
+        [RecordKind::Take; 3]
             .into_iter()
-            .chain([EventKind::Release; 3])
+            .chain([RecordKind::Release; 3])
             .collect::<Vec<_>>()
     );
     assert_eq!(ra.events[0].site.and_then(|s| s.name()), Some("_small"));
@@ -207,7 +210,8 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
     grows(&streams[1], 8 << 10)?; // does not
     let recordings = device.recordings();
     let trace: serde_json::Value =
-        serde_json::from_str(&gpu_pool::timeline::chrome_trace(&recordings)).expect("JSON");
+        serde_json::from_str(&gpu_pool::observe::timeline::chrome_trace(&recordings))
+            .expect("JSON");
     let events = trace["traceEvents"].as_array().expect("a trace");
     for stream in &streams {
         let of = |ph: &str| {
@@ -230,7 +234,7 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
         "{site}"
     );
 
-    let svg = gpu_pool::timeline::svg(&recordings)?;
+    let svg = gpu_pool::observe::timeline::svg(&recordings)?;
     for stream in &streams {
         let label = format!("stream {} ({})", stream.id(), device.id());
         assert_eq!(svg.matches(&label).count(), 1, "one series for {label}");
@@ -242,7 +246,7 @@ fn the_exports_hold_every_stream_and_every_fallback() -> Result<(), PoolError> {
     );
     assert_eq!(svg.matches("<circle").count(), 1, "one fallback dot");
     let path = std::env::temp_dir().join(format!("gpu-pool-timeline-{}.svg", std::process::id()));
-    gpu_pool::timeline::write_svg(&path)?;
+    gpu_pool::observe::timeline::write_svg(&path)?;
     let written = std::fs::read_to_string(&path).expect("written");
     assert!(written.contains(&format!("stream {}", streams[1].id())));
     let _ = std::fs::remove_file(path);
@@ -257,7 +261,7 @@ fn the_report_says_growable_stacks_are_growable() -> Result<(), PoolError> {
     device.set_growable_stacks(true)?;
     let stream = Stream::new(&device)?;
     drop(BufferPool::new(&stream).get_buffer_1d::<u8>(12 << 20)?);
-    let report = gpu_pool::Report::new(vec![device.stats()]).to_string();
+    let report = gpu_pool::observe::Report::new(vec![device.stats()]).to_string();
     let first = report
         .lines()
         .find(|l| l.starts_with(&format!("{}: config", device.id())))
@@ -274,7 +278,7 @@ fn the_report_says_growable_stacks_are_growable() -> Result<(), PoolError> {
     // Fixed stacks say their size, count and memory.
     let fixed = Device::private_host();
     set_buffer_pool_config(&fixed, 1 << 20, 2)?;
-    let report = gpu_pool::Report::new(vec![fixed.stats()]).to_string();
+    let report = gpu_pool::observe::Report::new(vec![fixed.stats()]).to_string();
     assert!(
         report.contains("config 1.00 MiB x 2 stacks (0 held, memory not allocated)"),
         "{report}"

@@ -1,7 +1,7 @@
 //! ppl.cv's memory pool API. The pool is process-wide, so every test that activates it holds
 //! `common::ppl_pool_lock` (the fault-injection test of `faults.rs` too).
 
-use gpu_pool::pplcv::*;
+use gpu_pool::compat::pplcv::*;
 use gpu_pool::{Device, PoolError};
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {

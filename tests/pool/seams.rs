@@ -7,9 +7,10 @@
 use std::error::Error;
 
 use crate::common::gpu;
-use gpu_pool::cudarc::driver::{DeviceSlice, sys};
+use gpu_pool::compat::opencv::set_buffer_pool_config;
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
+use gpu_pool::interop::cudarc::driver::{DeviceSlice, sys};
 use gpu_pool::prelude::*;
-use gpu_pool::{GpuMat, set_buffer_pool_config};
 
 type TestResult = Result<(), Box<dyn Error>>;
 const MIB: usize = 1 << 20;
@@ -21,7 +22,7 @@ fn usable(stream: &Stream) -> TestResult {
     assert!(b.to_vec()?.iter().all(|&v| v == 9));
     drop(b);
     assert_eq!(stream.stats().stack_in_use, 0, "nothing left held");
-    let status = stream.cuda_stream().expect("CUDA").capture_status()?;
+    let status = stream.cudarc().expect("CUDA").capture_status()?;
     assert_eq!(
         status,
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
@@ -32,7 +33,7 @@ fn usable(stream: &Stream) -> TestResult {
 /// Ends a capture that cudarc's `begin_capture` began on `cuda`, as its user would: cudarc's
 /// `end_capture` returns an error its context holds without ending the capture, so it may take
 /// more than one call. No attempt may yield a graph: the pool invalidated the capture.
-fn end_foreign_capture(cuda: &std::sync::Arc<gpu_pool::cudarc::driver::CudaStream>) {
+fn end_foreign_capture(cuda: &std::sync::Arc<gpu_pool::interop::cudarc::driver::CudaStream>) {
     let none = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     for attempt in 0..3 {
         let ended = cuda.end_capture(sys::CUgraphInstantiate_flags(0));
@@ -55,9 +56,9 @@ fn one_cuda_stream_is_wrapped_by_one_pool_stream_at_a_time() -> TestResult {
     let Some((gpu, _lock)) = gpu("one_pool_stream_per_cuda_stream") else {
         return Ok(());
     };
-    let ctx = gpu.cuda_context().expect("CUDA").clone();
+    let ctx = gpu.cudarc().expect("CUDA").clone();
     let first = Stream::new(&gpu)?;
-    let again = Stream::from_cuda(&gpu, first.cuda_stream().expect("CUDA").clone());
+    let again = Stream::from_cuda(&gpu, first.cudarc().expect("CUDA").clone());
     println!(
         "wrapping a pool stream's CUDA stream again: {:?}",
         again.as_ref().err()
@@ -99,7 +100,7 @@ fn a_capture_on_the_adopted_legacy_default_stream_is_refused_up_front() -> TestR
         return Ok(());
     };
     set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
-    let ctx = gpu.cuda_context().expect("a CUDA device").clone();
+    let ctx = gpu.cudarc().expect("a CUDA device").clone();
     let default = Stream::from_cuda(&gpu, ctx.default_stream())?;
     let err = default
         .capture(|s| BufferPool::new(s).get_buffer::<u32>(32, 32)?.set_to(1))
@@ -247,10 +248,7 @@ fn another_streams_scope_inside_a_capture_runs_eagerly_and_replays_never_touch_i
 
     // A user who joins b to a's capture with cudarc's safe `join` gets pool work on b refused,
     // and a capture that fails and ends.
-    let (ca, cb) = (
-        a.cuda_stream().expect("CUDA"),
-        b.cuda_stream().expect("CUDA"),
-    );
+    let (ca, cb) = (a.cudarc().expect("CUDA"), b.cudarc().expect("CUDA"));
     let err = a
         .capture(|_| {
             cb.join(ca).map_err(|e| PoolError::Unsupported {
@@ -344,11 +342,11 @@ fn filled_into<T: bytemuck::Pod>(
     // SAFETY: both buffers are live stack buffers of `bytes` (same shape and step), disjoint,
     // ordered on `stream`; `out` outlives the graph that replays this copy.
     unsafe {
-        gpu_pool::cudarc::driver::result::memcpy_dtod_async(
+        gpu_pool::interop::cudarc::driver::result::memcpy_dtod_async(
             out.device_ptr(),
             t.device_ptr(),
             bytes,
-            stream.cuda_stream().expect("CUDA").cu_stream(),
+            stream.cudarc().expect("CUDA").cu_stream(),
         )
     }
     .map_err(|e| PoolError::Unsupported {
@@ -364,7 +362,7 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
     };
     set_buffer_pool_config(&gpu, 4 * MIB, 2)?;
     let stream = Stream::new(&gpu)?;
-    let other = gpu.cuda_context().expect("CUDA").new_stream()?;
+    let other = gpu.cudarc().expect("CUDA").new_stream()?;
 
     // cudarc's own copy on another stream, of pool memory, inside the capture.
     let err = stream
@@ -389,7 +387,7 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
     on_b.set_to(4.0)?;
     let err = stream
         .capture(|s| {
-            let cuda = s.cuda_stream().expect("CUDA");
+            let cuda = s.cudarc().expect("CUDA");
             let _ = cuda.memset_zeros(&mut on_b.as_cudarc_mut()?);
             Ok(())
         })
@@ -403,7 +401,7 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
     drop(on_b);
 
     // A capture begun with cudarc's own API, not Stream::capture: pool work on it is refused.
-    let cuda = stream.cuda_stream().expect("CUDA").clone();
+    let cuda = stream.cudarc().expect("CUDA").clone();
     cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
     let mut t = BufferPool::new(&stream).get_buffer_1d::<f32>(256)?;
     let refused = t.set_to(1.0);
@@ -427,7 +425,7 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
 
     // A call on another stream with a buffer of a stream someone else is capturing would race
     // what the stream queued before: it gets no address (not run eagerly, unordered).
-    let other = gpu.cuda_context().expect("CUDA").new_stream()?;
+    let other = gpu.cudarc().expect("CUDA").new_stream()?;
     let mut t = BufferPool::new(&stream).get_buffer_1d::<f32>(1000)?;
     t.set_to(4.0)?;
     stream.synchronize()?;
@@ -511,7 +509,7 @@ fn a_region_lent_to_cudarc_never_exposes_its_neighbours() -> TestResult {
         return Ok(());
     };
     let stream = Stream::new(&gpu)?;
-    let cuda = stream.cuda_stream().expect("CUDA").clone();
+    let cuda = stream.cudarc().expect("CUDA").clone();
     let mut image = BufferPool::new(&stream).get_buffer::<f32>(16, 100)?;
     image.set_to(1.0)?;
 
@@ -563,7 +561,7 @@ fn cudarcs_own_end_capture_inside_a_capture_yields_no_graph() -> TestResult {
         let mut t = BufferPool::new(s).get_buffer_1d::<u8>(MIB)?;
         t.set_to(0xAB)?;
         let ended = s
-            .cuda_stream()
+            .cudarc()
             .expect("CUDA")
             .end_capture(sys::CUgraphInstantiate_flags(0));
         println!(
@@ -627,7 +625,7 @@ fn memory_made_before_a_capture_and_freed_after_it_lives_while_the_graph_does() 
     );
 
     // MixMemory's host side could be reallocated under a captured copy: refused.
-    let mut mix = gpu_pool::MixMemory::new(&gpu)?;
+    let mut mix = gpu_pool::compat::mix::MixMemory::new(&gpu)?;
     mix.cpu::<u32>(1024)?.fill(3);
     let _ = mix.gpu::<u32>(1024)?;
     let err = stream.capture(|s| mix.copy_to_cpu_async(s)).unwrap_err();
@@ -642,7 +640,7 @@ fn per_thread_stream_handles_are_not_wrapped() -> TestResult {
     let Some((gpu, _lock)) = gpu("per_thread_handles") else {
         return Ok(());
     };
-    let ctx = gpu.cuda_context().expect("CUDA").clone();
+    let ctx = gpu.cudarc().expect("CUDA").clone();
     let err = Stream::from_cuda(&gpu, ctx.per_thread_stream()).unwrap_err();
     println!("from_cuda(per_thread_stream): {err}");
     assert!(matches!(err, PoolError::Unsupported { .. }), "{err}");
@@ -712,12 +710,12 @@ fn a_mix_memory_copy_whose_wait_is_refused_stays_pending() -> TestResult {
         return Ok(());
     };
     let b = Stream::new(&gpu)?;
-    let mut mix = gpu_pool::MixMemory::new(&gpu)?;
+    let mut mix = gpu_pool::compat::mix::MixMemory::new(&gpu)?;
     mix.cpu::<u32>(1 << 20)?.fill(3);
     let _ = mix.gpu::<u32>(1 << 20)?;
     mix.copy_to_cpu_async(&b)?; // in flight on b
     // Someone begins a capture on b: the copy can no longer be waited for.
-    let cuda = b.cuda_stream().expect("CUDA").clone();
+    let cuda = b.cudarc().expect("CUDA").clone();
     cuda.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
     let first = mix.cpu::<u32>(1 << 20).map(|_| ());
     let second = mix.cpu::<u32>(1 << 20).map(|_| ());

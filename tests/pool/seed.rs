@@ -5,8 +5,9 @@ use crate::common::each_device;
 use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, GpuMat, Packing, PoolError, Source, Stream,
-    set_buffer_pool_config,
+    Device, FallbackReason, PoolError, Source, Stream, compat::opencv::BufferPool,
+    compat::opencv::GpuMat, compat::opencv::set_buffer_pool_config, config::Fallback,
+    config::Packing,
 };
 
 const MIB: usize = 1 << 20;

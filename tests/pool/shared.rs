@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
-use gpu_pool::{DeviceId, SharedRead};
+use gpu_pool::{DeviceId, shared::SharedRead};
 
 /// `out = src + 1`, written once over the traits, CPU twin of a kernel (host backend).
 fn add_one(src: &impl GpuRead<u32>, out: &mut impl GpuWrite<u32>) -> Result<(), PoolError> {
@@ -108,7 +109,7 @@ fn views_upload_download_fill_and_copy_without_touching_their_neighbours() -> Re
 #[test]
 fn a_mix_memory_view_has_no_stream_and_its_copies_say_what_to_use() -> Result<(), PoolError> {
     let device = Device::host();
-    let mut mix = gpu_pool::MixMemory::new(&device)?;
+    let mut mix = gpu_pool::compat::mix::MixMemory::new(&device)?;
     let mut view = mix.gpu_view_mut::<u32>(4)?;
     assert!(view.stream().is_none());
     let error = view.upload(&[1, 2, 3, 4]).unwrap_err();
@@ -319,7 +320,8 @@ mod gpu {
     use std::error::Error;
     use std::sync::Arc;
 
-    use gpu_pool::cudarc::driver::CudaStream;
+    use gpu_pool::compat::opencv::{BufferPool, GpuMat};
+    use gpu_pool::interop::cudarc::driver::CudaStream;
     use gpu_pool::prelude::*;
 
     use crate::common::gpu;
@@ -353,11 +355,11 @@ mod gpu {
         stall(&a, &k, &tick)?;
         shared.write(&a)?.set_to(3)?;
         let address = shared.read(&a)?.device_ptr();
-        let cs = b.cuda_stream().expect("a CUDA stream");
+        let cs = b.cudarc().expect("a CUDA stream");
         // SAFETY: both ranges are N live bytes of this context (`seen` and `shared`, which outlive
         // the synchronize below); the race on `shared`'s bytes is the point, and only reads them.
         unsafe {
-            gpu_pool::cudarc::driver::result::memcpy_dtod_async(
+            gpu_pool::interop::cudarc::driver::result::memcpy_dtod_async(
                 seen.device_ptr(),
                 address,
                 N,
@@ -513,7 +515,7 @@ mod gpu {
         assert_eq!(joined, weights);
 
         // cudarc's own copy, on a stream of its own, through the read guard.
-        let ctx = device.cuda_context().expect("a CUDA device");
+        let ctx = device.cudarc().expect("a CUDA device");
         let other: Arc<CudaStream> = ctx.new_stream()?;
         let read = shared.read(&loader)?;
         let host: Vec<f32> = other.clone_dtoh(&read.as_cudarc()?)?;
@@ -546,13 +548,13 @@ mod gpu {
         })?;
         drop(graph);
         // A capture that cudarc began on the pool stream's CUDA stream: no access joins it.
-        let cuda = stream.cuda_stream().expect("a CUDA stream");
+        let cuda = stream.cudarc().expect("a CUDA stream");
         cuda.begin_capture(
-            gpu_pool::cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            gpu_pool::interop::cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
         )?;
         let read = shared.read(&stream).map(|_| ());
         let write = shared.write(&stream).map(|_| ());
-        let _ = cuda.end_capture(gpu_pool::cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        let _ = cuda.end_capture(gpu_pool::interop::cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
         println!("shared access on a stream captured by cudarc: read {read:?}, write {write:?}");
         assert!(matches!(read, Err(PoolError::CapturedElsewhere { .. })));
         assert!(matches!(write, Err(PoolError::CapturedElsewhere { .. })));
@@ -601,7 +603,7 @@ mod gpu {
         let source = GpuMat::from_host(&a, 300, 500, &values)?;
         {
             let mut w = table.write(&a)?;
-            let cuda = a.cuda_stream().expect("a CUDA stream");
+            let cuda = a.cudarc().expect("a CUDA stream");
             // SAFETY: both are 300x500 u8 images on `a`'s device; `invert` writes only inside.
             unsafe { kernels::invert(&k, cuda, source.pitched(), w.pitched_mut())? };
         }
@@ -609,7 +611,7 @@ mod gpu {
         let mut out = GpuMat::<u8>::new(&b, 300, 500)?;
         {
             let r = table.read(&b)?;
-            let cuda = b.cuda_stream().expect("a CUDA stream");
+            let cuda = b.cudarc().expect("a CUDA stream");
             // SAFETY: as above, on `b`.
             unsafe { kernels::invert(&k, cuda, r.pitched(), out.pitched_mut())? };
         }
@@ -689,12 +691,12 @@ mod gpu {
         stall(&w, &k, &tick)?;
         write.set_to(3)?;
         let address = write.view().device_ptr();
-        let cs = s.cuda_stream().expect("a CUDA stream");
+        let cs = s.cudarc().expect("a CUDA stream");
         // SAFETY: both ranges are N live bytes of this context (`out` and the shared matrix,
         // which outlive the synchronize below); the race on the shared bytes is the point, and
         // this only reads them.
         unsafe {
-            gpu_pool::cudarc::driver::result::memcpy_dtod_async(
+            gpu_pool::interop::cudarc::driver::result::memcpy_dtod_async(
                 out.device_ptr(),
                 address,
                 N,
@@ -785,20 +787,20 @@ mod gpu {
         let mut weights = SharedMat::<f32>::from_host(&loader, 64, 64, &[0.5; 64 * 64])?;
         let mut out = GpuMat::<f32>::new(&worker, 64, 64)?;
         out.copy_from(&weights.read(&worker)?)?; // waits for the upload, once
-        let before = gpu_pool::DriverCalls::on_this_thread();
+        let before = gpu_pool::observe::DriverCalls::on_this_thread();
         for _ in 0..100 {
             let w = weights.read(&worker)?;
             out.copy_from(&w)?;
         }
-        let calls = gpu_pool::DriverCalls::on_this_thread().since(before);
+        let calls = gpu_pool::observe::DriverCalls::on_this_thread().since(before);
         println!("100 reads of unchanged weights, each with a copy: {calls:?}");
         assert_eq!((calls.event_records, calls.stream_waits), (0, 0));
         assert_eq!(calls.copies, 100);
 
         weights.write(&loader)?.set_to(0.25)?;
-        let before = gpu_pool::DriverCalls::on_this_thread();
+        let before = gpu_pool::observe::DriverCalls::on_this_thread();
         out.copy_from(&weights.read(&worker)?)?;
-        let calls = gpu_pool::DriverCalls::on_this_thread().since(before);
+        let calls = gpu_pool::observe::DriverCalls::on_this_thread().since(before);
         println!("the read after a write: {calls:?}");
         assert_eq!(
             calls.stream_waits, 1,
@@ -829,9 +831,9 @@ mod gpu {
             s.synchronize()?;
             stall(&b, &k, &tick)?;
             copy.copy_from(&shared.read(&b)?)?; // behind b's stall; b never synchronizes
-            let before = gpu_pool::DriverCalls::on_this_thread();
+            let before = gpu_pool::observe::DriverCalls::on_this_thread();
             shared.write(&s)?.set_to(2 + round)?;
-            let calls = gpu_pool::DriverCalls::on_this_thread().since(before);
+            let calls = gpu_pool::observe::DriverCalls::on_this_thread().since(before);
             let clobbered = count_not(&copy.to_vec()?, 1);
             println!(
                 "write {round} after an unsynchronized read: {clobbered} of {N} bytes of the                  read clobbered; host waits {}, GPU waits {}",
@@ -849,10 +851,12 @@ mod gpu {
         copy.copy_from(&read)?;
         let raw = read.device_ptr();
         drop(read);
-        let cs = s.cuda_stream().expect("CUDA");
+        let cs = s.cudarc().expect("CUDA");
         // SAFETY: N bytes of live shared memory; the race with b's queued copy is this control's
         // point (it shows the ordering above is what keeps the copy whole).
-        unsafe { gpu_pool::cudarc::driver::result::memset_d8_async(raw, 9, N, cs.cu_stream()) }?;
+        unsafe {
+            gpu_pool::interop::cudarc::driver::result::memset_d8_async(raw, 9, N, cs.cu_stream())
+        }?;
         let clobbered = count_not(&copy.to_vec()?, 1);
         println!("the control, a write ordered by nothing: {clobbered} of {N} bytes clobbered");
         assert!(clobbered > 0);
@@ -876,9 +880,9 @@ mod gpu {
         copy.copy_from(&shared.read(&b)?)?;
         let mut host = vec![0u8; N];
         copy.download(&mut host)?; // behind the stall: returns once it is done
-        let before = gpu_pool::DriverCalls::on_this_thread();
+        let before = gpu_pool::observe::DriverCalls::on_this_thread();
         shared.write(&s)?.set_to(2)?;
-        let calls = gpu_pool::DriverCalls::on_this_thread().since(before);
+        let calls = gpu_pool::observe::DriverCalls::on_this_thread().since(before);
         let wrong = count_not(&host, 1);
         println!(
             "downloaded behind a stall: {wrong} of {N} bytes wrong; the write after: {calls:?}"

@@ -1,8 +1,9 @@
 //! Sizing stacks before a GPU run: `Stream::measure` on the host backend gives the exact stack
 //! size a pooled function needs, whatever stack it was measured on.
 
+use gpu_pool::compat::opencv::BufferPool;
 use gpu_pool::prelude::*;
-use gpu_pool::{Sizing, set_buffer_pool_config};
+use gpu_pool::{compat::opencv::set_buffer_pool_config, observe::Sizing};
 
 const MIB: usize = 1 << 20;
 

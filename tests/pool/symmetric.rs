@@ -1,8 +1,9 @@
 //! Symmetric stacks on the host backend: the layout trace and `check_symmetric`, and NCCL's entry
 //! points answering with typed errors where there is no GPU or no `libnccl`.
 
+use gpu_pool::compat::opencv::BufferPool;
 use gpu_pool::prelude::*;
-use gpu_pool::{LayoutTrace, check_symmetric};
+use gpu_pool::{observe::LayoutTrace, observe::check_symmetric};
 
 /// The same takes and releases, with one more buffer where `extra` says so.
 fn work(stream: &Stream, extra: bool) -> Result<(), PoolError> {

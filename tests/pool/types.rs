@@ -5,7 +5,9 @@
 use crate::common::each_device;
 use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::compat::pplcv::PplPool;
-use gpu_pool::{DeviceMat, GpuRead, GpuWrite, MixMemory, PoolError, Source, Stream, Temp};
+use gpu_pool::{
+    DeviceMat, GpuRead, GpuWrite, PoolError, Source, Stream, Temp, compat::mix::MixMemory,
+};
 
 /// OpenCV-style code: takes `&GpuMat`, so it must keep taking both new types.
 fn sum_opencv(m: &GpuMat<'_, u32>) -> Result<u32, PoolError> {

@@ -2,6 +2,7 @@
 //! cudarc's own device-memory functions on the GPU.
 
 use crate::common::each_device;
+use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
 
 #[test]
@@ -152,13 +153,13 @@ fn buffers_lent_to_cudarc_need_a_cuda_stream() -> Result<(), PoolError> {
 #[cfg(feature = "cuda")]
 #[test]
 fn cudarc_copies_pool_buffers_and_regions() -> Result<(), Box<dyn std::error::Error>> {
-    use gpu_pool::cudarc::driver::DeviceSlice;
+    use gpu_pool::interop::cudarc::driver::DeviceSlice;
     let Some((gpu, _lock)) = crate::common::gpu("as_cudarc") else {
         return Ok(());
     };
     let stream = Stream::new(&gpu)?;
     let other = Stream::new(&gpu)?;
-    let cuda = stream.cuda_stream().expect("CUDA").clone();
+    let cuda = stream.cudarc().expect("CUDA").clone();
     let pool = BufferPool::new(&stream);
     let values: Vec<f32> = (0..1000).map(|i| i as f32).collect();
     let mut src = pool.get_buffer_1d::<f32>(1000)?;
@@ -178,7 +179,7 @@ fn cudarc_copies_pool_buffers_and_regions() -> Result<(), Box<dyn std::error::Er
     let row = image.roi(2..3, 10..20)?;
     assert_eq!(cuda.clone_dtoh(&row.as_cudarc()?)?, vec![2.5; 10]);
     // On another stream: that stream waits for this one's queued work first.
-    let other_cuda = other.cuda_stream().expect("CUDA").clone();
+    let other_cuda = other.cudarc().expect("CUDA").clone();
     let mut late = pool.get_buffer_1d::<f32>(1000)?;
     late.set_to(4.0)?;
     let seen = other_cuda.clone_dtoh(&late.as_cudarc()?)?;

@@ -17,8 +17,8 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpu_pool::cudarc::cublas::{GemmConfig, StridedBatchedConfig, sys::cublasOperation_t};
-use gpu_pool::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
+use gpu_pool::interop::cudarc::cublas::{GemmConfig, StridedBatchedConfig, sys::cublasOperation_t};
+use gpu_pool::interop::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
 use gpu_pool::prelude::*;
 
 use crate::harness;
@@ -225,7 +225,7 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles [`SOURCE`] with nvrtc and loads it into `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, PoolError> {
-        let module = ctx.load_module(gpu_pool::cudarc::nvrtc::compile_ptx(SOURCE)?)?;
+        let module = ctx.load_module(gpu_pool::interop::cudarc::nvrtc::compile_ptx(SOURCE)?)?;
         Ok(Kernels {
             rmsnorm: module.load_function("rmsnorm")?,
             causal_softmax: module.load_function("causal_softmax")?,
@@ -432,7 +432,7 @@ pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> 
 /// the host backend, checks the gpu-pool twin on a few small requests.
 pub fn main() -> Result<(), Box<dyn Error>> {
     let device = Device::cuda_or_host();
-    let Some(ctx) = device.cuda_context().cloned() else {
+    let Ok(ctx) = device.cudarc().cloned() else {
         run_on_host(&device, &Work::new(&Config::HOST))?;
         println!("host backend: gpu-pool twin checked, no cudarc twin (needs CUDA)");
         return Ok(());
@@ -524,7 +524,7 @@ fn run_on_cuda(
     let alloc_calls = device.stats().driver_alloc_calls - before;
     let calls = workers
         .iter_mut()
-        .fold(gpu_pool::DriverCalls::default(), |sum, w| {
+        .fold(gpu_pool::observe::DriverCalls::default(), |sum, w| {
             sum + w.take_calls()
         });
     harness::print_calls_per_unit(calls, PASSES * n * pooled_us.us.len(), "request");

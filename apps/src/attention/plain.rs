@@ -5,8 +5,8 @@ use std::error::Error;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use gpu_pool::cudarc::cublas::{CudaBlas, Gemm};
-use gpu_pool::cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
+use gpu_pool::interop::cudarc::cublas::{CudaBlas, Gemm};
+use gpu_pool::interop::cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
 
 use super::{D, HEADS, Kernels, Request, Weights, Work};
 

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use gpu_pool::cudarc::cublas::{CudaBlas, Gemm};
-use gpu_pool::cudarc::driver::PushKernelArg;
+use gpu_pool::interop::cudarc::cublas::{CudaBlas, Gemm};
+use gpu_pool::interop::cudarc::driver::PushKernelArg;
 use gpu_pool::prelude::*;
 
 use super::{D, HEADS, Kernels, Request, Weights, Work, host};
@@ -44,17 +44,17 @@ impl Model {
 #[derive(Debug)]
 pub struct Worker {
     stream: Stream,
-    blas: Option<gpu_pool::Blas>,
+    blas: Option<gpu_pool::interop::Blas>,
     host: Vec<f32>,
     /// The pool's driver calls on this worker's threads, since the last `take_calls`.
-    calls: gpu_pool::DriverCalls,
+    calls: gpu_pool::observe::DriverCalls,
 }
 
 impl Worker {
     /// A worker on `device` for results of up to `largest` floats.
     pub fn new(device: &Device, largest: usize) -> Result<Worker, PoolError> {
         let stream = Stream::new(device)?;
-        let blas = match stream.cuda_stream() {
+        let blas = match stream.cudarc().ok() {
             Some(_) => Some(stream.cublas()?),
             None => None,
         };
@@ -62,12 +62,12 @@ impl Worker {
             stream,
             blas,
             host: vec![0.0; largest],
-            calls: gpu_pool::DriverCalls::default(),
+            calls: gpu_pool::observe::DriverCalls::default(),
         })
     }
 
     /// The pool's driver calls this worker made since the last call, and a fresh count.
-    pub fn take_calls(&mut self) -> gpu_pool::DriverCalls {
+    pub fn take_calls(&mut self) -> gpu_pool::observe::DriverCalls {
         std::mem::take(&mut self.calls)
     }
 }
@@ -94,11 +94,12 @@ pub fn serve(
                 s.spawn(move || -> Result<Vec<(usize, Vec<f32>)>, PoolError> {
                     let mut kept = Vec::new();
                     let gpu = w.blas.as_deref().zip(kernels);
-                    let start = gpu_pool::DriverCalls::on_this_thread();
+                    let start = gpu_pool::observe::DriverCalls::on_this_thread();
                     loop {
                         let i = next.fetch_add(1, Relaxed);
                         let Some(r) = work.requests.get(i).filter(|_| i < n) else {
-                            let calls = gpu_pool::DriverCalls::on_this_thread().since(start);
+                            let calls =
+                                gpu_pool::observe::DriverCalls::on_this_thread().since(start);
                             w.calls = w.calls + calls;
                             return Ok(kept);
                         };
@@ -164,7 +165,7 @@ fn rmsnorm(
     gain: &impl GpuRead<f32>,
     xn: &mut impl GpuWrite<f32>,
 ) -> Result<(), PoolError> {
-    let (Some((_, kernels)), Some(cuda)) = (gpu, stream.cuda_stream()) else {
+    let (Some((_, kernels)), Some(cuda)) = (gpu, stream.cudarc().ok()) else {
         return host::rmsnorm(x, gain, xn);
     };
     let (xp, gp, yp) = (x.device_ptr(), gain.device_ptr(), xn.device_ptr());
@@ -184,7 +185,7 @@ fn causal_softmax(
     seq: usize,
     scores: &mut impl GpuWrite<f32>,
 ) -> Result<(), PoolError> {
-    let (Some((_, kernels)), Some(cuda)) = (gpu, stream.cuda_stream()) else {
+    let (Some((_, kernels)), Some(cuda)) = (gpu, stream.cudarc().ok()) else {
         return host::causal_softmax(seq, scores);
     };
     let (sp, rows, seq_i) = (scores.device_ptr(), scores.rows() as i32, seq as i32);

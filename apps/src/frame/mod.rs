@@ -16,9 +16,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpu_pool::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
+use gpu_pool::interop::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
 use gpu_pool::prelude::*;
-use gpu_pool::{PITCHED_H, grid_2d};
+use gpu_pool::{interop::PITCHED_H, interop::grid_2d};
 
 use crate::harness;
 
@@ -122,7 +122,7 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles [`SOURCE`] with nvrtc and loads it into `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, PoolError> {
-        let ptx = gpu_pool::cudarc::nvrtc::compile_ptx(format!("{PITCHED_H}{SOURCE}"))?;
+        let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(format!("{PITCHED_H}{SOURCE}"))?;
         let module = ctx.load_module(ptx)?;
         Ok(Kernels {
             bgr_to_gray: module.load_function("bgr_to_gray")?,
@@ -205,7 +205,7 @@ pub fn run_on_host(device: &Device, size: Size, frames: usize) -> Result<usize, 
 /// table row a size; on the host backend, checks the gpu-pool twin on a few small frames.
 pub fn main() -> Result<(), Box<dyn Error>> {
     let device = Device::cuda_or_host();
-    let Some(ctx) = device.cuda_context().cloned() else {
+    let Ok(ctx) = device.cudarc().cloned() else {
         let wrong = run_on_host(&device, HOST_SIZE, CHECKED)?;
         if wrong != 0 {
             return Err(format!("gpu-pool: {wrong} pixels differ from the CPU reference").into());
@@ -258,14 +258,16 @@ fn measure(
     twin.run(k, FRAMES, touch)?;
 
     let before = device.stats().driver_alloc_calls;
-    let calls_0 = std::cell::Cell::new(gpu_pool::DriverCalls::default());
+    let calls_0 = std::cell::Cell::new(gpu_pool::observe::DriverCalls::default());
     let (pooled_us, plain_us) = harness::interleave(
         rounds,
         || -> Result<_, Box<dyn Error>> {
             let start = Instant::now();
-            let counted = gpu_pool::DriverCalls::on_this_thread();
+            let counted = gpu_pool::observe::DriverCalls::on_this_thread();
             pooled::run(stream, Some(k), &mut io, size, FRAMES, touch)?;
-            calls_0.set(calls_0.get() + gpu_pool::DriverCalls::on_this_thread().since(counted));
+            calls_0.set(
+                calls_0.get() + gpu_pool::observe::DriverCalls::on_this_thread().since(counted),
+            );
             Ok((start.elapsed(), FRAMES))
         },
         || {

@@ -5,7 +5,7 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use gpu_pool::cudarc::driver::{
+use gpu_pool::interop::cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice, PushKernelArg,
 };
 

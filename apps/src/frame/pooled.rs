@@ -3,7 +3,7 @@
 //! with `upload_async` / `download_async`, one `stream.synchronize()` a frame.
 
 use gpu_pool::HostMem;
-use gpu_pool::cudarc::driver::PushKernelArg;
+use gpu_pool::interop::cudarc::driver::PushKernelArg;
 use gpu_pool::prelude::*;
 
 use super::{Kernels, Size, THRESHOLD, host, test_frame};
@@ -76,7 +76,7 @@ fn to_gray(
     bgr: &impl GpuRead<[u8; 3]>,
     gray: &mut impl GpuWrite<u8>,
 ) -> Result<(), PoolError> {
-    let (Some(k), Some(cuda)) = (k, stream.cuda_stream()) else {
+    let (Some(k), Some(cuda)) = (k, stream.cudarc().ok()) else {
         return host::to_gray(bgr, gray);
     };
     let grid = super::grid(Size {
@@ -102,7 +102,7 @@ fn box3(
     src: &impl GpuRead<u8>,
     dst: &mut impl GpuWrite<u8>,
 ) -> Result<(), PoolError> {
-    let (Some(k), Some(cuda)) = (k, stream.cuda_stream()) else {
+    let (Some(k), Some(cuda)) = (k, stream.cudarc().ok()) else {
         return host::box3(src, dst);
     };
     let grid = super::grid(Size {
@@ -128,7 +128,7 @@ fn threshold(
     src: &impl GpuRead<u8>,
     dst: &mut impl GpuWrite<u8>,
 ) -> Result<(), PoolError> {
-    let (Some(k), Some(cuda)) = (k, stream.cuda_stream()) else {
+    let (Some(k), Some(cuda)) = (k, stream.cudarc().ok()) else {
         return host::threshold(src, dst);
     };
     let grid = super::grid(Size {

@@ -17,8 +17,8 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpu_pool::cudarc::cublas::{GemmConfig, sys::cublasOperation_t};
-use gpu_pool::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
+use gpu_pool::interop::cudarc::cublas::{GemmConfig, sys::cublasOperation_t};
+use gpu_pool::interop::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
 use gpu_pool::prelude::*;
 
 use crate::harness;
@@ -192,7 +192,7 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles [`SOURCE`] with nvrtc and loads it into `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, PoolError> {
-        let module = ctx.load_module(gpu_pool::cudarc::nvrtc::compile_ptx(SOURCE)?)?;
+        let module = ctx.load_module(gpu_pool::interop::cudarc::nvrtc::compile_ptx(SOURCE)?)?;
         Ok(Kernels {
             bias_relu: module.load_function("bias_relu")?,
             bias: module.load_function("bias")?,
@@ -331,7 +331,7 @@ pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> 
 /// the host backend, checks the gpu-pool twin on a few small steps.
 pub fn main() -> Result<(), Box<dyn Error>> {
     let device = Device::cuda_or_host();
-    let Some(ctx) = device.cuda_context().cloned() else {
+    let Ok(ctx) = device.cudarc().cloned() else {
         run_on_host(&device, &Work::new(&Config::HOST))?;
         println!("host backend: gpu-pool twin checked, no cudarc twin (needs CUDA)");
         return Ok(());
@@ -363,14 +363,16 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     twin.run(&kernels, &work, |_, _| {})?;
 
     let before = device.stats().driver_alloc_calls;
-    let calls_0 = std::cell::Cell::new(gpu_pool::DriverCalls::default());
+    let calls_0 = std::cell::Cell::new(gpu_pool::observe::DriverCalls::default());
     let (pooled_us, plain_us) = harness::interleave(
         harness::rounds_arg(9),
         || -> Result<_, Box<dyn Error>> {
             let start = Instant::now();
-            let counted = gpu_pool::DriverCalls::on_this_thread();
+            let counted = gpu_pool::observe::DriverCalls::on_this_thread();
             pooled::run(&stream, gpu, &model, &work, |_, _| {})?;
-            calls_0.set(calls_0.get() + gpu_pool::DriverCalls::on_this_thread().since(counted));
+            calls_0.set(
+                calls_0.get() + gpu_pool::observe::DriverCalls::on_this_thread().since(counted),
+            );
             Ok((start.elapsed(), n))
         },
         || {

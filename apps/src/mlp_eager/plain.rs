@@ -4,8 +4,8 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use gpu_pool::cudarc::cublas::{CudaBlas, Gemm};
-use gpu_pool::cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
+use gpu_pool::interop::cudarc::cublas::{CudaBlas, Gemm};
+use gpu_pool::interop::cudarc::driver::{CudaContext, CudaSlice, CudaStream, PushKernelArg};
 
 use super::{CLASSES, HIDDEN, IN, Kernels, Weights, Work};
 

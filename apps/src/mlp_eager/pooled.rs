@@ -1,8 +1,8 @@
 //! The gpu-pool twin: the weights in `SharedMat`s read through guards, each step's temporaries
 //! (`x`, `h`, `logits`, `probs`) from the stream's stack with `buffer!`, packed for cuBLAS.
 
-use gpu_pool::cudarc::cublas::{CudaBlas, Gemm};
-use gpu_pool::cudarc::driver::PushKernelArg;
+use gpu_pool::interop::cudarc::cublas::{CudaBlas, Gemm};
+use gpu_pool::interop::cudarc::driver::PushKernelArg;
 use gpu_pool::prelude::*;
 
 use super::{CLASSES, HIDDEN, IN, Kernels, Weights, Work, host};
@@ -118,7 +118,7 @@ fn add_bias(
     m: &mut impl GpuWrite<f32>,
     b: &impl GpuRead<f32>,
 ) -> Result<(), PoolError> {
-    let (Some((_, k)), Some(cuda)) = (gpu, stream.cuda_stream()) else {
+    let (Some((_, k)), Some(cuda)) = (gpu, stream.cudarc().ok()) else {
         return host::add_bias(relu, m, b);
     };
     let kernel = if relu { &k.bias_relu } else { &k.bias };
@@ -143,7 +143,7 @@ fn softmax(
     z: &impl GpuRead<f32>,
     p: &mut impl GpuWrite<f32>,
 ) -> Result<(), PoolError> {
-    let (Some((_, k)), Some(cuda)) = (gpu, stream.cuda_stream()) else {
+    let (Some((_, k)), Some(cuda)) = (gpu, stream.cudarc().ok()) else {
         return host::softmax(z, p);
     };
     let (zp, pp, rows, cols) = (

@@ -52,8 +52,8 @@ pub fn work(steps: usize) -> Work {
 pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> {
     let stream = Stream::new(device)?;
     let model = mlp_eager::pooled::Model::load(&stream, &work.weights)?;
-    let x = RefCell::new(GpuMat::<f32>::new_packed(&stream, BATCH, IN)?);
-    let probs = RefCell::new(GpuMat::<f32>::new_packed(&stream, BATCH, CLASSES)?);
+    let x = RefCell::new(DeviceMat::<f32>::new_packed(&stream, BATCH, IN)?);
+    let probs = RefCell::new(DeviceMat::<f32>::new_packed(&stream, BATCH, CLASSES)?);
     let forward = || {
         let (x, mut probs) = (x.borrow(), probs.borrow_mut());
         mlp_eager::pooled::forward(&stream, None, &model, &*x, &mut *probs)
@@ -71,7 +71,7 @@ pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> 
 /// prints two table rows; on the host backend, checks the gpu-pool twin's step loop eagerly.
 pub fn main() -> Result<(), Box<dyn Error>> {
     let device = Device::cuda_or_host();
-    let Some(ctx) = device.cuda_context().cloned() else {
+    let Ok(ctx) = device.cudarc().cloned() else {
         run_on_host(&device, &work(HOST_STEPS))?;
         println!(
             "host backend: gpu-pool twin checked (its forward pass eagerly: no graph capture without CUDA), no cudarc twin (needs CUDA)"
@@ -89,8 +89,8 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     let stream = Stream::new(&device)?;
     let blas = stream.cublas()?;
     let model = mlp_eager::pooled::Model::load(&stream, &work.weights)?;
-    let x = RefCell::new(GpuMat::<f32>::new_packed(&stream, BATCH, IN)?);
-    let probs = RefCell::new(GpuMat::<f32>::new_packed(&stream, BATCH, CLASSES)?);
+    let x = RefCell::new(DeviceMat::<f32>::new_packed(&stream, BATCH, IN)?);
+    let probs = RefCell::new(DeviceMat::<f32>::new_packed(&stream, BATCH, CLASSES)?);
     let twin = mlp_eager::plain::Twin::new(&ctx, &work.weights)?;
     // One eager pass each first: cuBLAS and the module load what they load lazily.
     {
@@ -126,14 +126,16 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     let before = device.stats().driver_alloc_calls;
     let rounds = harness::rounds_arg(9);
     let n = work.steps();
-    let calls_0 = std::cell::Cell::new(gpu_pool::DriverCalls::default());
+    let calls_0 = std::cell::Cell::new(gpu_pool::observe::DriverCalls::default());
     let (pooled_steps, plain_steps) = harness::interleave(
         rounds,
         || -> Result<_, Box<dyn Error>> {
             let start = Instant::now();
-            let counted = gpu_pool::DriverCalls::on_this_thread();
+            let counted = gpu_pool::observe::DriverCalls::on_this_thread();
             pooled::run(|| graph.launch(), &x, &probs, &work, |_, _| {})?;
-            calls_0.set(calls_0.get() + gpu_pool::DriverCalls::on_this_thread().since(counted));
+            calls_0.set(
+                calls_0.get() + gpu_pool::observe::DriverCalls::on_this_thread().since(counted),
+            );
             Ok((start.elapsed(), n))
         },
         || {
@@ -143,14 +145,16 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         },
     )?;
     harness::print_calls_per_unit(calls_0.get(), n * rounds, "step");
-    let calls_1 = std::cell::Cell::new(gpu_pool::DriverCalls::default());
+    let calls_1 = std::cell::Cell::new(gpu_pool::observe::DriverCalls::default());
     let (pooled_replays, plain_replays) = harness::interleave(
         rounds,
         || -> Result<_, Box<dyn Error>> {
             let start = Instant::now();
-            let counted = gpu_pool::DriverCalls::on_this_thread();
+            let counted = gpu_pool::observe::DriverCalls::on_this_thread();
             pooled::replay(&stream, &graph, REPLAYS)?;
-            calls_1.set(calls_1.get() + gpu_pool::DriverCalls::on_this_thread().since(counted));
+            calls_1.set(
+                calls_1.get() + gpu_pool::observe::DriverCalls::on_this_thread().since(counted),
+            );
             Ok((start.elapsed(), REPLAYS))
         },
         || {

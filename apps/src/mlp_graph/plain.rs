@@ -3,7 +3,7 @@
 //! allocation and free nodes), replayed with `CudaGraph::launch`; the input and output are
 //! `CudaSlice`s made once.
 
-use gpu_pool::cudarc::driver::{CudaGraph, CudaSlice, sys};
+use gpu_pool::interop::cudarc::driver::{CudaGraph, CudaSlice, sys};
 
 use super::{BATCH, CLASSES, IN, Kernels, Work};
 use crate::mlp_eager::plain::{Res, Twin};

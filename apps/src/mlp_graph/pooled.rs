@@ -5,8 +5,8 @@
 
 use std::cell::RefCell;
 
-use gpu_pool::Graph;
-use gpu_pool::cudarc::cublas::CudaBlas;
+use gpu_pool::graph::Graph;
+use gpu_pool::interop::cudarc::cublas::CudaBlas;
 use gpu_pool::prelude::*;
 
 use super::{BATCH, CLASSES, Kernels, Work};
@@ -17,8 +17,8 @@ pub fn capture<'a, 's: 'a>(
     stream: &'a Stream,
     (blas, k): (&'a CudaBlas, &'a Kernels),
     model: &'a Model,
-    x: &'a RefCell<GpuMat<'s, f32>>,
-    probs: &'a RefCell<GpuMat<'s, f32>>,
+    x: &'a RefCell<DeviceMat<'s, f32>>,
+    probs: &'a RefCell<DeviceMat<'s, f32>>,
 ) -> Result<Graph<'a>, PoolError> {
     stream.capture(move |s| {
         let (x, mut probs) = (x.borrow(), probs.borrow_mut());
@@ -30,8 +30,8 @@ pub fn capture<'a, 's: 'a>(
 /// hands the probabilities, downloaded into a pageable `Vec`, to `each`.
 pub fn run(
     mut forward: impl FnMut() -> Result<(), PoolError>,
-    x: &RefCell<GpuMat<'_, f32>>,
-    probs: &RefCell<GpuMat<'_, f32>>,
+    x: &RefCell<DeviceMat<'_, f32>>,
+    probs: &RefCell<DeviceMat<'_, f32>>,
     work: &Work,
     mut each: impl FnMut(usize, &[f32]),
 ) -> Result<(), PoolError> {
@@ -48,8 +48,8 @@ pub fn run(
 /// The host's time in each part of `n` steps (upload, launch, download and wait), in µs a step.
 pub fn phases(
     graph: &Graph<'_>,
-    x: &RefCell<GpuMat<'_, f32>>,
-    probs: &RefCell<GpuMat<'_, f32>>,
+    x: &RefCell<DeviceMat<'_, f32>>,
+    probs: &RefCell<DeviceMat<'_, f32>>,
     work: &Work,
     n: usize,
 ) -> Result<[f64; 3], PoolError> {

@@ -15,7 +15,7 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpu_pool::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
+use gpu_pool::interop::cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
 use gpu_pool::prelude::*;
 
 use crate::harness;
@@ -126,7 +126,7 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles [`SOURCE`] with nvrtc and loads it into `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, PoolError> {
-        let module = ctx.load_module(gpu_pool::cudarc::nvrtc::compile_ptx(SOURCE)?)?;
+        let module = ctx.load_module(gpu_pool::interop::cudarc::nvrtc::compile_ptx(SOURCE)?)?;
         Ok(Kernels {
             affine: module.load_function("affine")?,
             square: module.load_function("square")?,
@@ -231,7 +231,7 @@ pub fn run_on_host(device: &Device, cfg: &Config) -> Result<f64, Box<dyn Error>>
 /// the host backend, checks the gpu-pool twin on a few small steps.
 pub fn main() -> Result<(), Box<dyn Error>> {
     let device = Device::cuda_or_host();
-    let Some(ctx) = device.cuda_context().cloned() else {
+    let Ok(ctx) = device.cudarc().cloned() else {
         run_on_host(&device, &Config::HOST)?;
         println!("host backend: gpu-pool twin checked, no cudarc twin (needs CUDA)");
         return Ok(());

@@ -4,7 +4,7 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use gpu_pool::cudarc::driver::{CudaContext, CudaStream, PushKernelArg};
+use gpu_pool::interop::cudarc::driver::{CudaContext, CudaStream, PushKernelArg};
 
 use super::{Kernels, PARTS, Step};
 

@@ -1,6 +1,6 @@
 //! The gpu-pool twin: each thread's stream serves its steps' three temporaries with `buffer!`.
 
-use gpu_pool::cudarc::driver::PushKernelArg;
+use gpu_pool::interop::cudarc::driver::PushKernelArg;
 use gpu_pool::prelude::*;
 
 use super::{Kernels, PARTS, Step, host};
@@ -65,7 +65,7 @@ fn pipeline(
     let mut y = buffer!(s.n; f32)?;
     let mut z = buffer!(s.n; f32)?;
     let mut partial = buffer!(PARTS; f32)?;
-    match kernels.zip(stream.cuda_stream()) {
+    match kernels.zip(stream.cudarc().ok()) {
         Some((k, cuda)) => {
             let n = s.n as i32;
             // SAFETY: `y` and `z` hold `n` floats and `partial` `PARTS`, as the kernels take them;

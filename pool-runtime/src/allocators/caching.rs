@@ -29,7 +29,7 @@ use crate::storage::Storage;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+/// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
 /// let device = Device::private_host();
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;
@@ -53,7 +53,7 @@ pub struct CachingStats {
     /// Blocks handed out and not yet freed.
     pub active_blocks: usize,
     /// Bytes the requests of the blocks handed out and not yet freed asked for (each request's
-    /// [`AllocRequest::bytes`](crate::AllocRequest::bytes), before rounding to its bin): PyOpenCL's
+    /// [`AllocRequest::bytes`](crate::alloc::AllocRequest::bytes), before rounding to its bin): PyOpenCL's
     /// `active_bytes`.
     pub active_requested_bytes: usize,
     /// Bytes of the blocks handed out and not yet freed, each its bin's size: what the device
@@ -121,7 +121,7 @@ impl State {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+/// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
 /// let device = Device::private_host();
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;
@@ -171,7 +171,7 @@ impl CachingPool {
     /// the request's highest bit.
     ///
     /// ```
-    /// use gpu_pool_runtime::CachingPool;
+    /// use gpu_pool::alloc::CachingPool;
     /// assert_eq!(CachingPool::bin_of(1000, 4).1, 1023);          // 0b1111101000 -> 0b1111111111
     /// assert_eq!(CachingPool::bin_of(1024, 4).1, 1087);          // 0b10000000000 -> 0b10000111111
     /// assert_eq!(CachingPool::bin_of(17, 4).1, 17);              // small sizes are exact
@@ -238,7 +238,7 @@ impl CachingPool {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use gpu_pool_runtime::{BufferPool, CachingPool, Device, PoolError, Stream};
+    /// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// let cache = Arc::new(CachingPool::new(&device));
     /// let stream = Stream::with_allocator(&device, cache.clone())?;
@@ -510,9 +510,9 @@ mod tests {
         let (a, b) = (host(same), host(same));
         let cache = std::sync::Arc::new(CachingPool::new(&a));
         let on_a = crate::Stream::with_allocator(&a, cache.clone())?;
-        drop(crate::BufferPool::new(&on_a).get_buffer_1d::<u8>(4096)?); // now held by the cache
+        drop(crate::compat::opencv::BufferPool::new(&on_a).get_buffer_1d::<u8>(4096)?); // now held by the cache
         let on_b = crate::Stream::with_allocator(&b, cache.clone())?;
-        let err = crate::BufferPool::new(&on_b)
+        let err = crate::compat::opencv::BufferPool::new(&on_b)
             .get_buffer_1d::<u8>(4096)
             .unwrap_err();
         assert!(matches!(err, PoolError::DeviceMismatch { .. }), "{err}");
@@ -525,7 +525,7 @@ mod tests {
         let device = crate::Device::private_host();
         let cache = std::sync::Arc::new(CachingPool::new(&device));
         let stream = crate::Stream::with_allocator(&device, cache.clone())?;
-        drop(crate::BufferPool::new(&stream).get_buffer_1d::<u8>(1000)?);
+        drop(crate::compat::opencv::BufferPool::new(&stream).get_buffer_1d::<u8>(1000)?);
         let good = cache.stats().held_bytes;
         // A block the backend never handed out: its free is refused.
         let (bin, size) = CachingPool::bin_of(5000, cache.leading_bits);

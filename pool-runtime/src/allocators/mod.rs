@@ -42,7 +42,7 @@ pub struct AllocRequest {
     pub stack_free: usize,
     /// Bytes of the stream's stack (0 without one).
     pub stack_size: usize,
-    /// `align_of::<T>()` (at most [`MAX_ELEMENT_ALIGN`](crate::MAX_ELEMENT_ALIGN)): the address
+    /// `align_of::<T>()` (at most [`MAX_ELEMENT_ALIGN`](crate::config::MAX_ELEMENT_ALIGN)): the address
     /// and the pitch returned must be multiples of it.
     pub align: usize,
 }
@@ -147,7 +147,10 @@ impl AllocContext<'_> {
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use gpu_pool_runtime::{AllocContext, AllocRequest, Allocation, BufferPool, Device, GpuAllocator, PoolError, Stream};
+/// use gpu_pool::{
+///     alloc::{AllocContext, AllocRequest, Allocation, GpuAllocator}, BufferPool, Device,
+///     PoolError, Stream,
+/// };
 ///
 /// /// Plain driver allocations, counted.
 /// #[derive(Debug, Default)]

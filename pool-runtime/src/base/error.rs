@@ -24,7 +24,7 @@ use crate::source::{CallSite, FallbackReason};
 /// Everything that can go wrong in gpu-pool.
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, PoolError, Stream};
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
@@ -81,7 +81,7 @@ pub enum PoolError {
         type_name: &'static str,
         /// `align_of` the element type.
         align: usize,
-        /// [`MAX_ELEMENT_ALIGN`](crate::MAX_ELEMENT_ALIGN).
+        /// [`MAX_ELEMENT_ALIGN`](crate::config::MAX_ELEMENT_ALIGN).
         max: usize,
     },
 
@@ -92,7 +92,7 @@ pub enum PoolError {
         reason: String,
     },
 
-    /// A [`GpuAllocator`](crate::GpuAllocator) answered against its contract (a null address, a
+    /// A [`GpuAllocator`](crate::alloc::GpuAllocator) answered against its contract (a null address, a
     /// pitch below the row width, or memory not aligned for the element type). Its answer was
     /// given back, not used.
     #[error("allocator contract broken{at}: {reason}", at = request_at(.context))]
@@ -189,7 +189,7 @@ pub enum PoolError {
         /// Why the stack could not serve it.
         reason: FallbackReason,
         /// The buffer request: the `buffer!` or runtime call that asked, and its stream (attached
-        /// by the stream; [`NoFallback`](crate::NoFallback) leaves it `None`).
+        /// by the stream; [`NoFallback`](crate::alloc::NoFallback) leaves it `None`).
         context: Option<RequestContext>,
     },
 
@@ -354,7 +354,7 @@ pub enum PoolError {
         device: DeviceId,
     },
 
-    /// Two ranks' stacks laid their blocks out differently ([`check_symmetric`](crate::check_symmetric)).
+    /// Two ranks' stacks laid their blocks out differently ([`check_symmetric`](crate::observe::check_symmetric)).
     #[error(
         "the stacks are not symmetric: rank {rank} took {takes} block(s), its top at offset {top}, \
          layout digest {digest:#018x}; rank 0 took {takes0}, its top at {top0}, digest \
@@ -501,7 +501,7 @@ pub enum PoolError {
         stream: u64,
     },
 
-    /// A graph replay would access [`SharedMat`](crate::SharedMat) memory while a conflicting
+    /// A graph replay would access [`SharedMat`](crate::shared::SharedMat) memory while a conflicting
     /// access of it through a guard is still open on another stream (a write, for a replay that
     /// reads; any access, for a replay that writes). The guard's work is not all queued yet, so
     /// nothing can order the replay after it; nothing was queued.
@@ -628,10 +628,10 @@ impl PoolError {
     /// [`CaptureNeedsStack`](PoolError::CaptureNeedsStack),
     /// [`AllocatorContract`](PoolError::AllocatorContract)), where a buffer asked: `None` for
     /// other errors, and for memory that was not for a buffer (the stacks themselves,
-    /// [`MixMemory`](crate::MixMemory), the ppl.cv pool, the stack a capture keeps).
+    /// [`MixMemory`](crate::compat::mix::MixMemory), the ppl.cv pool, the stack a capture keeps).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let stream = Stream::new(&Device::host_with_limit(64 << 20))?;
     /// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
     /// let context = err.context().expect("a buffer asked");
@@ -704,7 +704,7 @@ pub struct RequestContext {
 /// ```
 /// use std::error::Error as _;
 /// use std::io;
-/// use gpu_pool_runtime::PoolError;
+/// use gpu_pool::PoolError;
 /// let err = PoolError::Io {
 ///     path: "trace.json".into(),
 ///     source: io::Error::from(io::ErrorKind::PermissionDenied).into(),
@@ -958,7 +958,8 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn a_buffer_refused_in_a_capture_carries_its_request() -> Result<(), crate::PoolError> {
-        use crate::{BufferPool, Device, GpuMat, PoolError, Stream, set_buffer_pool_config};
+        use crate::compat::opencv::{BufferPool, GpuMat, set_buffer_pool_config};
+        use crate::{Device, PoolError, Stream};
 
         let device = Device::private_host();
         set_buffer_pool_config(&device, 1 << 20, 1)?;

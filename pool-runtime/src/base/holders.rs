@@ -23,7 +23,7 @@ pub(crate) struct GaveBack {
     pub(crate) deferred: bool,
 }
 
-/// Idle memory of one holder: what [`DeviceStats::idle_holders`](crate::DeviceStats::idle_holders)
+/// Idle memory of one holder: what [`DeviceStats::idle_holders`](crate::observe::DeviceStats::idle_holders)
 /// lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -54,7 +54,7 @@ pub struct ReclaimedFrom {
 /// [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory) and printed in its message.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, Fallback, PoolError, Stream, GpuMat};
+/// use gpu_pool::{config::Fallback, Device, GpuMat, PoolError, Stream};
 /// let device = Device::host_with_limit(8 << 20);
 /// device.set_fallback(Fallback::Driver);
 /// let stream = Stream::new(&device)?;

@@ -6,7 +6,7 @@ use std::fmt;
 /// Which device an error or a statistic belongs to.
 ///
 /// ```
-/// use gpu_pool_runtime::DeviceId;
+/// use gpu_pool::DeviceId;
 /// assert_eq!(DeviceId::Cuda(1).to_string(), "cuda:1");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

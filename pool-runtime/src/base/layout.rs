@@ -4,7 +4,7 @@
 //! OpenCV's `MemoryStack::requestMemory` hands out `tip` and moves it by the block's size, so blocks
 //! follow each other with no gap: 64-byte multiples for rows and columns, pitch x rows for 2D. Here
 //! the sizes are OpenCV's, but a row or column block starts where the previous block ended, rounded
-//! up to the device's [`Packing`](crate::Packing): 256 bytes by default (`cudaMalloc`'s and RMM's
+//! up to the device's [`Packing`](crate::config::Packing): 256 bytes by default (`cudaMalloc`'s and RMM's
 //! guarantee, which vectorized loads and TMA descriptors assume), or 64 as in OpenCV with
 //! `Packing::OpenCv` (ten 64-byte rows then take 640 bytes), and to `align_of::<T>()` where that is
 //! more. A 2D block starts on the texture alignment, as its rows do, which OpenCV leaves to chance.
@@ -28,13 +28,13 @@ pub const MAX_ELEMENT_ALIGN: usize = 256;
 ///
 /// A stack holding several buffers needs, for each, `bytes` plus up to `align - 1` bytes of
 /// padding before it (blocks start on `align`: 256 bytes for rows and columns, or 64 as OpenCV packs
-/// them with [`Packing::OpenCv`](crate::Packing::OpenCv)).
+/// them with [`Packing::OpenCv`](crate::config::Packing::OpenCv)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Footprint {
     /// Bytes the block holds: `step * rows` for 2D, a row or column rounded up to 64.
     pub bytes: usize,
-    /// Bytes from one row to the next ([`GpuMat::step`](crate::GpuMat::step)).
+    /// Bytes from one row to the next ([`crate::GpuRead::step`](crate::GpuRead::step)).
     pub step: usize,
     /// Where the block may start: a multiple of this.
     pub align: usize,

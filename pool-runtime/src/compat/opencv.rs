@@ -35,7 +35,7 @@ use crate::error::PoolError;
 use crate::source::CallSite;
 use crate::stream::{Lease, Stream};
 
-pub use crate::config::{buffer_pool_usage, set_buffer_pool_usage};
+pub use crate::core::config::{buffer_pool_usage, set_buffer_pool_usage};
 pub use crate::device::set_buffer_pool_config;
 
 /// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`): [`Stream::temp`]'s

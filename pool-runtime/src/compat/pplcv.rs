@@ -16,8 +16,8 @@
 //! a block freed by one stream's work is taken for another's.
 //!
 //! ```
-//! use gpu_pool_runtime::pplcv::*;
-//! use gpu_pool_runtime::{Device, PoolError};
+//! use gpu_pool::compat::pplcv::*;
+//! use gpu_pool::{Device, PoolError};
 //!
 //! // The application sizes and activates the pool once...
 //! activate_gpu_memory_pool_on(&Device::private_host(), ceil_2d_volume(640 * 4, 480))?;
@@ -73,7 +73,7 @@ pub fn ceil_2d_volume(width: usize, height: usize) -> usize {
 /// frees it and when it lends its bytes, so safe code must not be able to forge one.
 ///
 /// ```compile_fail
-/// let mut block = gpu_pool_runtime::pplcv::GpuMemoryBlock::default();
+/// let mut block = gpu_pool::compat::pplcv::GpuMemoryBlock::default();
 /// block.size = 1 << 30; // error: `size` is private; read it with `block.size()`
 /// ```
 #[derive(Debug, Default)]

@@ -6,7 +6,7 @@
 //! fills, copies, regions, kernel arguments, cudarc lending) is found in one place.
 //!
 //! ```
-//! use gpu_pool_runtime::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
+//! use gpu_pool::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
 //!
 //! /// `out = 2 * src` (a kernel would go here; the host backend's CPU twin stands in).
 //! fn double(src: &impl GpuRead<f32>, out: &mut impl GpuWrite<f32>) -> Result<(), PoolError> {
@@ -63,13 +63,18 @@ pub(crate) mod sealed {
 }
 
 /// Device memory a function reads: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a view or region, or a read
-/// of a [`SharedMat`](crate::SharedMat). Take it as `src: &impl GpuRead<T>`.
+/// of a [`SharedMat`](crate::shared::SharedMat). Take it as `src: &impl GpuRead<T>`.
 ///
 /// Only [`view`](Self::view) is implemented by each type; every other method works on the view,
 /// so all of them behave alike.
 pub trait GpuRead<T: Pod> {
     /// The memory as a read-only view, queued on its stream.
     fn view(&self) -> GpuView<'_, T>;
+
+    /// The field holding [`device_ptr`](Self::device_ptr), which a kernel argument pushed with
+    /// `LaunchArgsExt::buf` points at until the launch: it lives as long as `self` is borrowed.
+    #[doc(hidden)]
+    fn addr_ref(&self) -> &u64;
 
     /// Rows.
     fn rows(&self) -> usize {
@@ -117,7 +122,7 @@ pub trait GpuRead<T: Pod> {
     /// thread and for memory of no stream; `CapturedElsewhere`.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let mut gpu = BufferPool::new(&stream).get_buffer::<f32>(4, 4)?;
     /// gpu.set_to(1.5)?;
@@ -178,25 +183,33 @@ pub trait GpuRead<T: Pod> {
 }
 
 /// Device memory a function fills: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a writable view or region,
-/// or a write of a [`SharedMat`](crate::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
+/// or a write of a [`SharedMat`](crate::shared::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
 pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// The memory as a writable view, queued on its stream.
     fn view_mut(&mut self) -> GpuViewMut<'_, T>;
 
+    /// The field holding the address [`view_mut`](Self::view_mut) lends, which a kernel argument
+    /// pushed with `LaunchArgsExt::buf_mut` points at. The read view's unless a type lends
+    /// different memory for writing.
+    #[doc(hidden)]
+    fn addr_mut(&mut self) -> &u64 {
+        self.addr_ref()
+    }
+
     /// Copies `data` (`rows * cols` elements, row-major) in, on the memory's stream, and waits
     /// until `data` has been read: `data` may be changed or freed as soon as this returns, even if
-    /// it is page-locked memory (such as [`MixMemory::cpu`](crate::MixMemory::cpu)'s), which the
+    /// it is page-locked memory (such as [`MixMemory::cpu`](crate::compat::mix::MixMemory::cpu)'s), which the
     /// driver copies asynchronously. A region's rows are written without touching its parent's
     /// other columns, so a varying batch can fill the first rows of a fixed buffer.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let mut batch = BufferPool::new(&stream).get_buffer::<f32>(8, 4)?; // room for 8 rows
     /// batch.set_to(0.0)?;
     /// batch.row_range_mut(0..2)?.upload(&[1.0; 8])?;                      // 2 rows this time
     /// assert_eq!(batch.to_vec()?.iter().sum::<f32>(), 8.0);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     fn upload(&mut self, data: &[T]) -> Result<(), PoolError> {
         self.view_mut().upload(data)
@@ -209,7 +222,7 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// Errors: as [`download_async`](GpuRead::download_async).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let src = HostMem::from_slice(stream.device(), &[3u8; 12])?;
     /// let mut gpu = BufferPool::new(&stream).get_buffer::<u8>(3, 4)?;
@@ -282,24 +295,36 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
 }
 
 impl<T: Pod> GpuRead<T> for Pooled<'_, '_, T> {
+    fn addr_ref(&self) -> &u64 {
+        self.ptr_field()
+    }
+
     fn view(&self) -> GpuView<'_, T> {
-        Temp::view(self)
+        Temp::whole(self)
     }
 }
 
 impl<T: Pod> GpuWrite<T> for Pooled<'_, '_, T> {
     fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        self.mat_mut().view_mut()
+        self.mat_mut().whole_mut()
     }
 }
 
 impl<T: Pod> GpuRead<T> for GpuView<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        &self.window.ptr
+    }
+
     fn view(&self) -> GpuView<'_, T> {
         *self
     }
 }
 
 impl<T: Pod> GpuRead<T> for GpuViewMut<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        &self.window.ptr
+    }
+
     fn view(&self) -> GpuView<'_, T> {
         self.as_view()
     }

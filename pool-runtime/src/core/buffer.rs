@@ -42,38 +42,6 @@ macro_rules! lease_buffer {
         }
 
         impl<'s, T: ::bytemuck::Pod> $name<'s, T> {
-            /// Rows.
-            #[must_use]
-            pub fn rows(&self) -> usize {
-                self.lease.rows()
-            }
-
-            /// Columns.
-            #[must_use]
-            pub fn cols(&self) -> usize {
-                self.lease.cols()
-            }
-
-            /// Elements (`rows * cols`).
-            #[must_use]
-            pub fn len(&self) -> usize {
-                // Cannot wrap: every buffer's layout checked `rows * cols`, zero-sized elements
-                // included.
-                self.lease.rows() * self.lease.cols()
-            }
-
-            /// Whether it has no elements.
-            #[must_use]
-            pub fn is_empty(&self) -> bool {
-                self.len() == 0
-            }
-
-            /// Bytes from the start of one row to the next.
-            #[must_use]
-            pub fn step(&self) -> usize {
-                self.lease.pitch()
-            }
-
             /// Whether the rows follow each other with no padding.
             #[must_use]
             pub fn is_continuous(&self) -> bool {
@@ -90,12 +58,6 @@ macro_rules! lease_buffer {
             #[must_use]
             pub fn stream(&self) -> &'s $crate::stream::Stream {
                 self.lease.stream()
-            }
-
-            /// The device address of row 0 (0 for an empty buffer).
-            #[must_use]
-            pub fn device_ptr(&self) -> u64 {
-                self.lease.ptr()
             }
 
             /// Tells the pool that work queued on `user` (another stream of the same device) so
@@ -120,9 +82,8 @@ macro_rules! lease_buffer {
                 }
             }
 
-            /// A read-only view of the whole buffer, for kernels and copies; what
-            /// [`GpuRead`](crate::GpuRead)'s methods work on.
-            pub fn view(&self) -> $crate::view::GpuView<'_, T> {
+            /// A read-only view of the whole buffer: [`GpuRead::view`](crate::GpuRead::view).
+            pub(crate) fn whole(&self) -> $crate::view::GpuView<'_, T> {
                 $crate::view::GpuView::new(
                     self.window(),
                     self.stream().device().id(),
@@ -130,9 +91,9 @@ macro_rules! lease_buffer {
                 )
             }
 
-            /// A writable view of the whole buffer; what [`GpuWrite`](crate::GpuWrite)'s methods
-            /// work on.
-            pub fn view_mut(&mut self) -> $crate::view::GpuViewMut<'_, T> {
+            /// A writable view of the whole buffer:
+            /// [`GpuWrite::view_mut`](crate::GpuWrite::view_mut).
+            pub(crate) fn whole_mut(&mut self) -> $crate::view::GpuViewMut<'_, T> {
                 $crate::view::GpuViewMut::new(
                     self.window(),
                     self.stream().device().id(),
@@ -142,14 +103,18 @@ macro_rules! lease_buffer {
         }
 
         impl<T: ::bytemuck::Pod> $crate::access::GpuRead<T> for $name<'_, T> {
+            fn addr_ref(&self) -> &u64 {
+                self.ptr_field()
+            }
+
             fn view(&self) -> $crate::view::GpuView<'_, T> {
-                $name::view(self)
+                $name::whole(self)
             }
         }
 
         impl<T: ::bytemuck::Pod> $crate::access::GpuWrite<T> for $name<'_, T> {
             fn view_mut(&mut self) -> $crate::view::GpuViewMut<'_, T> {
-                $name::view_mut(self)
+                $name::whole_mut(self)
             }
         }
 
@@ -192,19 +157,19 @@ pub(crate) fn record_stream(stream: &Stream, user: &Stream) -> Result<(), PoolEr
 /// [`release`](Temp::release) does the same and reports errors.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, GpuRead, GpuWrite, Source, Stream};
+/// use gpu_pool::{Device, GpuRead, GpuWrite, Source, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let mut image = stream.temp::<[u8; 3]>(480, 640)?; // 2D, pitched
 /// let sums = stream.temp_1d::<f32>(480)?;            // contiguous
 /// assert_eq!(image.step(), 2048);                    // align_up(640 * 3, 512)
 /// assert_eq!(sums.source(), Source::Stack);
 /// image.set_to([0, 0, 0])?;
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 ///
 /// A temporary borrows its stream, so it cannot outlive it or move to another thread:
 /// ```compile_fail
-/// use gpu_pool_runtime::{Device, Stream};
+/// use gpu_pool::{Device, Stream};
 /// let buf = {
 ///     let stream = Stream::new(&Device::host()).unwrap();
 ///     stream.temp_1d::<u8>(8).unwrap()
@@ -236,13 +201,13 @@ impl<T> Temp<'_, T> {
 /// CUDA graph captured on that stream may use is kept until the graph is gone.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, DeviceMat, GpuRead, Source, Stream};
+/// use gpu_pool::{Device, DeviceMat, GpuRead, Source, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let weights = DeviceMat::from_host(&stream, 2, 2, &[1.0f32, 2.0, 3.0, 4.0])?;
 /// let scratch = stream.temp::<f32>(2, 2)?;
 /// drop(weights);                                 // before the temporary: no stack, no order
 /// assert_eq!(scratch.source(), Source::Stack);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[must_use = "a buffer is freed when dropped: one never used is released at once"]
 #[repr(transparent)]
@@ -295,7 +260,7 @@ impl<'s, T: Pod> DeviceMat<'s, T> {
         data: &[T],
     ) -> Result<DeviceMat<'s, T>, PoolError> {
         let mut mat = DeviceMat::new(stream, rows, cols)?;
-        mat.view_mut().upload(data)?;
+        mat.whole_mut().upload(data)?;
         Ok(mat)
     }
 
@@ -303,11 +268,11 @@ impl<'s, T: Pod> DeviceMat<'s, T> {
     /// operand or weights handed to a library that expects packed rows.
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, DeviceMat, GpuRead, Stream};
+    /// use gpu_pool::{Device, DeviceMat, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let w = DeviceMat::from_host_packed(&stream, 2, 3, &[1u16, 2, 3, 4, 5, 6])?;
     /// assert_eq!((w.step(), w.to_vec()?), (6, vec![1, 2, 3, 4, 5, 6]));
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     #[track_caller]
     pub fn from_host_packed(
@@ -317,7 +282,7 @@ impl<'s, T: Pod> DeviceMat<'s, T> {
         data: &[T],
     ) -> Result<DeviceMat<'s, T>, PoolError> {
         let mut mat = DeviceMat::new_packed(stream, rows, cols)?;
-        mat.view_mut().upload(data)?;
+        mat.whole_mut().upload(data)?;
         Ok(mat)
     }
 }
@@ -354,12 +319,12 @@ impl Stream {
     /// kernels that read image rows.
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, GpuRead, Stream};
+    /// use gpu_pool::{Device, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let logits = stream.temp_packed::<f32>(256, 10)?;
     /// assert_eq!((logits.rows(), logits.cols(), logits.step()), (256, 10, 40)); // not 512
     /// assert!(logits.is_continuous());
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     #[inline(always)]
     #[track_caller]

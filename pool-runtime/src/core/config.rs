@@ -2,7 +2,7 @@
 //!
 //! Precedence, highest first: what the program set ([`Device::configure`](crate::Device::configure),
 //! or one of the setters that wrap it, such as
-//! [`set_buffer_pool_config`](crate::set_buffer_pool_config)), then the `GPU_POOL_CONF`
+//! [`set_buffer_pool_config`](crate::compat::opencv::set_buffer_pool_config)), then the `GPU_POOL_CONF`
 //! environment variable (read once, at first use), then the device's defaults
 //! ([`Device::config`](crate::Device::config) says which apply). Pooling on or off
 //! ([`set_buffer_pool_usage`], the `usage` key) is process-wide, as in OpenCV.
@@ -31,11 +31,11 @@ const MIB: usize = 1 << 20;
 /// The size and number of the stacks of one device (OpenCV's `setBufferPoolConfig` arguments).
 ///
 /// ```
-/// use gpu_pool_runtime::PoolConfig;
+/// use gpu_pool::config::PoolConfig;
 /// let config = PoolConfig::new(64 << 20, 2)?;
 /// assert_eq!(config.total_bytes(), 128 << 20);
 /// assert_eq!(PoolConfig::default(), PoolConfig::new(10 << 20, 5)?);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolConfig {
@@ -101,12 +101,12 @@ impl PoolConfig {
     /// This config as a `GPU_POOL_CONF` value, which parses back to it.
     ///
     /// ```
-    /// use gpu_pool_runtime::{EnvConfig, PoolConfig};
+    /// use gpu_pool::{config::{EnvConfig, PoolConfig}};
     /// let config = PoolConfig::new(12 << 20, 3)?;
     /// assert_eq!(config.env_value(), "stack_size=12MiB,stack_count=3");
     /// let parsed = EnvConfig::parse(&config.env_value())?;
     /// assert_eq!((parsed.stack_size, parsed.stack_count), (Some(12 << 20), Some(3)));
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     #[must_use]
     pub fn env_value(&self) -> String {
@@ -131,13 +131,13 @@ impl Default for PoolConfig {
 /// Where a buffer comes from when the stack cannot serve it (OpenCV's "default allocator").
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, Fallback};
+/// use gpu_pool::{config::Fallback, Device};
 /// let device = Device::private_host();
 /// let mut config = device.config()?;
 /// config.fallback = Fallback::Error;
 /// device.configure(config)?;
 /// assert_eq!(device.fallback()?, Fallback::Error);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -148,7 +148,7 @@ pub enum Fallback {
     /// `cuMemAllocFromPoolAsync`/`cuMemFreeAsync` on the buffer's stream, from a memory pool of our
     /// own with its release threshold raised. The default where the device supports it.
     StreamOrdered,
-    /// The device's binned [`CachingPool`](crate::CachingPool): freed blocks are held and reused by
+    /// The device's binned [`CachingPool`](crate::alloc::CachingPool): freed blocks are held and reused by
     /// requests of the same size bin, with no driver call.
     Caching,
     /// No fallback: a request the stack cannot serve is `PoolError::StackExhausted`.
@@ -177,7 +177,7 @@ impl Fallback {
 /// of the examples' stacks is smaller for it: BENCHMARKS.md, section P).
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, Packing, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, GpuRead, PoolError, Stream, config::Packing};
 /// let device = Device::private_host();
 /// assert_eq!(device.packing()?, Packing::Cuda);
 /// let stream = Stream::new(&device)?;
@@ -257,12 +257,12 @@ impl EnvConfig {
     /// them. Unknown keys, repeated keys and bad values are errors, never ignored.
     ///
     /// ```
-    /// use gpu_pool_runtime::{EnvConfig, Fallback};
+    /// use gpu_pool::{config::{EnvConfig, Fallback}};
     /// let conf = EnvConfig::parse("stack_size=64MiB, stack_count=2, fallback=stream_ordered")?;
     /// assert_eq!(conf.stack_size, Some(64 << 20));
     /// assert_eq!(conf.fallback, Some(Fallback::StreamOrdered));
     /// assert!(EnvConfig::parse("stack_size=lots").is_err());
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn parse(value: &str) -> Result<EnvConfig, PoolError> {
         let fail = |reason: String| PoolError::InvalidEnvConfig {
@@ -627,9 +627,9 @@ static USAGE: AtomicU8 = AtomicU8::new(UNSET);
 /// before the call) pools too.
 ///
 /// ```
-/// gpu_pool_runtime::set_buffer_pool_usage(true);
-/// assert!(gpu_pool_runtime::buffer_pool_usage()?);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// gpu_pool::config::set_buffer_pool_usage(true);
+/// assert!(gpu_pool::config::buffer_pool_usage()?);
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 pub fn set_buffer_pool_usage(on: bool) {
     USAGE.store(if on { ON } else { OFF }, Ordering::Relaxed);

@@ -31,7 +31,7 @@ use crate::unique::Counter;
 /// A device: the host backend or a CUDA GPU. Cheap to clone; clones share one pool.
 ///
 /// ```
-/// use gpu_pool_runtime::Device;
+/// use gpu_pool::Device;
 /// let device = Device::host();
 /// assert_eq!(device.id().to_string(), "host");
 /// assert_eq!(device.texture_alignment(), 512);
@@ -150,7 +150,7 @@ impl Device {
     /// settings, stacks and counters are its own, so tests use it for isolation.
     ///
     /// ```
-    /// use gpu_pool_runtime::Device;
+    /// use gpu_pool::Device;
     /// let (a, b) = (Device::private_host(), Device::private_host());
     /// assert_ne!(a, b);
     /// assert_ne!(a, Device::host());
@@ -165,7 +165,9 @@ impl Device {
     /// `limit` bytes in all (like a GPU's memory size): tests use it to provoke out-of-memory.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+    /// use gpu_pool::{
+    ///     BufferPool, config::Fallback, Device, PoolError, set_buffer_pool_config, Stream,
+    /// };
     /// let small = Device::host_with_limit(1 << 20);
     /// small.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&small, 512 << 10, 1)?;
@@ -204,7 +206,7 @@ impl Device {
     /// without the `cuda` feature), `PoolError::NoSuchDevice` for an ordinal past the last.
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, PoolError};
+    /// use gpu_pool::{Device, PoolError};
     /// match Device::cuda(0) {
     ///     Ok(gpu) => assert!(gpu.texture_alignment() >= 256),
     ///     Err(PoolError::NoCudaDriver { .. }) => println!("no GPU here"),
@@ -261,7 +263,7 @@ impl Device {
     /// start), which a program can print, since a broken driver otherwise looks like "no GPU".
     ///
     /// ```
-    /// use gpu_pool_runtime::Device;
+    /// use gpu_pool::Device;
     /// let (device, why_host) = Device::cuda_or_host_with_reason();
     /// match &why_host {
     ///     Some(reason) => println!("running on {} ({reason})", device.id()),
@@ -283,7 +285,7 @@ impl Device {
     /// `UnsupportedAlignment`.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
     /// let device = Device::private_host();
     /// let image = device.footprint::<[u8; 3]>(480, 640)?;
     /// assert_eq!((image.bytes, image.step, image.align), (480 * 2048, 2048, 512));
@@ -294,17 +296,31 @@ impl Device {
     /// assert_eq!(buffer.step(), image.step);
     /// assert_eq!(stream.stats().stack_in_use, image.bytes);
     /// # drop(buffer);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn footprint<T>(&self, rows: usize, cols: usize) -> Result<Footprint, PoolError> {
         let packing = self.packing()?.block_align();
         Layout::of::<T>(rows, cols, self.texture_alignment(), packing).map(|l| Footprint::of(&l))
     }
 
-    /// The cudarc context of a CUDA device, for loading modules and launching kernels.
+    /// The cudarc context of a CUDA device, for loading modules (`load_module`) and making
+    /// cudarc's own streams and allocations.
+    ///
+    /// # Errors
+    /// [`PoolError::Unsupported`] on the host backend, which has no cudarc context: skip the
+    /// kernels there, or run their CPU twins.
     #[cfg(feature = "cuda")]
-    #[must_use]
-    pub fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
+    pub fn cudarc(&self) -> Result<&std::sync::Arc<cudarc::driver::CudaContext>, PoolError> {
+        self.cuda_context().ok_or(PoolError::Unsupported {
+            device: self.id(),
+            what: "a cudarc context (only a CUDA device has one: use Device::cuda(n), or run the \
+                   kernels' CPU twins on the host backend)",
+        })
+    }
+
+    /// The cudarc context of a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
         self.inner.storage.backend.cuda_context()
     }
 
@@ -434,7 +450,7 @@ impl Device {
         }
     }
 
-    /// Sets the stack size and count; see [`crate::set_buffer_pool_config`].
+    /// Sets the stack size and count; see [`crate::compat::opencv::set_buffer_pool_config`].
     #[doc(hidden)]
     pub fn set_pool_config(&self, config: PoolConfig) -> Result<(), PoolError> {
         let mut state = self.inner.lock_state();
@@ -445,7 +461,7 @@ impl Device {
     }
 
     /// Gives the streams made from now on growable stacks (`true`), or OpenCV's fixed stacks
-    /// (`false`, what [`set_buffer_pool_config`](crate::set_buffer_pool_config) also chooses).
+    /// (`false`, what [`set_buffer_pool_config`](crate::compat::opencv::set_buffer_pool_config) also chooses).
     ///
     /// A growable stack is a range of addresses as large as the device's memory, reserved when its
     /// stream is made (`cuMemAddressReserve`), with the configured stack size
@@ -475,12 +491,12 @@ impl Device {
     /// (the host backend models it, in 64 KiB granules).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_growable_stacks(true)?;
     /// let stream = Stream::new(&device)?;
     /// let big = BufferPool::new(&stream).get_buffer::<f32>(4096, 4096)?; // 64 MiB: no fallback
-    /// assert_eq!(big.source(), gpu_pool_runtime::Source::Stack);
+    /// assert_eq!(big.source(), gpu_pool::Source::Stack);
     /// assert_eq!(stream.stats().stack_mapped, 64 << 20);
     /// drop(big);
     /// assert_eq!(stream.trim()?, 64 << 20); // the memory goes back
@@ -522,14 +538,14 @@ impl Device {
     /// while a stream holds a stack: drop those streams first.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// let stream = Stream::new(&device)?;
     /// drop(BufferPool::new(&stream).get_buffer::<u8>(4, 4)?);
     /// assert!(device.release_stack_memory().is_err()); // `stream` holds a stack
     /// drop(stream);
     /// assert_eq!(device.release_stack_memory()?, 50 << 20); // the default 5 x 10 MiB
-    /// assert_eq!(gpu_pool_runtime::testing::host_live_bytes(&device), Some(0));
+    /// assert_eq!(gpu_pool::testing::host_live_bytes(&device), Some(0));
     /// # Ok::<(), PoolError>(())
     /// ```
     pub fn release_stack_memory(&self) -> Result<usize, PoolError> {
@@ -560,7 +576,7 @@ impl Device {
     }
 
     /// In strict mode a stack buffer released out of LIFO order makes its explicit
-    /// [`release`](crate::GpuMat::release) return `PoolError::LifoViolation` (the memory is still
+    /// [`release`](crate::compat::opencv::GpuMat::release) return `PoolError::LifoViolation` (the memory is still
     /// reclaimed correctly). Applies to streams made from now on. Off by default.
     #[doc(hidden)]
     pub fn set_strict_lifo(&self, strict: bool) {
@@ -593,7 +609,7 @@ impl Device {
     /// turns it on for every device. A stream that does not record pays nothing for it.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_recording(100);
     /// let stream = Stream::new(&device)?;
@@ -615,7 +631,7 @@ impl Device {
     /// default samples the sum when a stream passes its own high and at every stats read.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_exact_live_peak(true);
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
@@ -685,7 +701,9 @@ impl Device {
     /// capture), and an empty `Reclaimed` is returned.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, PoolError, Stream, set_buffer_pool_config};
+    /// use gpu_pool::{
+    ///     BufferPool, config::Fallback, Device, PoolError, set_buffer_pool_config, Stream,
+    /// };
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Caching);
     /// set_buffer_pool_config(&device, 1 << 20, 1)?;
@@ -713,7 +731,7 @@ impl Device {
     /// `PoolError::OutOfMemory`, whose message says the limit. Memory already held stays.
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, Fallback, GpuMat, PoolError, Stream};
+    /// use gpu_pool::{config::Fallback, Device, GpuMat, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Driver);
     /// device.set_memory_limit(Some(64 << 20));
@@ -761,7 +779,7 @@ impl Device {
     /// reset may have its demand peak set a little low or high (to a level reached around it).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Fallback, Stream, set_buffer_pool_config};
+    /// use gpu_pool::{BufferPool, config::Fallback, Device, set_buffer_pool_config, Stream};
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&device, 1 << 20, 1)?;
@@ -775,7 +793,7 @@ impl Device {
     /// assert_eq!(stats.peak_stream_demand, 1024);
     /// assert_eq!(stats.recommended_config().unwrap().stack_size(), 1 << 20);
     /// # drop(small);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn reset_peak(&self) {
         let mut state = self.inner.lock_state();
@@ -1151,7 +1169,7 @@ impl Drop for DeviceInner {
 /// allocated when a stream first needs it.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
+/// use gpu_pool::{Device, PoolError, set_buffer_pool_config, Stream};
 /// let device = Device::private_host();
 /// set_buffer_pool_config(&device, 64 << 20, 2)?;
 /// let stream = Stream::new(&device)?;
@@ -1172,7 +1190,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
     use super::*;
-    use crate::{BufferPool, Stream};
+    use crate::Stream;
+    use crate::compat::opencv::BufferPool;
 
     /// A stack source over the host backend's own memory that counts its calls.
     struct Counted {

@@ -134,7 +134,7 @@ pub fn handle<'a, 's, T>(owner: &'a mut Temp<'s, T>) -> Pooled<'a, 's, T> {
 /// below (with a hidden owner name no user code can write):
 ///
 /// ```
-/// # use gpu_pool_runtime::{Device, GpuRead, GpuWrite, PoolError, Stream, __private::{frame, handle, take}};
+/// # use gpu_pool::{Device, GpuRead, GpuWrite, PoolError, Stream, __private::{frame, handle, take}};
 /// # let stream = Stream::new(&Device::host())?;
 /// # let frame = frame(&stream);
 /// let mut owner = take::<f32>(&frame, 4, 4, "x")?; // "x": the name, for reports and errors
@@ -159,7 +159,6 @@ impl<'s, T> Deref for Pooled<'_, 's, T> {
 
 impl<'s, T> Pooled<'_, 's, T> {
     /// The address field kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
         self.mat.ptr_field()
     }

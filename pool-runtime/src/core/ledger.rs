@@ -10,7 +10,7 @@ use crate::capturing;
 use crate::counters::StreamCounters;
 use crate::holders::GaveBack;
 use crate::id::DeviceId;
-use crate::record::{Event, Ring};
+use crate::record::{RecordEntry, Ring};
 use crate::source::{CallSite, FallbackReason};
 use crate::stack::Bounds;
 use crate::stats::{SiteFallbacks, StreamStats};
@@ -107,7 +107,7 @@ impl Ledger {
 
     /// Records `event`, where this stream records.
     #[cold]
-    pub(crate) fn record(&self, event: Event) {
+    pub(crate) fn record(&self, event: RecordEntry) {
         if let Some(recorder) = &self.recorder {
             sync::lock(recorder).push(event);
         }

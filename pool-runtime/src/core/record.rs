@@ -12,7 +12,7 @@ use crate::source::{CallSite, Source};
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum EventKind {
+pub enum RecordKind {
     /// A buffer was taken.
     Take,
     /// A buffer was given back.
@@ -22,11 +22,11 @@ pub enum EventKind {
 /// One take or release on a stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Event {
+pub struct RecordEntry {
     /// Nanoseconds since the first event of the process.
     pub t_ns: u64,
     /// Take or release.
-    pub kind: EventKind,
+    pub kind: RecordKind,
     /// Where the buffer's memory came from.
     pub source: Source,
     /// Offset of the buffer in the stack (0 for other sources).
@@ -52,7 +52,7 @@ pub(crate) fn now_ns() -> u64 {
 #[derive(Clone, Debug)]
 pub(crate) struct Ring {
     capacity: usize,
-    events: VecDeque<Event>,
+    events: VecDeque<RecordEntry>,
     dropped: u64,
 }
 
@@ -65,7 +65,7 @@ impl Ring {
         }
     }
 
-    pub(crate) fn push(&mut self, event: Event) {
+    pub(crate) fn push(&mut self, event: RecordEntry) {
         if self.events.len() == self.capacity {
             self.events.pop_front();
             self.dropped += 1;
@@ -73,7 +73,7 @@ impl Ring {
         self.events.push_back(event);
     }
 
-    pub(crate) fn events(&self) -> impl Iterator<Item = &Event> {
+    pub(crate) fn events(&self) -> impl Iterator<Item = &RecordEntry> {
         self.events.iter()
     }
 
@@ -95,7 +95,7 @@ pub struct StreamRecording {
     /// Events older than the ring kept.
     pub dropped: u64,
     /// The events, oldest first.
-    pub events: Vec<Event>,
+    pub events: Vec<RecordEntry>,
 }
 
 impl StreamRecording {
@@ -118,9 +118,9 @@ mod tests {
     fn the_ring_keeps_the_last_events_and_counts_the_rest() {
         let mut ring = Ring::new(3);
         for t in 0..10 {
-            ring.push(Event {
+            ring.push(RecordEntry {
                 t_ns: t,
-                kind: EventKind::Take,
+                kind: RecordKind::Take,
                 source: Source::Stack,
                 offset: 0,
                 bytes: 1,

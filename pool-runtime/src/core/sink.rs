@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use crate::record::{EventKind, StreamRecording};
+use crate::record::{RecordKind, StreamRecording};
 use crate::source::{CallSite, Source};
 use crate::stream::Demand;
 use crate::sync;
@@ -50,7 +50,7 @@ impl Sink {
 /// One take or release, as the stream emits it; the stream adds the time and its stack's state.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Op {
-    pub(crate) kind: EventKind,
+    pub(crate) kind: RecordKind,
     pub(crate) source: Source,
     /// Offset of the buffer in the stack (0 for other sources).
     pub(crate) offset: usize,
@@ -63,7 +63,7 @@ impl Op {
     /// A take of `bytes` at `offset` of `source`, asked for at `site`.
     pub(crate) fn take(source: Source, offset: usize, bytes: usize, site: CallSite) -> Op {
         Op {
-            kind: EventKind::Take,
+            kind: RecordKind::Take,
             source,
             offset,
             bytes,
@@ -74,7 +74,7 @@ impl Op {
     /// A release of `bytes` at `offset` of `source`.
     pub(crate) fn release(source: Source, offset: usize, bytes: usize) -> Op {
         Op {
-            kind: EventKind::Release,
+            kind: RecordKind::Release,
             source,
             offset,
             bytes,

@@ -56,16 +56,16 @@ impl Block {
 /// many blocks, where its top is, and a digest of every block's offset and end in order. Two
 /// stacks with equal traces laid out the same blocks at the same offsets, which is what symmetric
 /// memory (NCCL windows) asks of every rank. Made by [`Stream::layout_trace`](crate::Stream::layout_trace)
-/// in builds with debug assertions; compared by [`check_symmetric`](crate::check_symmetric).
+/// in builds with debug assertions; compared by [`check_symmetric`](crate::observe::check_symmetric).
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, PoolError, Stream};
 /// let (a, b) = (Stream::new(&Device::private_host())?, Stream::new(&Device::private_host())?);
 /// drop((BufferPool::new(&a).get_buffer::<f32>(8, 8)?, BufferPool::new(&b).get_buffer::<f32>(8, 8)?));
 /// if let (Some(ta), Some(tb)) = (a.layout_trace(), b.layout_trace()) {
 ///     assert_eq!(ta, tb);
 ///     assert_eq!(ta.takes(), 1);
-///     assert_eq!(gpu_pool_runtime::LayoutTrace::from_bytes(ta.to_bytes()), ta); // to send to another process
+///     assert_eq!(gpu_pool::observe::LayoutTrace::from_bytes(ta.to_bytes()), ta); // to send to another process
 /// }
 /// # Ok::<(), PoolError>(())
 /// ```

@@ -34,7 +34,7 @@ impl StreamCounters {
 /// Fallback allocations, counted by reason.
 ///
 /// ```
-/// use gpu_pool_runtime::{FallbackCounts, FallbackReason};
+/// use gpu_pool::{FallbackReason, observe::FallbackCounts};
 /// let counts = FallbackCounts::default();
 /// assert_eq!(counts.get(FallbackReason::StackFull), 0);
 /// assert_eq!(counts.total(), 0);
@@ -63,7 +63,7 @@ impl FallbackCounts {
 /// A snapshot of one stream's counters.
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, Stream};
+/// use gpu_pool::{BufferPool, Device, Stream};
 /// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
@@ -74,7 +74,7 @@ impl FallbackCounts {
 /// drop(buf);
 /// assert_eq!(stream.stats().stack_in_use, 0);
 /// assert_eq!(stream.stats().live_bytes, 0);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -112,12 +112,12 @@ pub struct StreamStats {
     /// growable stack has mapped now ([`Device::set_growable_stacks`](crate::Device::set_growable_stacks)).
     pub stack_mapped: usize,
     /// Bytes held by the stream's live pooled buffers (from its stack or its fallback; not
-    /// [`GpuMat::new`](crate::GpuMat::new)'s driver memory): a stack buffer counts its block, the
+    /// [`GpuMat::new`](crate::compat::opencv::GpuMat::new)'s driver memory): a stack buffer counts its block, the
     /// padding that aligns its start included, a fallback buffer its layout's bytes. Unlike
     /// [`stack_in_use`](Self::stack_in_use), a buffer released out of order is no longer counted.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream, set_buffer_pool_config};
+    /// use gpu_pool::{BufferPool, Device, set_buffer_pool_config, Stream};
     /// let device = Device::private_host();
     /// set_buffer_pool_config(&device, 100 << 20, 1)?;
     /// let stream = Stream::new(&device)?;
@@ -132,7 +132,7 @@ pub struct StreamStats {
     /// assert_eq!((stats.live_bytes, stats.live_buffers), (50 << 20, 5));
     /// assert_eq!(stats.stack_in_use, 100 << 20); // the top: the last buffer is live
     /// # drop(held);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub live_bytes: usize,
     /// The stream's live pooled buffers (from its stack or its fallback), empty ones not counted.
@@ -162,14 +162,14 @@ pub struct SiteFallbacks {
 /// A snapshot of one device's counters: its own driver calls plus every stream it has had.
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, Stream};
+/// use gpu_pool::{BufferPool, Device, Stream};
 /// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
 /// drop(BufferPool::new(&stream).get_buffer::<u8>(16, 16)?);
 /// let stats = device.stats();
 /// assert_eq!(stats.driver_alloc_calls, 1); // the one allocation that holds every stack
 /// assert_eq!(stats.streams.len(), 1);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -208,7 +208,7 @@ pub struct DeviceStats {
     /// [`Device::set_exact_live_peak`](crate::Device::set_exact_live_peak).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, Stream};
     /// let device = Device::private_host();
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
     /// let x = BufferPool::new(&a).get_buffer_1d::<u8>(1 << 20)?;
@@ -218,7 +218,7 @@ pub struct DeviceStats {
     /// assert_eq!(stats.peak_live_bytes, 3 << 20); // both at once
     /// assert_eq!(stats.peak_stream_demand, 2 << 20); // the larger stream alone
     /// assert_eq!(stats.live_bytes, 0);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub peak_live_bytes: usize,
     /// Stack buffers over all streams, live and dropped.
@@ -226,7 +226,7 @@ pub struct DeviceStats {
     /// Fallback buffers over all streams, live and dropped, by reason.
     pub fallback_allocations: FallbackCounts,
     /// Every driver allocation of device memory on this device: stack memory, fallbacks, custom
-    /// allocators, pools, long-lived buffers. [`MixMemory`](crate::MixMemory)'s page-locked host
+    /// allocators, pools, long-lived buffers. [`MixMemory`](crate::compat::mix::MixMemory)'s page-locked host
     /// memory is not counted here.
     pub driver_alloc_calls: u64,
     /// Every driver free of device memory on this device.

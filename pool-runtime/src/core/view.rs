@@ -5,7 +5,7 @@
 //! rows are the parent's rows, cut.
 //!
 //! ```
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
 //! let stream = Stream::new(&Device::host())?;
 //! let mut image = BufferPool::new(&stream).get_buffer::<u8>(8, 10)?;
 //! image.set_to(0)?;
@@ -14,7 +14,7 @@
 //! assert_eq!(inside, 9 * 8);
 //! assert_eq!(image.to_vec()?.iter().filter(|&&v| v == 9).count(), 8);
 //! assert!(image.roi(0..9, 0..1).is_err()); // 9 rows of 8
-//! # Ok::<(), gpu_pool_runtime::PoolError>(())
+//! # Ok::<(), gpu_pool::PoolError>(())
 //! ```
 
 use std::marker::PhantomData;
@@ -106,7 +106,7 @@ fn check_range(what: &'static str, range: &Range<usize>, len: usize) -> Result<(
     }
 }
 
-/// A read-only view of a [`GpuMat`](crate::GpuMat) or of a region of one: the address, shape and
+/// A read-only view of a [`GpuMat`](crate::compat::opencv::GpuMat) or of a region of one: the address, shape and
 /// step, valid while the buffer is borrowed. For kernel arguments, cudarc's device-memory traits
 /// (through [`as_cudarc`](GpuView::as_cudarc)) and, on the host backend, CPU twins of kernels.
 #[derive(Clone, Copy, Debug)]
@@ -118,7 +118,7 @@ pub struct GpuView<'a, T> {
     _borrow: PhantomData<&'a T>,
 }
 
-/// A writable view of a [`GpuMat`](crate::GpuMat) or of a region of one, for kernel arguments,
+/// A writable view of a [`GpuMat`](crate::compat::opencv::GpuMat) or of a region of one, for kernel arguments,
 /// cudarc's device-memory traits and CPU twins.
 #[derive(Debug)]
 #[must_use = "a view does nothing unless used"]
@@ -132,11 +132,11 @@ pub struct GpuViewMut<'a, T> {
 /// Whose order a view's memory follows, which decides how work on it is queued.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Keeper<'a> {
-    /// No stream's (a [`MixMemory`](crate::MixMemory)'s device side): kernel arguments only.
+    /// No stream's (a [`MixMemory`](crate::compat::mix::MixMemory)'s device side): kernel arguments only.
     Unordered,
     /// A buffer of this pool stream, whose memory is reused in the stream's order.
     Stream(&'a Stream),
-    /// Shared memory accessed on this stream ([`SharedMat`](crate::SharedMat)).
+    /// Shared memory accessed on this stream ([`SharedMat`](crate::shared::SharedMat)).
     Shared(&'a Stream),
 }
 
@@ -185,44 +185,13 @@ macro_rules! view_common {
                 }
             }
 
-            /// The device address of row 0 (0 for an empty view).
-            #[must_use]
-            pub fn device_ptr(&self) -> u64 {
-                self.window.ptr
-            }
-            /// Rows.
-            #[must_use]
-            pub fn rows(&self) -> usize {
-                self.window.rows
-            }
-            /// Columns.
-            #[must_use]
-            pub fn cols(&self) -> usize {
-                self.window.cols
-            }
-            /// Elements (`rows * cols`).
-            #[must_use]
-            pub fn len(&self) -> usize {
-                // Cannot wrap: a view is never larger than the buffer whose layout checked it.
-                self.window.rows * self.window.cols
-            }
-            /// Whether it has no elements.
-            #[must_use]
-            pub fn is_empty(&self) -> bool {
-                self.len() == 0
-            }
-            /// Bytes between rows (the parent's step, for a region).
-            #[must_use]
-            pub fn step(&self) -> usize {
-                self.window.pitch
-            }
             /// Whether the rows follow each other with no padding.
             #[must_use]
             pub fn is_continuous(&self) -> bool {
                 self.window.is_continuous::<T>()
             }
             /// The stream work on this view is queued on; `None` for memory of no stream (a
-            /// [`MixMemory`](crate::MixMemory)'s device side).
+            /// [`MixMemory`](crate::compat::mix::MixMemory)'s device side).
             #[must_use]
             pub fn stream(&self) -> Option<&'a Stream> {
                 self.keeper.stream()
@@ -238,12 +207,19 @@ macro_rules! view_common {
                 }
             }
 
+            /// Elements (`rows * cols`): [`GpuRead::len`](crate::GpuRead::len), which this
+            /// module's layer cannot name.
+            pub(crate) fn elems(&self) -> usize {
+                // Cannot wrap: a view is never larger than the buffer whose layout checked it.
+                self.window.rows * self.window.cols
+            }
+
             fn check_len(&self, actual: usize) -> Result<(), PoolError> {
-                if actual == self.len() {
+                if actual == self.elems() {
                     Ok(())
                 } else {
                     Err(PoolError::ShapeMismatch {
-                        expected: self.len(),
+                        expected: self.elems(),
                         actual,
                     })
                 }
@@ -251,7 +227,7 @@ macro_rules! view_common {
 
             /// Whether there is nothing to copy or fill.
             fn no_bytes(&self) -> bool {
-                self.len() == 0 || size_of::<T>() == 0
+                self.elems() == 0 || size_of::<T>() == 0
             }
         }
     };
@@ -269,7 +245,7 @@ impl<'a, T: Pod> GpuView<'a, T> {
 
     /// Rows `rows` of this view, every column.
     pub fn row_range(&self, rows: Range<usize>) -> Result<GpuView<'a, T>, PoolError> {
-        self.roi(rows, 0..self.cols())
+        self.roi(rows, 0..self.window.cols)
     }
 
     /// The elements as one contiguous row, for a view whose rows have no padding between them;
@@ -301,12 +277,12 @@ impl<'a, T: Pod> GpuView<'a, T> {
     /// the `rows()` slices holds `cols()` elements, zero-sized ones included (they take no memory).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let units = BufferPool::new(&stream).get_buffer::<()>(3, 4)?;
     /// let lens: Vec<usize> = units.view().host_rows()?.map(|row| row.len()).collect();
     /// assert_eq!(lens, [4, 4, 4]);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn host_rows(self) -> Result<impl Iterator<Item = &'a [T]>, PoolError> {
         check_host(self.device)?;
@@ -357,28 +333,6 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
     /// A read-only view of the same elements, for as long as this one is borrowed.
     pub fn as_view(&self) -> GpuView<'_, T> {
         GpuView::new(self.window, self.device, self.keeper)
-    }
-
-    /// The writable region `rows x cols` of this view, with the same step.
-    pub fn roi_mut(
-        &mut self,
-        rows: Range<usize>,
-        cols: Range<usize>,
-    ) -> Result<GpuViewMut<'_, T>, PoolError> {
-        let window = self.window.region::<T>(rows, cols)?;
-        Ok(GpuViewMut::new(window, self.device, self.keeper))
-    }
-
-    /// Writable rows `rows` of this view, every column.
-    pub fn row_range_mut(&mut self, rows: Range<usize>) -> Result<GpuViewMut<'_, T>, PoolError> {
-        let cols = 0..self.cols();
-        self.roi_mut(rows, cols)
-    }
-
-    /// The elements as one writable contiguous row; `PoolError::NotContinuous` for padded rows.
-    pub fn as_1d_mut(&mut self) -> Result<GpuViewMut<'_, T>, PoolError> {
-        let window = self.window.flat::<T>()?;
-        Ok(GpuViewMut::new(window, self.device, self.keeper))
     }
 
     /// The writable region `rows x cols`, taking this view (and its borrow) with it: a region of
@@ -446,10 +400,11 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
                 actual: src.device,
             });
         }
-        if (src.rows(), src.cols()) != (self.rows(), self.cols()) {
+        let shape = |w: Window| (w.rows, w.cols);
+        if shape(src.window) != shape(self.window) {
             return Err(PoolError::DimensionMismatch {
-                dst: (self.rows(), self.cols()),
-                src: (src.rows(), src.cols()),
+                dst: shape(self.window),
+                src: shape(src.window),
             });
         }
         if self.no_bytes() {
@@ -466,12 +421,12 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
     /// on a GPU. `f` is called once per row with `cols()` elements, zero-sized ones included.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let mut image = BufferPool::new(&stream).get_buffer::<u16>(3, 4)?;
     /// image.view_mut().for_each_host_row_mut(|r, row| row.fill(r as u16))?;
     /// assert_eq!(image.to_vec()?, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn for_each_host_row_mut(
         &mut self,

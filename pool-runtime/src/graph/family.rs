@@ -21,11 +21,11 @@ use super::Graph;
 /// memory for the largest member's scratch, not the sum of all of theirs.
 ///
 /// Make it before the buffers that live beside its graphs (outputs are best made with
-/// [`GpuMat::new`](crate::GpuMat::new)): a member is captured with the region lowered to its base,
+/// [`GpuMat::new`](crate::compat::opencv::GpuMat::new)): a member is captured with the region lowered to its base,
 /// which needs the region on top of the stack.
 ///
 /// ```no_run
-/// use gpu_pool_runtime::{BufferPool, Device, GpuMat, GpuWrite, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
 /// # fn main() -> Result<(), PoolError> {
 /// let stream = Stream::new(&Device::cuda(0)?)?;
 /// let family = stream.graph_family()?;

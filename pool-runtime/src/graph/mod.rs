@@ -8,8 +8,12 @@
 //!
 //! What the API guarantees:
 //! - a graph replays on the stream it was captured on, which it borrows: the stream, its stack, and
-//!   everything the captured closure borrowed outlive the graph. Capture outputs by shared
-//!   reference (kernel arguments take `&GpuMat`) and read them between replays;
+//!   everything the captured closure borrowed outlive the graph. So an output read between
+//!   replays is borrowed shared by the closure: kernels take its address with
+//!   [`.buf(&out)`](crate::interop::LaunchArgsExt::buf), and pool operations that need `&mut`
+//!   (`copy_from`, `set_to`) reach it through a `RefCell` (`out.borrow_mut()` in the closure,
+//!   `out.borrow()` between replays), as in the example below and the guide's "Graphs". An output
+//!   borrowed mutably is readable once the graph is dropped;
 //! - a buffer the stack cannot serve during capture is `PoolError::CaptureNeedsStack`, before any
 //!   driver call could invalidate the capture; a failing or panicking closure ends the capture and
 //!   leaves the stream usable;
@@ -38,21 +42,21 @@
 //! [`Stream::capture_with`]`::<E>`: its error comes back unchanged, the pool's converted.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
+//! use std::cell::RefCell;
+//! use gpu_pool::prelude::*;
 //! # fn main() -> Result<(), PoolError> {
 //! let stream = Stream::new(&Device::cuda(0)?)?;
-//! let out = GpuMat::<f32>::new(&stream, 512, 512)?;
+//! let out = RefCell::new(GpuMat::<f32>::new(&stream, 512, 512)?);
 //! let graph = stream.capture(|s| {
 //!     let mut tmp = BufferPool::new(s).get_buffer::<f32>(512, 512)?; // a stack address, reused
-//!     tmp.set_to(1.0)?;                                               // ... kernels on tmp, out ...
-//!     let _ = &out;
-//!     Ok(())
+//!     tmp.set_to(1.0)?;                                               // ... kernels on tmp ...
+//!     out.borrow_mut().copy_from(&tmp)                                // an output, through RefCell
 //! })?;
 //! for _ in 0..1000 {
 //!     graph.launch()?; // one driver call, no allocation
+//!     let _first = out.borrow().row_range(0..1)?.to_vec()?; // readable between replays
 //! }
-//! let result = out.to_vec()?; // outputs are readable between replays
-//! # drop(result); Ok(()) }
+//! # Ok(()) }
 //! ```
 
 mod family;
@@ -108,7 +112,7 @@ impl Graph<'_> {
     ///
     /// `PoolError::CapturedElsewhere` if the stream is being captured by anything else: that
     /// graph would replay this one's memory after it is given back. `PoolError::SharedAccessOpen`
-    /// if the graph accesses a [`SharedMat`](crate::SharedMat) that a guard on another stream
+    /// if the graph accesses a [`SharedMat`](crate::shared::SharedMat) that a guard on another stream
     /// still accesses in a conflicting way (see [`crate::shared`]): nothing is queued.
     pub fn launch(&self) -> Result<(), PoolError> {
         self.ready()?;
@@ -508,7 +512,7 @@ impl Stream {
     /// leaves it open: `stream.capture_with::<AppError>(|s| { ...; Ok(()) })`.
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::{Device, GpuRead, GpuWrite, PoolError, Stream};
+    /// use gpu_pool::{Device, GpuRead, GpuWrite, PoolError, Stream};
     ///
     /// #[derive(Debug)]
     /// enum AppError {
@@ -528,7 +532,7 @@ impl Stream {
     ///     if rows == 0 {
     ///         return Err(AppError::BadInput); // comes back as it is
     ///     }
-    ///     let mut tmp = gpu_pool_runtime::BufferPool::new(s).get_buffer::<f32>(rows, cols)?;
+    ///     let mut tmp = gpu_pool::BufferPool::new(s).get_buffer::<f32>(rows, cols)?;
     ///     tmp.set_to(0.0)?; // a PoolError, converted
     ///     Ok(())
     /// })?;

@@ -57,7 +57,7 @@ use crate::view::{GpuView, GpuViewMut};
 /// driver refuses one) does the drop wait for the copy's stream.
 ///
 /// ```
-/// use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+/// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let mut frame = HostMem::<u8>::new(stream.device(), 640 * 480)?;
 /// frame.as_mut_slice()?.fill(7); // waits for nothing: no copy is in flight
@@ -578,9 +578,9 @@ impl<T: Pod> GpuViewMut<'_, T> {
         src: &HostMem<T>,
         prefix: bool,
     ) -> Result<(), PoolError> {
-        let stream = copy_stream(self.stream(), self.device, self.len(), src, prefix)?;
+        let stream = copy_stream(self.stream(), self.device, self.elems(), src, prefix)?;
         let raw = stream.work_stream("upload_async")?;
-        if self.is_empty() || size_of::<T>() == 0 {
+        if self.elems() == 0 || size_of::<T>() == 0 {
             return Ok(());
         }
         src.order_after_others(stream)?;
@@ -613,9 +613,9 @@ impl<T: Pod> GpuView<'_, T> {
         dst: &mut HostMem<T>,
         prefix: bool,
     ) -> Result<(), PoolError> {
-        let stream = copy_stream(self.stream(), self.device, self.len(), dst, prefix)?;
+        let stream = copy_stream(self.stream(), self.device, self.elems(), dst, prefix)?;
         let raw = stream.work_stream("download_async")?;
-        if self.is_empty() || size_of::<T>() == 0 {
+        if self.elems() == 0 || size_of::<T>() == 0 {
             return Ok(());
         }
         dst.order_after_others(stream)?;

@@ -42,7 +42,7 @@ impl Stream {
     /// capture. The caller's current CUDA context is kept.
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::{Device, PoolError, Stream};
+    /// use gpu_pool::{Device, PoolError, Stream};
     /// let stream = Stream::new(&Device::cuda(0)?)?;
     /// let blas = stream.cublas()?; // then `unsafe { blas.gemm(cfg, &a.as_cudarc()?, ...) }?`
     /// # drop(blas);
@@ -117,10 +117,10 @@ impl Stream {
 /// graph allocate nothing. Feature `cublas`.
 ///
 /// ```no_run
-/// use gpu_pool_runtime::{Blas, Device, PoolError, Stream};
+/// use gpu_pool::{Device, interop::Blas, PoolError, Stream};
 /// let stream = Stream::new(&Device::cuda(0)?)?;
 /// let blas: Blas = stream.cublas()?;
-/// let handle: &gpu_pool_runtime::cudarc::cublas::CudaBlas = &blas;
+/// let handle: &gpu_pool::interop::cudarc::cublas::CudaBlas = &blas;
 /// # let _ = handle;
 /// # Ok::<(), PoolError>(())
 /// ```
@@ -230,7 +230,7 @@ pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// Runs `work` with `blas` working in a pool buffer: the handle's workspace is `workspace` while
 /// `work` runs (`cublasSetWorkspace`), and its own again when `work` returns (or unwinds). A
 /// [`Blas`]'s own workspace already keeps captured GEMMs free of allocations; this puts the
-/// workspace where the graph's other buffers are instead (a [`GraphFamily`](crate::GraphFamily)'s
+/// workspace where the graph's other buffers are instead (a [`GraphFamily`](crate::graph::GraphFamily)'s
 /// shared region, say), so the graph holds it like them. Feature `cublas`.
 ///
 /// A closure rather than a guard: a guard could be forgotten (`mem::forget`), leaving the handle
@@ -241,7 +241,10 @@ pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// buffers; shared memory is refused, since its access would end before the replays.
 ///
 /// ```no_run
-/// use gpu_pool_runtime::{BLAS_WORKSPACE_BYTES, BufferPool, Device, GpuWrite, PoolError, Stream, with_blas_workspace};
+/// use gpu_pool::{
+///     BufferPool, Device, GpuWrite, interop::{BLAS_WORKSPACE_BYTES, with_blas_workspace},
+///     PoolError, Stream,
+/// };
 /// let stream = Stream::new(&Device::cuda(0)?)?;
 /// let mut blas = stream.cublas()?;
 /// let graph = stream.capture(|s| {

@@ -29,13 +29,13 @@
 //! copies and fills are refused by the driver, and a kernel given it faults.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
-//! use gpu_pool_runtime::cudarc::driver::DevicePtr;
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::interop::cudarc::driver::DevicePtr;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let stream = Stream::new(&Device::cuda(0)?)?;
 //! let mut x = BufferPool::new(&stream).get_buffer_1d::<f32>(1024)?;
 //! x.set_to(1.0)?;
-//! let cuda = stream.cuda_stream().unwrap();
+//! let cuda = stream.cudarc()?;
 //! let host: Vec<f32> = cuda.clone_dtoh(&x.as_cudarc()?)?; // cudarc's own copy
 //! assert_eq!(host, vec![1.0; 1024]);
 //! # Ok(()) }

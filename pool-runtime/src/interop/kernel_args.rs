@@ -1,8 +1,9 @@
-//! Pool buffers as arguments of cudarc kernel launches: `stream.launch_builder(&f).arg(&mat)`.
+//! Pool buffers as arguments of cudarc kernel launches: `.buf(&src).buf_mut(&mut dst)`
+//! ([`LaunchArgsExt`]).
 //!
 //! A buffer is passed as its device address (a `u64`, what a kernel's `T*` parameter receives).
-//! cudarc cannot build its own views from raw pointers, so the buffers implement its
-//! `PushKernelArg` instead.
+//! `.buf` / `.buf_mut` take any [`GpuRead`] / [`GpuWrite`]; the concrete buffer types also
+//! implement cudarc's `PushKernelArg` (`.arg(&mat)`), which a generic `&impl GpuRead<T>` cannot.
 //!
 //! A 2D kernel takes a buffer with its shape as one parameter: [`Pitched`] (read-only, from
 //! `.pitched()`) or [`PitchedMut`] (from `.pitched_mut()`, for outputs) carry the address, the step
@@ -11,19 +12,20 @@
 //! an element. See the `Pitched` example below the first one.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, Stream};
-//! use gpu_pool_runtime::cudarc::driver::{LaunchConfig, PushKernelArg};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::interop::LaunchArgsExt;
+//! use gpu_pool::interop::cudarc::driver::{LaunchConfig, PushKernelArg};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;
 //! let stream = Stream::new(&gpu)?;
-//! let ptx = gpu_pool_runtime::cudarc::nvrtc::compile_ptx(
+//! let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(
 //!     r#"extern "C" __global__ void one(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = 1.0f; }"#,
 //! )?;
-//! let f = gpu.cuda_context().unwrap().load_module(ptx)?.load_function("one")?;
+//! let f = gpu.cudarc()?.load_module(ptx)?.load_function("one")?;
 //! let mut x = BufferPool::new(&stream).get_buffer_1d::<f32>(256)?;
 //! let n = 256i32;
 //! // SAFETY: `one` takes (float*, int) and writes n floats, which `x` holds.
-//! unsafe { stream.cuda_stream().unwrap().launch_builder(&f).arg(&mut x).arg(&n).launch(LaunchConfig::for_num_elems(256))? };
+//! unsafe { stream.cudarc()?.launch_builder(&f).buf_mut(&mut x).arg(&n).launch(LaunchConfig::for_num_elems(256))? };
 //! assert!(x.to_vec()?.iter().all(|&v| v == 1.0));
 //! # Ok(()) }
 //! ```
@@ -31,8 +33,9 @@
 //! With the shape in the argument:
 //!
 //! ```no_run
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, PITCHED_H, Stream, grid_2d};
-//! use gpu_pool_runtime::cudarc::driver::PushKernelArg;
+//! use gpu_pool::interop::{PITCHED_H, grid_2d};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::interop::LaunchArgsExt;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;
 //! let stream = Stream::new(&gpu)?;
@@ -41,13 +44,13 @@
 //!     unsigned c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
 //!     if (r < m.rows && c < m.cols) m(r, c) = r * 1000.0f + c;
 //! }"#);
-//! let ptx = gpu_pool_runtime::cudarc::nvrtc::compile_ptx(src)?;
-//! let f = gpu.cuda_context().unwrap().load_module(ptx)?.load_function("index")?;
+//! let ptx = gpu_pool::interop::cudarc::nvrtc::compile_ptx(src)?;
+//! let f = gpu.cudarc()?.load_module(ptx)?.load_function("index")?;
 //! let mut m = BufferPool::new(&stream).get_buffer::<f32>(30, 70)?;
 //! let grid = grid_2d(m.rows(), m.cols())?;
 //! let arg = m.pitched_mut();
 //! // SAFETY: `index` takes one `Pitched<float>` and writes only inside its rows and columns.
-//! unsafe { stream.cuda_stream().unwrap().launch_builder(&f).arg(&arg).launch(grid)? };
+//! unsafe { stream.cudarc()?.launch_builder(&f).pitched(&arg).launch(grid)? };
 //! assert_eq!(m.to_vec()?[70 + 3], 1003.0);
 //! # Ok(()) }
 //! ```
@@ -56,6 +59,9 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 
+use bytemuck::Pod;
+
+use crate::access::{GpuRead, GpuWrite};
 use crate::error::PoolError;
 use crate::view::Window;
 
@@ -103,6 +109,83 @@ unsafe impl<'a, 'b: 'a, 'h, 's, T> PushKernelArg<&'b mut Pooled<'h, 's, T>> for 
     #[inline(always)]
     fn arg(&mut self, buffer: &'b mut Pooled<'h, 's, T>) -> &mut Self {
         <Self as PushKernelArg<&'b u64>>::arg(self, buffer.ptr_field())
+    }
+}
+
+/// Pool buffers as kernel arguments, by what the kernel takes: `.buf(&src)` for a `const T*`,
+/// `.buf_mut(&mut dst)` for a `T*`, `.pitched(&p)` for a `Pitched<const T>` of [`PITCHED_H`]
+/// (the 32-byte address, step, rows and columns, made by `src.pitched()`). Each takes anything that is [`GpuRead`] (or
+/// [`GpuWrite`]): a `GpuMat`, a `buffer!` handle, a view or region, an access to shared memory, and
+/// a function's `&impl GpuRead<T>` parameter.
+///
+/// cudarc's own `.arg(&x)` takes only concrete types: on a generic `src: &impl GpuRead<T>` it
+/// fails with "the trait bound `impl GpuRead<f32>: DeviceRepr` is not satisfied", and cudarc
+/// cannot be told otherwise (its trait is foreign, and so is the generic type). `.buf(src)` is
+/// what that code means.
+///
+/// ```no_run
+/// use gpu_pool::interop::LaunchArgsExt; // in `gpu_pool::prelude` too
+/// use gpu_pool::interop::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+/// use gpu_pool::{GpuRead, GpuWrite};
+///
+/// /// `dst = 2 * src` on `src`'s stream, for any kind of buffer.
+/// fn double(
+///     f: &CudaFunction,
+///     src: &impl GpuRead<f32>,
+///     dst: &mut impl GpuWrite<f32>,
+/// ) -> Result<(), Box<dyn std::error::Error>> {
+///     let n = src.len() as i32;
+///     let stream = src.view().stream().ok_or("memory of no stream")?.cudarc()?;
+///     let mut args = stream.launch_builder(f);
+///     args.buf(src).buf_mut(dst).arg(&n);
+///     // SAFETY: the kernel takes (const float*, float*, int) and touches n elements of each.
+///     unsafe { args.launch(LaunchConfig::for_num_elems(n as u32))? };
+///     Ok(())
+/// }
+/// ```
+pub trait LaunchArgsExt<'a> {
+    /// Pushes the device address of `buffer`'s first element, for a kernel's `const T*`
+    /// parameter. The buffer stays borrowed while the builder lives.
+    fn buf<T: Pod, S: GpuRead<T> + ?Sized>(&mut self, buffer: &'a S) -> &mut Self;
+
+    /// Pushes the device address of `buffer`'s first element, for a kernel's `T*` parameter
+    /// the kernel writes through. The buffer stays borrowed mutably while the builder lives.
+    fn buf_mut<T: Pod, S: GpuWrite<T> + ?Sized>(&mut self, buffer: &'a mut S) -> &mut Self;
+
+    /// Pushes a [`Pitched`] or [`PitchedMut`] (made by `.pitched()` / `.pitched_mut()`): the
+    /// 32-byte `Pitched<T>` of [`PITCHED_H`] (address, step, rows and columns), for 2D kernels.
+    /// What `.arg(&p)` does, named so that a struct is never pushed where an address was meant.
+    /// cudarc keeps a pointer to the value until the launch, so the value lives outside the
+    /// builder: `let p = src.pitched(); args.pitched(&p)`.
+    fn pitched<P: PitchedArg>(&mut self, arg: &'a P) -> &mut Self;
+}
+
+/// A 2D kernel argument that [`LaunchArgsExt::pitched`] pushes: [`Pitched`] or [`PitchedMut`].
+pub trait PitchedArg: DeviceRepr + sealed::Sealed {}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<T> sealed::Sealed for Pitched<'_, T> {}
+impl<T> PitchedArg for Pitched<'_, T> {}
+impl<T> sealed::Sealed for PitchedMut<'_, T> {}
+impl<T> PitchedArg for PitchedMut<'_, T> {}
+
+impl<'a> LaunchArgsExt<'a> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn buf<T: Pod, S: GpuRead<T> + ?Sized>(&mut self, buffer: &'a S) -> &mut Self {
+        <Self as PushKernelArg<&'a u64>>::arg(self, buffer.addr_ref())
+    }
+
+    #[inline(always)]
+    fn buf_mut<T: Pod, S: GpuWrite<T> + ?Sized>(&mut self, buffer: &'a mut S) -> &mut Self {
+        <Self as PushKernelArg<&'a u64>>::arg(self, buffer.addr_mut())
+    }
+
+    #[inline(always)]
+    fn pitched<P: PitchedArg>(&mut self, arg: &'a P) -> &mut Self {
+        <Self as PushKernelArg<&'a P>>::arg(self, arg)
     }
 }
 
@@ -383,7 +466,8 @@ mod tests {
     #[test]
     fn pitched_arguments_carry_the_buffers_address_step_and_shape() -> Result<(), PoolError> {
         use crate::__private::{frame, handle, take};
-        use crate::{BufferPool, Device, Stream};
+        use crate::compat::opencv::BufferPool;
+        use crate::{Device, Stream};
         let stream = Stream::new(&Device::host())?;
         let expect = |p: (u64, usize, usize, usize), ptr, step, rows, cols| {
             assert_eq!(p, (ptr, step, rows, cols));

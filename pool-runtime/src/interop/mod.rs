@@ -1,4 +1,6 @@
-//! CUDA interop: pool memory lent to cudarc, kernel arguments, cuBLAS handles.
+//! CUDA interop: pool memory lent to cudarc ([`LentSlice`]), buffers as kernel arguments
+//! ([`LaunchArgsExt`], [`Pitched`], [`grid_2d`]), cuBLAS handles ([`Blas`]), and the [`cudarc`]
+//! this crate was built with.
 
 #[cfg(feature = "cublas")]
 pub(crate) mod blas;
@@ -6,3 +8,15 @@ pub(crate) mod blas;
 pub(crate) mod device_memory;
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel_args;
+
+#[cfg(feature = "cublas")]
+pub use blas::{BLAS_WORKSPACE_BYTES, Blas, with_blas_workspace};
+/// The cudarc this crate was built with, for launching kernels on pool buffers.
+#[cfg(feature = "cuda")]
+pub use cudarc;
+#[cfg(feature = "cuda")]
+pub use device_memory::{LentSlice, LentSliceMut};
+#[cfg(feature = "cuda")]
+pub use kernel_args::{
+    BLOCK_2D, LaunchArgsExt, PITCHED_H, Pitched, PitchedArg, PitchedMut, grid_2d,
+};

@@ -43,15 +43,15 @@
 //! `PoolError::NoCudaLibrary`, never cudarc's panic.
 //!
 //! Symmetric stacks: ranks that run the same pooled work take the same offsets
-//! ([`check_symmetric`](crate::check_symmetric) proves it in debug builds). With
+//! ([`check_symmetric`](crate::symmetric::check_symmetric) proves it in debug builds). With
 //! [`use_nccl_memory`] a device's stacks come from `ncclMemAlloc`, and
 //! [`Communicators::register_stacks`] registers every rank's stacks with its communicator, as
 //! NCCL buffers or as one symmetric window, so collectives on `buffer!` temporaries can skip
 //! NCCL's staging copies.
 //!
 //! ```no_run
-//! use gpu_pool_runtime::nccl::{Communicators, Reduce};
-//! use gpu_pool_runtime::{BufferPool, Device, GpuRead, GpuWrite, PoolError, Stream};
+//! use gpu_pool::nccl::{Communicators, Reduce};
+//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, PoolError, Stream};
 //! let streams = [Stream::new(&Device::cuda(0)?)?, Stream::new(&Device::cuda(1)?)?];
 //! let ranks = Communicators::new(&[&streams[0], &streams[1]])?;
 //! let mut x0 = BufferPool::new(&streams[0]).get_buffer_1d::<f32>(1024)?;
@@ -82,7 +82,8 @@ use crate::backend::DevPtr;
 use crate::backend::cuda::ContextGuard;
 use crate::device::Device;
 use crate::device::StackPin;
-use crate::error::{NcclFailure, PoolError};
+pub use crate::error::NcclFailure;
+use crate::error::PoolError;
 use crate::graph::{Graph, GraphNodes};
 use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut};
@@ -179,14 +180,14 @@ pub const UNIQUE_ID_BYTES: usize = 128;
 /// every communicator.
 ///
 /// ```
-/// use gpu_pool_runtime::nccl::UniqueId;
+/// use gpu_pool::nccl::UniqueId;
 /// let id = UniqueId::from_bytes([7; 128]); // rank 0 makes it with UniqueId::new()
 /// let text = id.to_string(); // e.g. into an environment variable of the other ranks
 /// assert_eq!(text.len(), 256);
 /// let back: UniqueId = text.parse()?;
 /// assert_eq!(back, id);
 /// assert!("not an id".parse::<UniqueId>().is_err());
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UniqueId([u8; UNIQUE_ID_BYTES]);
@@ -266,9 +267,9 @@ impl std::str::FromStr for UniqueId {
 /// `PoolError::NoCudaLibrary` where `libnccl` cannot be loaded.
 ///
 /// ```no_run
-/// let version = gpu_pool_runtime::nccl::version()?;
+/// let version = gpu_pool::nccl::version()?;
 /// println!("NCCL {}.{}.{}", version / 10000, version / 100 % 100, version % 100);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 pub fn version() -> Result<i32, PoolError> {
     present()?;
@@ -531,8 +532,8 @@ impl<'s> Communicators<'s> {
     /// The caller's current CUDA context is kept.
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::nccl::{Communicators, Reduce, UniqueId};
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::nccl::{Communicators, Reduce, UniqueId};
+    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
     /// use std::time::Duration;
     /// let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
     /// let world: usize = std::env::var("WORLD_SIZE").unwrap().parse().unwrap();
@@ -675,7 +676,7 @@ impl<'s> Communicators<'s> {
     }
 
     /// Checks that every rank's stream laid its stack out alike (see
-    /// [`check_symmetric`](crate::check_symmetric)), in every process: each rank all-gathers its
+    /// [`check_symmetric`](crate::symmetric::check_symmetric)), in every process: each rank all-gathers its
     /// [`Stream::layout_trace`] through NCCL and compares every rank's with rank 0's, so every
     /// process gets the same answer. Call it on every rank at the same point of the program, as
     /// a collective, outside any capture. A debug check: in builds without debug assertions it
@@ -689,11 +690,11 @@ impl<'s> Communicators<'s> {
         }
         if self.remote.is_none() {
             let streams: Vec<&Stream> = self.ranks.iter().map(|r| r.stream).collect();
-            return crate::check_symmetric(&streams);
+            return crate::symmetric::check_symmetric(&streams);
         }
         self.refuse_aborted()?;
         self.refuse_capture("Communicators::check_symmetric")?;
-        let nothing = crate::LayoutTrace::from_bytes([0; 24]);
+        let nothing = crate::stack::LayoutTrace::from_bytes([0; 24]);
         let mine: Vec<[u8; SLOT]> = self
             .ranks
             .iter()
@@ -1125,8 +1126,8 @@ impl<'s> Communicators<'s> {
     /// registration) or inside another capture of these communicators.
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::nccl::{Communicators, Reduce};
-    /// use gpu_pool_runtime::{BufferPool, Device, GpuWrite, PoolError, Stream};
+    /// use gpu_pool::nccl::{Communicators, Reduce};
+    /// use gpu_pool::{BufferPool, Device, GpuWrite, PoolError, Stream};
     /// let (s0, s1) = (Stream::new(&Device::cuda(0)?)?, Stream::new(&Device::cuda(1)?)?);
     /// let ranks = Communicators::new(&[&s0, &s1])?;
     /// let (mut x0, mut x1) = (
@@ -1202,8 +1203,8 @@ impl<'s> Communicators<'s> {
     /// (nothing stays registered).
     ///
     /// ```no_run
-    /// use gpu_pool_runtime::nccl::{Communicators, use_nccl_memory};
-    /// use gpu_pool_runtime::{Device, PoolError, Stream, set_buffer_pool_config};
+    /// use gpu_pool::nccl::{Communicators, use_nccl_memory};
+    /// use gpu_pool::{Device, PoolError, set_buffer_pool_config, Stream};
     /// let gpus = [Device::cuda(0)?, Device::cuda(1)?];
     /// for gpu in &gpus {
     ///     set_buffer_pool_config(gpu, 256 << 20, 1)?; // the same on every rank
@@ -1541,7 +1542,7 @@ impl Drop for Registered<'_, '_> {
 /// ([`Communicators::group`]). `'b` is how long the buffers stay borrowed: past the group's end.
 ///
 /// Each call names its rank and takes that rank's buffers: a `buffer!`, a `GpuMat`, a view or a
-/// [`SharedMat`](crate::SharedMat) access of the rank's own stream (`PoolError::Unsupported`
+/// [`SharedMat`](crate::shared::SharedMat) access of the rank's own stream (`PoolError::Unsupported`
 /// for memory of another stream, `NotContinuous` for a region narrower than its buffer).
 pub struct Group<'b> {
     /// The ranks this process holds.
@@ -2073,7 +2074,7 @@ impl StackMemory for NcclMemory {
 /// `StackMemoryRegistered` while it is registered.
 ///
 /// ```no_run
-/// use gpu_pool_runtime::{Device, PoolError, nccl};
+/// use gpu_pool::{Device, nccl, PoolError};
 /// let gpu = Device::cuda(0)?;
 /// nccl::use_nccl_memory(&gpu)?; // before the first stream
 /// # Ok::<(), PoolError>(())
@@ -2101,7 +2102,7 @@ pub fn use_nccl_memory(device: &Device) -> Result<(), PoolError> {
 /// (`ConfigInUse` otherwise; `StackMemoryRegistered` while registered).
 ///
 /// ```no_run
-/// use gpu_pool_runtime::{Device, PoolError, nccl};
+/// use gpu_pool::{Device, nccl, PoolError};
 /// let gpu = Device::cuda(0)?;
 /// nccl::use_nccl_memory(&gpu)?;
 /// nccl::use_driver_memory(&gpu)?;

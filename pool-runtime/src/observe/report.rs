@@ -21,7 +21,7 @@ impl Report {
     /// The report of the given devices' stats (for every live device, see [`report`]).
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, Report};
+    /// use gpu_pool::{Device, observe::Report};
     /// let device = Device::private_host();
     /// let text = Report::new(vec![device.stats()]).to_string();
     /// assert!(text.contains(&format!("{}: config", device.id())), "{text}");
@@ -35,7 +35,7 @@ impl Report {
 /// implements `Display`.
 ///
 /// ```
-/// let report = gpu_pool_runtime::report();
+/// let report = gpu_pool::observe::report();
 /// assert!(report.to_string().contains("gpu-pool report"));
 /// println!("{report}");
 /// ```

@@ -4,7 +4,7 @@
 //! stack use with the stack size marked and fallbacks highlighted.
 //!
 //! ```
-//! use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream, timeline};
+//! use gpu_pool::{BufferPool, Device, observe::timeline, PoolError, Stream};
 //! let device = Device::private_host();
 //! device.set_recording(1000);
 //! let stream = Stream::new(&device)?;
@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use crate::device::all_devices;
 use crate::error::PoolError;
-use crate::record::{EventKind, StreamRecording};
+use crate::record::{RecordKind, StreamRecording};
 use crate::source::Source;
 
 /// Every live device's recordings (live streams and the last dropped ones).
@@ -66,7 +66,7 @@ pub fn chrome_trace(recordings: &[StreamRecording]) -> String {
                 json!({"ph": "C", "name": "stack in use", "pid": pid, "tid": r.stream,
                 "ts": ts, "args": {"bytes": e.stack_in_use, "mapped": e.stack_mapped}}),
             );
-            if e.kind == EventKind::Take {
+            if e.kind == RecordKind::Take {
                 let name = e.site.and_then(|s| s.name()).unwrap_or("buffer");
                 let (category, source) = match e.source {
                     Source::Fallback(reason) => ("fallback", format!("fallback: {reason}")),
@@ -218,7 +218,7 @@ fn draw(
             let fallbacks = r
                 .events
                 .iter()
-                .filter(|e| e.kind == EventKind::Take && matches!(e.source, Source::Fallback(_)));
+                .filter(|e| e.kind == RecordKind::Take && matches!(e.source, Source::Fallback(_)));
             chart.draw_series(fallbacks.map(|e| {
                 let at = (e.t_ns as f64 / 1e6, e.stack_in_use as f64 / MIB);
                 Circle::new(at, 4, RED.filled())

@@ -1,7 +1,7 @@
 //! Long-lived memory that no stream owns: [`SharedMat`], for model weights, lookup tables and
 //! anything else read by many streams on many threads.
 //!
-//! A [`GpuMat`](crate::GpuMat) borrows its stream, and a stream is used by one thread at a time, so
+//! A [`GpuMat`](crate::compat::opencv::GpuMat) borrows its stream, and a stream is used by one thread at a time, so
 //! a `GpuMat` cannot be shared by two workers, nor stored beside its stream in a struct. A
 //! `SharedMat` belongs to its device instead: it is `Send + Sync`, every access names the stream it
 //! runs on ([`read`](SharedMat::read) with `&self`, [`write`](SharedMat::write) with `&mut self`),
@@ -16,7 +16,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::thread;
-//! use gpu_pool_runtime::{Device, GpuRead, GpuWrite, SharedMat, Stream};
+//! use gpu_pool::{Device, GpuRead, GpuWrite, shared::SharedMat, Stream};
 //! let device = Device::host();
 //! let loader = Stream::new(&device)?;
 //! let mut weights = SharedMat::<f32>::new(&device, 4, 8)?;
@@ -27,13 +27,13 @@
 //!     thread::spawn(move || {
 //!         let stream = Stream::new(&device)?;       // ... read on others, on other threads
 //!         let w = weights.read(&stream)?;
-//!         Ok::<f32, gpu_pool_runtime::PoolError>(w.to_vec()?.iter().sum())
+//!         Ok::<f32, gpu_pool::PoolError>(w.to_vec()?.iter().sum())
 //!     })
 //! });
 //! for sum in sums {
 //!     assert_eq!(sum.join().unwrap()?, 16.0);
 //! }
-//! # Ok::<(), gpu_pool_runtime::PoolError>(())
+//! # Ok::<(), gpu_pool::PoolError>(())
 //! ```
 //!
 //! Inside a [`Stream::capture`](crate::Stream::capture), an access is recorded into the graph: the
@@ -67,7 +67,7 @@ use crate::view::{GpuView, GpuViewMut, Keeper, Window};
 
 /// A shared array's memory is a driver allocation of its own, aligned as the driver aligns it: no
 /// stack block, so no packing to choose.
-const DRIVER: usize = crate::Packing::Cuda.block_align();
+const DRIVER: usize = crate::config::Packing::Cuda.block_align();
 
 /// A 2D array of `T` in device memory that no stream owns: `Send + Sync`, read from any stream on
 /// any thread through [`read`](Self::read), written through [`write`](Self::write) (`&mut`), with
@@ -77,7 +77,7 @@ const DRIVER: usize = crate::Packing::Cuda.block_align();
 /// goes back when the `SharedMat` and every graph that accessed it are dropped, once the work
 /// queued on it is done.
 ///
-/// [`GpuMat::new`]: crate::GpuMat::new
+/// [`GpuMat::new`]: crate::compat::opencv::GpuMat::new
 pub struct SharedMat<T> {
     memory: Arc<SharedMemory>,
     rows: usize,
@@ -88,7 +88,7 @@ pub struct SharedMat<T> {
 
 impl<T: Pod> SharedMat<T> {
     /// A `rows x cols` array on `device`, not initialised (zeroed on the host backend). Pitched
-    /// like a [`GpuMat::new`](crate::GpuMat::new) with more than one row and column.
+    /// like a [`GpuMat::new`](crate::compat::opencv::GpuMat::new) with more than one row and column.
     ///
     /// `PoolError::CaptureAllocates` while a CUDA graph is captured on this thread.
     pub fn new(device: &Device, rows: usize, cols: usize) -> Result<SharedMat<T>, PoolError> {
@@ -98,7 +98,7 @@ impl<T: Pod> SharedMat<T> {
     }
 
     /// [`SharedMat::new`] with no padding between rows (step `cols * size_of::<T>()`), as
-    /// [`BufferPool::get_buffer_packed`](crate::BufferPool::get_buffer_packed): for weights
+    /// [`BufferPool::get_buffer_packed`](crate::compat::opencv::BufferPool::get_buffer_packed): for weights
     /// handed to cuBLAS and matrices of few columns.
     pub fn new_packed(
         device: &Device,
@@ -120,7 +120,7 @@ impl<T: Pod> SharedMat<T> {
         data: &[T],
     ) -> Result<SharedMat<T>, PoolError> {
         let mut mat = SharedMat::new(stream.device(), rows, cols)?;
-        mat.write(stream)?.view_mut().upload(data)?;
+        mat.write(stream)?.whole_mut().upload(data)?;
         Ok(mat)
     }
 
@@ -305,34 +305,33 @@ pub struct SharedWrite<'a, T> {
 }
 
 impl<'a, T> SharedRead<'a, T> {
-    /// The memory as a view on the guard's stream.
-    pub fn view(&self) -> GpuView<'_, T> {
+    /// The memory as a view on the guard's stream: [`GpuRead::view`](crate::GpuRead::view).
+    pub(crate) fn whole(&self) -> GpuView<'_, T> {
         let stream = self.access.stream;
         GpuView::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }
 
     /// The address field kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
         &self.window.ptr
     }
 }
 
 impl<'a, T> SharedWrite<'a, T> {
-    /// The memory as a view on the guard's stream.
-    pub fn view(&self) -> GpuView<'_, T> {
+    /// The memory as a view on the guard's stream: [`GpuRead::view`](crate::GpuRead::view).
+    pub(crate) fn whole(&self) -> GpuView<'_, T> {
         let stream = self.access.stream;
         GpuView::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }
 
-    /// The memory as a writable view on the guard's stream.
-    pub fn view_mut(&mut self) -> GpuViewMut<'_, T> {
+    /// The memory as a writable view on the guard's stream:
+    /// [`GpuWrite::view_mut`](crate::GpuWrite::view_mut).
+    pub(crate) fn whole_mut(&mut self) -> GpuViewMut<'_, T> {
         let stream = self.access.stream;
         GpuViewMut::new(self.window, stream.device().id(), Keeper::Shared(stream))
     }
 
     /// The address field kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &u64 {
         &self.window.ptr
     }
@@ -354,20 +353,28 @@ macro_rules! guard_debug {
 guard_debug!(SharedRead, SharedWrite);
 
 impl<T: Pod> crate::access::GpuRead<T> for SharedRead<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        self.ptr_field()
+    }
+
     fn view(&self) -> GpuView<'_, T> {
-        SharedRead::view(self)
+        SharedRead::whole(self)
     }
 }
 
 impl<T: Pod> crate::access::GpuRead<T> for SharedWrite<'_, T> {
+    fn addr_ref(&self) -> &u64 {
+        self.ptr_field()
+    }
+
     fn view(&self) -> GpuView<'_, T> {
-        SharedWrite::view(self)
+        SharedWrite::whole(self)
     }
 }
 
 impl<T: Pod> crate::access::GpuWrite<T> for SharedWrite<'_, T> {
     fn view_mut(&mut self) -> GpuViewMut<'_, T> {
-        SharedWrite::view_mut(self)
+        SharedWrite::whole_mut(self)
     }
 }
 

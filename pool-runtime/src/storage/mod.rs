@@ -1,8 +1,8 @@
 //! Device memory: one backend and the counted driver calls made on it.
 //!
 //! This is the layer the pools allocate through: the device's stack arena, the allocators behind
-//! the stacks (through [`AllocContext`](crate::AllocContext)), the caching pool, ppl.cv's pool,
-//! long-lived buffers ([`GpuMat::new`](crate::GpuMat::new)) and `MixMemory`'s device side. It knows
+//! the stacks (through [`AllocContext`](crate::alloc::AllocContext)), the caching pool, ppl.cv's pool,
+//! long-lived buffers ([`GpuMat::new`](crate::compat::opencv::GpuMat::new)) and `MixMemory`'s device side. It knows
 //! memory, not policy: no stacks, no fallbacks, no settings.
 //!
 //! Every allocation and free of device memory goes through the methods below (`cuMemAlloc`,

@@ -3,7 +3,7 @@
 use bytemuck::Pod;
 use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
-use gpu_pool::{BufferPool, GpuMat, PoolError, Source};
+use gpu_pool::{PoolError, Source, compat::opencv::BufferPool, compat::opencv::GpuMat};
 
 use super::check::first_difference;
 use super::op::{Elem, Shape};

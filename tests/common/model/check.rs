@@ -23,8 +23,10 @@ use std::sync::Arc;
 
 use gpu_pool::testing::host_live_bytes;
 use gpu_pool::{
-    BufferPool, CachingPool, Device, EnvConfig, Fallback, MixMemory, Packing, PoolError, Source,
-    Stream, buffer_pool_usage, set_buffer_pool_config, set_buffer_pool_usage,
+    Device, GpuRead, PoolError, Source, Stream, alloc::CachingPool, compat::mix::MixMemory,
+    compat::opencv::BufferPool, compat::opencv::buffer_pool_usage,
+    compat::opencv::set_buffer_pool_config, compat::opencv::set_buffer_pool_usage,
+    config::EnvConfig, config::Fallback, config::Packing,
 };
 
 use super::buffer::Buf;

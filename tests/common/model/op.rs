@@ -4,7 +4,7 @@
 //! so any generated value means something; an operation on nothing (no stream, no live buffer)
 //! does nothing.
 
-use gpu_pool::{Fallback, Packing};
+use gpu_pool::{config::Fallback, config::Packing};
 
 /// One step of a randomized test.
 #[derive(Clone, Debug)]

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use gpu_pool::{
-    CachingPool, CachingStats, Fallback, FallbackCounts, FallbackReason, Packing, PoolConfig,
-    PoolError, Source,
+    FallbackReason, PoolError, Source, alloc::CachingPool, alloc::CachingStats, config::Fallback,
+    config::Packing, config::PoolConfig, observe::FallbackCounts,
 };
 
 use super::op::{Elem, Pick, Shape, StreamKind};

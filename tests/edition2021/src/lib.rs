@@ -4,6 +4,7 @@
 
 #[cfg(test)]
 mod tests {
+    use gpu_pool::compat::opencv::BufferPool;
     use gpu_pool::prelude::*;
 
     /// A tail expression with a temporary stack buffer, in each place the DSL opens a block.

@@ -4,7 +4,10 @@
 use crate::common::each_device;
 use gpu_pool::GpuRead;
 use gpu_pool::GpuWrite;
-use gpu_pool::{BufferPool, Device, Fallback, GpuMat, PoolError, Source, Stream};
+use gpu_pool::{
+    Device, PoolError, Source, Stream, compat::opencv::BufferPool, compat::opencv::GpuMat,
+    config::Fallback,
+};
 
 use super::private;
 

@@ -3,8 +3,9 @@
 //! `tests/env_conf.rs`).
 
 use gpu_pool::{
-    BufferPool, Device, DeviceConfig, Fallback, Packing, PoolConfig, PoolError, Source, Stacks,
-    Stream, set_buffer_pool_config,
+    Device, GpuRead, PoolError, Source, Stream, compat::opencv::BufferPool,
+    compat::opencv::set_buffer_pool_config, config::DeviceConfig, config::Fallback,
+    config::Packing, config::PoolConfig, config::Stacks,
 };
 
 use super::MIB;

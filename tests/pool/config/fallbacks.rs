@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::common::each_device;
 use gpu_pool::pooled;
 use gpu_pool::{
-    AllocContext, AllocRequest, Allocation, BufferPool, Device, DriverAllocator, Fallback,
-    FallbackReason, GpuAllocator, PoolError, Source, Stream, set_buffer_pool_config,
+    Device, FallbackReason, PoolError, Source, Stream, alloc::AllocContext, alloc::AllocRequest,
+    alloc::Allocation, alloc::DriverAllocator, alloc::GpuAllocator, compat::opencv::BufferPool,
+    compat::opencv::set_buffer_pool_config, config::Fallback,
 };
 
 use super::{MIB, private};

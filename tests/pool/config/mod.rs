@@ -7,7 +7,7 @@ mod fallbacks;
 mod stacks;
 mod stats;
 
-use gpu_pool::{Device, Fallback};
+use gpu_pool::{Device, config::Fallback};
 
 const MIB: usize = 1 << 20;
 

@@ -2,9 +2,10 @@
 //! over between streams, and reconfiguring.
 
 use crate::common::each_device;
+use gpu_pool::GpuRead;
 use gpu_pool::{
-    BufferPool, Device, Fallback, FallbackReason, Packing, PoolConfig, PoolError, Source, Stream,
-    set_buffer_pool_config,
+    Device, FallbackReason, PoolError, Source, Stream, compat::opencv::BufferPool,
+    compat::opencv::set_buffer_pool_config, config::Fallback, config::Packing, config::PoolConfig,
 };
 
 use super::{MIB, private};

@@ -1,6 +1,9 @@
 //! Statistics and the sizing report.
 
-use gpu_pool::{BufferPool, Fallback, FallbackReason, PoolError, Stream, set_buffer_pool_config};
+use gpu_pool::{
+    FallbackReason, PoolError, Stream, compat::opencv::BufferPool,
+    compat::opencv::set_buffer_pool_config, config::Fallback,
+};
 
 use super::{MIB, private};
 
@@ -31,7 +34,7 @@ fn stats_and_report_recommend_a_config_that_avoids_every_fallback() -> Result<()
     assert_eq!(stats.peak_stream_demand, MIB / 2 + MIB + 3 * MIB);
     let rec = stats.recommended_config().expect("buffers were requested");
     assert_eq!((rec.stack_size(), rec.stack_count()), (5 * MIB, 2));
-    let text = gpu_pool::Report::new(vec![stats]).to_string();
+    let text = gpu_pool::observe::Report::new(vec![stats]).to_string();
     assert!(text.contains("stack_size=5MiB,stack_count=2"), "{text}");
 
     // The recommended config serves the same workload with no fallback.
@@ -211,7 +214,7 @@ fn the_devices_peak_is_the_most_live_at_once_over_all_streams() -> Result<(), Po
         "one stream's demand reads below the device's use"
     );
     assert!(
-        gpu_pool::Report::new(vec![stats])
+        gpu_pool::observe::Report::new(vec![stats])
             .to_string()
             .contains("peak 3.00 MiB")
     );

@@ -1,4 +1,4 @@
-use gpu_pool::{BufferPool, Device, Stream};
+use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, Stream};
 
 fn main() {
     let buf = {

@@ -1,6 +1,6 @@
 // The ppl.cv pool trusts a block's size and offset when it lends its bytes and frees it: safe code
 // can read them, never write them.
-use gpu_pool::pplcv::GpuMemoryBlock;
+use gpu_pool::compat::pplcv::GpuMemoryBlock;
 
 fn main() {
     let mut block = GpuMemoryBlock::default();

@@ -1,5 +1,6 @@
 // A graph writes its outputs on every replay: they stay borrowed while it lives.
 use gpu_pool::prelude::*;
+use gpu_pool::compat::opencv::GpuMat;
 
 fn main() -> Result<(), PoolError> {
     let stream = Stream::new(&Device::host())?;

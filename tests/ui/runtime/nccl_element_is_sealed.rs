@@ -7,8 +7,8 @@ use gpu_pool::nccl::NcclElement;
 struct Tiny(u8);
 
 impl NcclElement for Tiny {
-    const TYPE: gpu_pool::cudarc::nccl::sys::ncclDataType_t =
-        gpu_pool::cudarc::nccl::sys::ncclDataType_t::ncclFloat64;
+    const TYPE: gpu_pool::interop::cudarc::nccl::sys::ncclDataType_t =
+        gpu_pool::interop::cudarc::nccl::sys::ncclDataType_t::ncclFloat64;
 }
 
 fn main() {}

@@ -50,7 +50,7 @@ pub(super) struct Kept {
 enum Memory {
     /// From the stream's fallback allocator.
     Fallback(Allocation),
-    /// From `cuMemAlloc`/`cuMemAllocPitch` ([`GpuMat::new`](crate::GpuMat::new)).
+    /// From `cuMemAlloc`/`cuMemAllocPitch` ([`GpuMat::new`](crate::compat::opencv::GpuMat::new)).
     Driver(DevPtr),
 }
 
@@ -342,9 +342,10 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn a_capture_reserves_what_its_packed_buffers_used() -> Result<(), crate::PoolError> {
+        use crate::GpuRead;
         let device = crate::Device::private_host();
         let stream = crate::Stream::new(&device)?;
-        let pool = crate::BufferPool::new(&stream);
+        let pool = crate::compat::opencv::BufferPool::new(&stream);
         let before = pool.get_buffer_1d::<u8>(64)?; // the top is not texture-aligned
         let mut fence = stream.reserve_fence()?;
         assert_eq!((fence.prev_top(), fence.end()), (64, 513));

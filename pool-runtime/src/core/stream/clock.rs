@@ -1,6 +1,6 @@
 //! Which of a stream's host copies and shared-memory reads are known to be done without asking
 //! the driver: each copy [`HostMem`](crate::HostMem) queues, and each end of a read of a
-//! [`SharedMat`](crate::SharedMat), takes a ticket, and a [`Stream::synchronize`] (or a download,
+//! [`SharedMat`](crate::shared::SharedMat), takes a ticket, and a [`Stream::synchronize`] (or a download,
 //! which waits for the stream's work up to its copy) covers every ticket taken before it began.
 //!
 //! An event after every copy would mark each precisely, but on an H100 a `cuEventRecord` queued

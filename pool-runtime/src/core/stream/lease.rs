@@ -89,7 +89,6 @@ impl<'s> Lease<'s> {
     }
 
     /// The address itself, which kernel arguments point at.
-    #[cfg(feature = "cuda")]
     pub(crate) fn ptr_field(&self) -> &DevPtr {
         &self.ptr
     }

@@ -28,7 +28,7 @@ use crate::device::Device;
 use crate::error::PoolError;
 use crate::holders::ReclaimedFrom;
 use crate::ledger::Ledger;
-use crate::record::Event;
+use crate::record::RecordEntry;
 use crate::stack::{LayoutTrace, Stack};
 use crate::stats::StreamStats;
 use crate::storage::IdleMemory;
@@ -46,24 +46,24 @@ use work::Waits;
 /// A stream of work on a device, with the stack that its temporary buffers come from.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, Stream};
+/// use gpu_pool::{Device, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// assert_eq!(stream.device(), &Device::host());
 /// stream.synchronize()?;
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 ///
 /// `Stream` is `Send` but not `Sync`:
 /// ```compile_fail
 /// fn shared<T: Sync>() {}
-/// shared::<gpu_pool_runtime::Stream>();
+/// shared::<gpu_pool::Stream>();
 /// ```
 pub struct Stream {
     device: Device,
     raw: RawStream,
     /// The device's texture alignment, kept here so the hot path makes no virtual call.
     texture_alignment: usize,
-    /// The device's [`Packing`](crate::Packing) when the stream was made, as a block alignment.
+    /// The device's [`Packing`](crate::config::Packing) when the stream was made, as a block alignment.
     packing: usize,
     ledger: Arc<Ledger>,
     stack: OnceCell<Stack>,
@@ -158,10 +158,24 @@ impl Stream {
         Ok(made)
     }
 
-    /// The cudarc stream, on a CUDA device: launch kernels on it.
+    /// The cudarc stream of a CUDA device's stream: launch kernels on it (with
+    /// `LaunchArgsExt::buf` for pool buffers), or hand it to cuBLAS.
+    ///
+    /// # Errors
+    /// [`PoolError::Unsupported`] on the host backend, which has no cudarc stream: run the CPU
+    /// twin of the kernel there (`host_rows`, `for_each_host_row_mut`).
     #[cfg(feature = "cuda")]
-    #[must_use]
-    pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+    pub fn cudarc(&self) -> Result<&Arc<cudarc::driver::CudaStream>, PoolError> {
+        self.cuda_stream().ok_or(PoolError::Unsupported {
+            device: self.device().id(),
+            what: "a cudarc stream (only a CUDA device has one: make the stream on \
+                   Device::cuda(n), or run the kernel's CPU twin on the host backend)",
+        })
+    }
+
+    /// The cudarc stream, on a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         match &self.raw {
             RawStream::Cuda(s) => Some(s),
             RawStream::Host => None,
@@ -257,7 +271,7 @@ impl Stream {
 
     /// What this stream's stack has handed out since the stream got it (see [`LayoutTrace`]), to
     /// check that ranks running the same pooled work take the same offsets
-    /// ([`check_symmetric`](crate::check_symmetric)). `None` before the stream's first stack
+    /// ([`check_symmetric`](crate::observe::check_symmetric)). `None` before the stream's first stack
     /// buffer, for a stream without a stack, and in builds without debug assertions (the take
     /// records nothing there).
     #[must_use]
@@ -403,7 +417,7 @@ impl Stream {
     /// use, so it is not lowered then (the other figures are reset).
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, Stream};
     /// let stream = Stream::new(&Device::private_host())?;
     /// let pool = BufferPool::new(&stream);
     /// let kept = pool.get_buffer_1d::<u8>(1000)?;   // 1024 bytes of stack
@@ -414,7 +428,7 @@ impl Stream {
     /// assert_eq!((stats.stack_high_water, stats.peak_demand), (1024, 1024));
     /// assert_eq!(stats.peak_at, None);
     /// drop(kept);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn reset_peak(&self) {
         let top = self.stack.get().map_or(0, Stack::top);
@@ -522,7 +536,7 @@ impl Stream {
     /// caller has checked `sink.records()`).
     #[cold]
     fn emit(&self, op: Op) {
-        self.ledger.record(Event {
+        self.ledger.record(RecordEntry {
             t_ns: crate::record::now_ns(),
             kind: op.kind,
             source: op.source,

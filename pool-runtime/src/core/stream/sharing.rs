@@ -1,4 +1,4 @@
-//! Memory no stream owns ([`SharedMat`](crate::SharedMat)): its allocation, and the order of the
+//! Memory no stream owns ([`SharedMat`](crate::shared::SharedMat)): its allocation, and the order of the
 //! work on it across streams. Each access goes through a stream: a read waits (on the GPU) for the
 //! last write, a write for the last write and every read since. A write, when it ends, leaves an
 //! event the next accesses wait on.

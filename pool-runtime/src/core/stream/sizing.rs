@@ -36,7 +36,7 @@ impl Stream {
     /// It is a dry run on the host backend, where buffers are host memory and every layout rule is
     /// the GPU's (512-byte row pitch, as on current NVIDIA GPUs; [`Device::footprint`] gives a
     /// device's own): run a pooled function there, with its kernels skipped where
-    /// [`cuda_stream`](Stream::cuda_stream) is `None`, and size the GPU's stacks
+    /// [`cudarc`](Stream::cudarc) is an error, and size the GPU's stacks
     /// ([`set_buffer_pool_config`]) from [`Sizing::stack_bytes`] before any GPU run. A CUDA graph
     /// captured from the same work holds those bytes plus one block for its fence.
     ///
@@ -44,12 +44,12 @@ impl Stream {
     /// where a stack large enough would have placed it, alignment padding included. It keeps a
     /// mark of its own, so resets of the peaks meanwhile ([`Stream::reset_peak`] inside the work,
     /// [`Device::reset_peak`] from any thread) change nothing of it; the stream's own
-    /// [`peak_demand`](crate::StreamStats::peak_demand) sees the work as any other.
+    /// [`peak_demand`](crate::observe::StreamStats::peak_demand) sees the work as any other.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, Stream};
+    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
-    /// let (sum, sizing) = stream.measure(|s| -> Result<usize, gpu_pool_runtime::PoolError> {
+    /// let (sum, sizing) = stream.measure(|s| -> Result<usize, gpu_pool::PoolError> {
     ///     let pool = BufferPool::new(s);
     ///     let image = pool.get_buffer::<u8>(1080, 1920)?; // 1080 rows of 2048 bytes
     ///     let row = pool.get_buffer_1d::<f32>(1920)?;     // 7680 bytes
@@ -58,12 +58,12 @@ impl Stream {
     /// assert_eq!(sum?, 1080 * 1920 + 1920);
     /// assert_eq!(sizing.stack_bytes, 1080 * 2048 + 7680);
     /// assert_eq!((sizing.buffers, sizing.fallbacks), (2, 0));
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     ///
     /// [`Device::footprint`]: crate::Device::footprint
     /// [`Device::reset_peak`]: crate::Device::reset_peak
-    /// [`set_buffer_pool_config`]: crate::set_buffer_pool_config
+    /// [`set_buffer_pool_config`]: crate::compat::opencv::set_buffer_pool_config
     pub fn measure<R>(&self, work: impl FnOnce(&Stream) -> R) -> (R, Sizing) {
         let counters = self.counters();
         let before = Totals::of(counters);
@@ -150,7 +150,7 @@ impl Stream {
 }
 
 /// What a stream's demand is measured on: the stack it would have with unlimited room
-/// ([`StreamStats::peak_demand`](crate::StreamStats::peak_demand), [`Stream::measure`]).
+/// ([`StreamStats::peak_demand`](crate::observe::StreamStats::peak_demand), [`Stream::measure`]).
 ///
 /// Every buffer the stack would have held (stack and fallback buffers alike; not those of a stream
 /// that uses no stack by choice) takes a block of it, placed by the stack's own rule

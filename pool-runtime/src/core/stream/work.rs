@@ -11,7 +11,7 @@ use super::Stream;
 
 /// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
 ///
-/// [`GpuMat::record_stream`]: crate::GpuMat::record_stream
+/// [`GpuMat::record_stream`]: crate::compat::opencv::GpuMat::record_stream
 #[derive(Default)]
 pub(super) struct Waits {
     events: RefCell<Vec<RawEvent>>,

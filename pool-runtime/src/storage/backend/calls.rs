@@ -37,7 +37,7 @@ pub(crate) fn count(kind: Call) {
 /// user's own copies) are not the pool's and are not counted.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, DriverCalls, SharedMat, Stream};
+/// use gpu_pool::{Device, observe::DriverCalls, shared::SharedMat, Stream};
 ///
 /// let stream = Stream::new(&Device::cuda_or_host())?;
 /// let weights = SharedMat::from_host(&stream, 1, 4, &[1.0f32; 4])?;
@@ -46,7 +46,7 @@ pub(crate) fn count(kind: Call) {
 /// drop(weights.read(&stream)?);
 /// // A read of memory nobody wrote since this stream's last read records no event.
 /// assert_eq!(DriverCalls::on_this_thread().since(before).event_records, 0);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverCalls {
