@@ -231,7 +231,19 @@ impl Visit<'_> for Scan {
             Item::Mod(m) => {
                 self.module.push(m.ident.to_string());
                 if m.content.is_none() {
-                    self.mods.push((self.module.clone(), false));
+                    // `#[path = "observe/testing.rs"]` in lib.rs: the file's own place is its module.
+                    let moved = m.attrs.iter().find_map(|a| match &a.meta {
+                        syn::Meta::NameValue(nv) if nv.path.is_ident("path") => match &nv.value {
+                            syn::Expr::Lit(syn::ExprLit {
+                                lit: syn::Lit::Str(s),
+                                ..
+                            }) => Some(module_of(Path::new(&s.value()))),
+                            _ => None,
+                        },
+                        _ => None,
+                    });
+                    self.mods
+                        .push((moved.unwrap_or_else(|| self.module.clone()), false));
                 }
                 visit::visit_item_mod(self, m);
                 self.module.pop();
