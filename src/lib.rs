@@ -8,14 +8,14 @@
 //! use gpu_pool::prelude::*;
 //!
 //! #[pooled(stream)]
-//! fn gray_sum(stream: &Stream, src: &GpuMat<'_, [u8; 3]>) -> Result<u64, PoolError> {
+//! fn gray_sum(stream: &Stream, src: &DeviceMat<'_, [u8; 3]>) -> Result<u64, PoolError> {
 //!     let mut gray = buffer!(src.rows(), src.cols(); u8)?;   // 2D, pitched, from the stack
 //!     gray.set_to(1)?;                                       // ... kernels would go here
 //!     Ok(gray.to_vec()?.iter().map(|&v| u64::from(v)).sum())
 //! }                                                          // gray goes back to the stack
 //!
 //! let stream = Stream::new(&Device::cuda_or_host())?;
-//! let src = GpuMat::new(&stream, 48, 64)?;
+//! let src = DeviceMat::new(&stream, 48, 64)?;
 //! assert_eq!(gray_sum(&stream, &src)?, 48 * 64);
 //! assert_eq!(stream.stats().stack_in_use, 0);
 //! # Ok::<(), PoolError>(())

@@ -25,7 +25,7 @@ use proc_macro::TokenStream;
 /// use gpu_pool::prelude::*;
 ///
 /// #[pooled(stream)]
-/// fn blur_rows(stream: &Stream, src: &GpuMat<'_, u8>) -> Result<usize, PoolError> {
+/// fn blur_rows(stream: &Stream, src: &DeviceMat<'_, u8>) -> Result<usize, PoolError> {
 ///     let mut tmp = buffer!(src.rows(), src.cols(); u8)?;   // 2D, pitched, from the stack
 ///     let sums = buffer!(src.rows(); f32)?;                 // 1D, contiguous
 ///     tmp.copy_from(src)?;
@@ -33,7 +33,7 @@ use proc_macro::TokenStream;
 /// }   // sums, then tmp, go back to the stack
 ///
 /// let stream = Stream::new(&Device::host())?;
-/// let src = GpuMat::<u8>::new(&stream, 4, 100)?;
+/// let src = DeviceMat::<u8>::new(&stream, 4, 100)?;
 /// assert_eq!(blur_rows(&stream, &src)?, 512 + 4);
 /// assert_eq!(stream.stats().stack_in_use, 0);
 /// # Ok::<(), PoolError>(())
@@ -42,7 +42,7 @@ use proc_macro::TokenStream;
 /// The body is rewritten to (the `__gpu_pool_` names are hygienic: user code cannot name them):
 ///
 /// ```text
-/// fn blur_rows(stream: &Stream, src: &GpuMat<'_, u8>) -> Result<usize, PoolError> {
+/// fn blur_rows(stream: &Stream, src: &DeviceMat<'_, u8>) -> Result<usize, PoolError> {
 ///     let __gpu_pool_frame = ::gpu_pool::__private::frame(&*stream);
 ///     let mut tmp = {
 ///         let __gpu_pool_size_0: usize = src.rows();   // sizes first: their temporaries are

@@ -4,7 +4,7 @@
 //! Most users depend on the `gpu-pool` facade instead, which adds the `#[pooled]` DSL.
 //!
 //! ```
-//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Source, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, Source, Stream};
 //! let stream = Stream::new(&Device::host())?;
 //! let pool = BufferPool::new(&stream);
 //! let mut a = pool.get_buffer::<f32>(64, 64)?;

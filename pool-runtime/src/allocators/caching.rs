@@ -29,7 +29,7 @@ use crate::storage::Storage;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{alloc::CachingPool, compat::opencv::BufferPool, Device, PoolError, Stream};
 /// let device = Device::private_host();
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;
@@ -121,7 +121,7 @@ impl State {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{alloc::CachingPool, compat::opencv::BufferPool, Device, PoolError, Stream};
 /// let device = Device::private_host();
 /// let cache = Arc::new(CachingPool::new(&device));
 /// let stream = Stream::with_allocator(&device, cache.clone())?;
@@ -238,7 +238,7 @@ impl CachingPool {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use gpu_pool::{alloc::CachingPool, BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{alloc::CachingPool, compat::opencv::BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// let cache = Arc::new(CachingPool::new(&device));
     /// let stream = Stream::with_allocator(&device, cache.clone())?;

@@ -147,10 +147,7 @@ impl AllocContext<'_> {
 /// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use gpu_pool::{
-///     alloc::{AllocContext, AllocRequest, Allocation, GpuAllocator}, BufferPool, Device,
-///     PoolError, Stream,
-/// };
+/// use gpu_pool::{alloc::{AllocContext, AllocRequest, Allocation, GpuAllocator}, compat::opencv::BufferPool, Device, PoolError, Stream};
 ///
 /// /// Plain driver allocations, counted.
 /// #[derive(Debug, Default)]

@@ -24,7 +24,7 @@ use crate::source::{CallSite, FallbackReason};
 /// Everything that can go wrong in gpu-pool.
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
 /// let device = Device::host();
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
@@ -631,7 +631,7 @@ impl PoolError {
     /// [`MixMemory`](crate::compat::mix::MixMemory), the ppl.cv pool, the stack a capture keeps).
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
     /// let stream = Stream::new(&Device::host_with_limit(64 << 20))?;
     /// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
     /// let context = err.context().expect("a buffer asked");

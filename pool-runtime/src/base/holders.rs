@@ -54,7 +54,7 @@ pub struct ReclaimedFrom {
 /// [`PoolError::OutOfMemory`](crate::PoolError::OutOfMemory) and printed in its message.
 ///
 /// ```
-/// use gpu_pool::{config::Fallback, Device, GpuMat, PoolError, Stream};
+/// use gpu_pool::{config::Fallback, Device, compat::opencv::GpuMat, PoolError, Stream};
 /// let device = Device::host_with_limit(8 << 20);
 /// device.set_fallback(Fallback::Driver);
 /// let stream = Stream::new(&device)?;

@@ -27,7 +27,7 @@ pub enum FallbackReason {
     NoStack,
     /// The request is larger than a whole stack.
     TooLarge,
-    /// Pooling is off ([`crate::config::set_buffer_pool_usage`]`(false)`), or the stream has a custom allocator.
+    /// Pooling is off ([`crate::compat::opencv::set_buffer_pool_usage`]`(false)`), or the stream has a custom allocator.
     Disabled,
     /// The device had no memory for the stacks when the stream was made (OpenCV makes the stream
     /// all the same and serves it from the default allocator; so does gpu-pool). Streams made
@@ -63,7 +63,7 @@ impl fmt::Display for FallbackReason {
 /// reads them: a fallback, an error, a recording.
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
 /// let stream = Stream::new(&Device::host_with_limit(64 << 20))?;
 /// let err = BufferPool::new(&stream).get_buffer_1d::<u8>(1 << 30).unwrap_err();
 /// assert!(err.to_string().contains(file!()), "{err}"); // the line that asked

@@ -43,7 +43,7 @@ enum Gpu {
 /// A pinned-host buffer and a device buffer that grow on demand.
 ///
 /// ```
-/// use gpu_pool::{compat::mix::MixMemory, Device, PoolError, Stream};
+/// use gpu_pool::{compat::mix::MixMemory, Device, GpuRead, PoolError, Stream};
 /// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
 /// let mut mix = MixMemory::new(&device)?;
@@ -166,7 +166,7 @@ impl<'a> MixMemory<'a> {
     /// The device side as a one-row view of `n` elements; see [`gpu`](Self::gpu).
     ///
     /// ```
-    /// use gpu_pool::{compat::mix::MixMemory, Device, PoolError, Stream};
+    /// use gpu_pool::{compat::mix::MixMemory, Device, GpuRead, PoolError, Stream};
     /// let device = Device::host();
     /// let stream = Stream::new(&device)?;
     /// let mut mix = MixMemory::new(&device)?;

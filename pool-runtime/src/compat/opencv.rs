@@ -6,8 +6,8 @@
 //! one (`From`), so functions written against OpenCV's type keep taking either.
 //!
 //! ```
-//! use gpu_pool_runtime::compat::opencv::{BufferPool, GpuMat};
-//! use gpu_pool_runtime::{Device, DeviceMat, PoolError, Source, Stream};
+//! use gpu_pool::compat::opencv::{BufferPool, GpuMat};
+//! use gpu_pool::{Device, DeviceMat, PoolError, Source, Stream};
 //!
 //! fn origin(m: &GpuMat<'_, f32>) -> Source {
 //!     m.source()
@@ -42,15 +42,15 @@ pub use crate::device::set_buffer_pool_config;
 /// temporaries, as OpenCV's [`GpuMat`].
 ///
 /// ```
-/// use gpu_pool_runtime::compat::opencv::BufferPool;
-/// use gpu_pool_runtime::{Device, Source, Stream};
+/// use gpu_pool::compat::opencv::BufferPool;
+/// use gpu_pool::{Device, GpuRead, Source, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let pool = BufferPool::new(&stream);
 /// let image = pool.get_buffer::<[u8; 3]>(480, 640)?;    // 2D, pitched
 /// let sums = pool.get_buffer_1d::<f32>(480)?;           // contiguous
 /// assert_eq!(image.step(), 2048);                        // align_up(640 * 3, 512)
 /// assert_eq!(image.source(), Source::Stack);
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct BufferPool<'s> {
@@ -87,12 +87,12 @@ impl<'s> BufferPool<'s> {
     /// [`Stream::temp_packed`].
     ///
     /// ```
-    /// use gpu_pool_runtime::compat::opencv::BufferPool;
-    /// use gpu_pool_runtime::{Device, GpuRead, Stream};
+    /// use gpu_pool::compat::opencv::BufferPool;
+    /// use gpu_pool::{Device, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let logits = BufferPool::new(&stream).get_buffer_packed::<f32>(256, 10)?;
     /// assert_eq!((logits.rows(), logits.cols(), logits.step()), (256, 10, 40)); // not 512
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     #[inline(always)]
     #[track_caller]
@@ -130,8 +130,8 @@ impl<'s> BufferPool<'s> {
 ///
 /// A buffer borrows its stream, so it cannot outlive it or move to another thread:
 /// ```compile_fail
-/// use gpu_pool_runtime::compat::opencv::BufferPool;
-/// use gpu_pool_runtime::{Device, Stream};
+/// use gpu_pool::compat::opencv::BufferPool;
+/// use gpu_pool::{Device, Stream};
 /// let buf = {
 ///     let stream = Stream::new(&Device::host()).unwrap();
 ///     BufferPool::new(&stream).get_buffer_1d::<u8>(8).unwrap()

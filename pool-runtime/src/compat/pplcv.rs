@@ -157,8 +157,8 @@ impl Drop for GpuMemoryBlock {
 /// gives its bytes back when dropped; several pools may live side by side.
 ///
 /// ```
-/// use gpu_pool_runtime::pplcv::{PplPool, ceil_2d_volume};
-/// use gpu_pool_runtime::{Device, PoolError};
+/// use gpu_pool::compat::pplcv::{PplPool, ceil_2d_volume};
+/// use gpu_pool::{Device, PoolError};
 /// let pool = PplPool::new(&Device::private_host(), ceil_2d_volume(640 * 4, 480) + 512)?;
 /// let image = pool.malloc_pitch(640 * 4, 480)?;
 /// let sums = pool.malloc(480)?;
@@ -170,7 +170,7 @@ impl Drop for GpuMemoryBlock {
 ///
 /// A block cannot outlive its pool:
 /// ```compile_fail
-/// use gpu_pool_runtime::{Device, pplcv::PplPool};
+/// use gpu_pool::{Device, compat::pplcv::PplPool};
 /// let block = PplPool::new(&Device::private_host(), 1024).unwrap().malloc(8).unwrap();
 /// ```
 #[derive(Debug)]

@@ -6,7 +6,7 @@
 //! fills, copies, regions, kernel arguments, cudarc lending) is found in one place.
 //!
 //! ```
-//! use gpu_pool::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, Device, compat::opencv::GpuMat, GpuRead, GpuWrite, PoolError, Stream};
 //!
 //! /// `out = 2 * src` (a kernel would go here; the host backend's CPU twin stands in).
 //! fn double(src: &impl GpuRead<f32>, out: &mut impl GpuWrite<f32>) -> Result<(), PoolError> {
@@ -122,7 +122,7 @@ pub trait GpuRead<T: Pod> {
     /// thread and for memory of no stream; `CapturedElsewhere`.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let mut gpu = BufferPool::new(&stream).get_buffer::<f32>(4, 4)?;
     /// gpu.set_to(1.5)?;
@@ -203,7 +203,7 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// other columns, so a varying batch can fill the first rows of a fixed buffer.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let mut batch = BufferPool::new(&stream).get_buffer::<f32>(8, 4)?; // room for 8 rows
     /// batch.set_to(0.0)?;
@@ -222,7 +222,7 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// Errors: as [`download_async`](GpuRead::download_async).
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let src = HostMem::from_slice(stream.device(), &[3u8; 12])?;
     /// let mut gpu = BufferPool::new(&stream).get_buffer::<u8>(3, 4)?;

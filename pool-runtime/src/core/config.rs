@@ -177,7 +177,7 @@ impl Fallback {
 /// of the examples' stacks is smaller for it: BENCHMARKS.md, section P).
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, GpuRead, PoolError, Stream, config::Packing};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, PoolError, Stream, config::Packing};
 /// let device = Device::private_host();
 /// assert_eq!(device.packing()?, Packing::Cuda);
 /// let stream = Stream::new(&device)?;
@@ -365,12 +365,12 @@ impl EnvConfig {
     /// the default's).
     ///
     /// ```
-    /// use gpu_pool_runtime::{DeviceConfig, EnvConfig, Fallback, Stacks};
+    /// use gpu_pool::{config::DeviceConfig, config::EnvConfig, config::Fallback, config::Stacks};
     /// let base = DeviceConfig::default();
     /// let conf = EnvConfig::parse("growable=on, stack_size=4MiB, fallback=driver")?.over(base)?;
     /// assert_eq!(conf.stacks, Stacks::Growable { mapped: 4 << 20 });
     /// assert_eq!(conf.fallback, Fallback::Driver);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn over(&self, base: DeviceConfig) -> Result<DeviceConfig, PoolError> {
         let fixed = match base.stacks {
@@ -408,11 +408,11 @@ impl EnvConfig {
 /// The stacks a device's streams get.
 ///
 /// ```
-/// use gpu_pool_runtime::{PoolConfig, Stacks};
+/// use gpu_pool::{config::PoolConfig, config::Stacks};
 /// let fixed = Stacks::Fixed(PoolConfig::new(64 << 20, 2)?);
 /// assert_eq!(fixed.to_string(), "64.00 MiB x 2 stacks");
 /// assert_eq!(Stacks::Growable { mapped: 8 << 20 }.to_string(), "growable stacks, 8.00 MiB mapped at a stream's start");
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -478,7 +478,7 @@ impl fmt::Display for Stacks {
 /// refused with `PoolError::ConfigInUse` (and nothing changes) while a stream holds one of them.
 ///
 /// ```
-/// use gpu_pool_runtime::{Device, DeviceConfig, Fallback, PoolConfig, Stacks, Stream};
+/// use gpu_pool::{Device, config::DeviceConfig, config::Fallback, config::PoolConfig, config::Stacks, Stream};
 /// let device = Device::private_host();
 /// let mut config = device.config()?;
 /// config.stacks = Stacks::Fixed(PoolConfig::new(4 << 20, 2)?);
@@ -486,7 +486,7 @@ impl fmt::Display for Stacks {
 /// device.configure(config.clone())?;
 /// assert_eq!(device.config()?, config);
 /// let stream = Stream::new(&device)?; // made with Fallback::Error
-/// # Ok::<(), gpu_pool_runtime::PoolError>(())
+/// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -549,7 +549,7 @@ impl DeviceConfig {
     /// As [`from_env`](Self::from_env), for a given `GPU_POOL_CONF` value.
     ///
     /// ```
-    /// use gpu_pool_runtime::{DeviceConfig, Packing, PoolError, Stacks};
+    /// use gpu_pool::{config::DeviceConfig, config::Packing, PoolError, config::Stacks};
     /// let config = DeviceConfig::from_env_value("stack_size=64MiB,stack_count=2,packing=opencv")?;
     /// assert_eq!(config.stacks.to_string(), "64.00 MiB x 2 stacks");
     /// assert_eq!(config.packing, Packing::OpenCv);
@@ -627,8 +627,8 @@ static USAGE: AtomicU8 = AtomicU8::new(UNSET);
 /// before the call) pools too.
 ///
 /// ```
-/// gpu_pool::config::set_buffer_pool_usage(true);
-/// assert!(gpu_pool::config::buffer_pool_usage()?);
+/// gpu_pool::compat::opencv::set_buffer_pool_usage(true);
+/// assert!(gpu_pool::compat::opencv::buffer_pool_usage()?);
 /// # Ok::<(), gpu_pool::PoolError>(())
 /// ```
 pub fn set_buffer_pool_usage(on: bool) {

@@ -165,9 +165,7 @@ impl Device {
     /// `limit` bytes in all (like a GPU's memory size): tests use it to provoke out-of-memory.
     ///
     /// ```
-    /// use gpu_pool::{
-    ///     BufferPool, config::Fallback, Device, PoolError, set_buffer_pool_config, Stream,
-    /// };
+    /// use gpu_pool::{compat::opencv::BufferPool, config::Fallback, Device, PoolError, compat::opencv::set_buffer_pool_config, Stream};
     /// let small = Device::host_with_limit(1 << 20);
     /// small.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&small, 512 << 10, 1)?;
@@ -285,7 +283,7 @@ impl Device {
     /// `UnsupportedAlignment`.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, Stream};
     /// let device = Device::private_host();
     /// let image = device.footprint::<[u8; 3]>(480, 640)?;
     /// assert_eq!((image.bytes, image.step, image.align), (480 * 2048, 2048, 512));
@@ -367,7 +365,7 @@ impl Device {
     /// holds a fixed stack.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolConfig, PoolError, Stacks, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, config::PoolConfig, PoolError, config::Stacks, Stream};
     /// let device = Device::private_host();
     /// let stream = Stream::new(&device)?;
     /// drop(BufferPool::new(&stream).get_buffer_1d::<u8>(64)?); // `stream` holds a stack
@@ -411,13 +409,13 @@ impl Device {
     /// `PoolError::InvalidEnvConfig` where the variable is malformed and a setting is left to it.
     ///
     /// ```
-    /// use gpu_pool_runtime::{Device, Fallback, PoolConfig, Stacks};
+    /// use gpu_pool::{Device, config::Fallback, config::PoolConfig, config::Stacks};
     /// let device = Device::private_host();
     /// let config = device.config()?; // without GPU_POOL_CONF:
     /// assert_eq!(config.stacks, Stacks::Fixed(PoolConfig::default()));
     /// assert!(device.supports_stream_ordered()); // the host backend models it
     /// assert_eq!(config.fallback, Fallback::StreamOrdered);
-    /// # Ok::<(), gpu_pool_runtime::PoolError>(())
+    /// # Ok::<(), gpu_pool::PoolError>(())
     /// ```
     pub fn config(&self) -> Result<DeviceConfig, PoolError> {
         let state = self.inner.lock_state();
@@ -491,7 +489,7 @@ impl Device {
     /// (the host backend models it, in 64 KiB granules).
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_growable_stacks(true)?;
     /// let stream = Stream::new(&device)?;
@@ -538,7 +536,7 @@ impl Device {
     /// while a stream holds a stack: drop those streams first.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// let stream = Stream::new(&device)?;
     /// drop(BufferPool::new(&stream).get_buffer::<u8>(4, 4)?);
@@ -609,7 +607,7 @@ impl Device {
     /// turns it on for every device. A stream that does not record pays nothing for it.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_recording(100);
     /// let stream = Stream::new(&device)?;
@@ -631,7 +629,7 @@ impl Device {
     /// default samples the sum when a stream passes its own high and at every stats read.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_exact_live_peak(true);
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
@@ -701,9 +699,7 @@ impl Device {
     /// capture), and an empty `Reclaimed` is returned.
     ///
     /// ```
-    /// use gpu_pool::{
-    ///     BufferPool, config::Fallback, Device, PoolError, set_buffer_pool_config, Stream,
-    /// };
+    /// use gpu_pool::{compat::opencv::BufferPool, config::Fallback, Device, PoolError, compat::opencv::set_buffer_pool_config, Stream};
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Caching);
     /// set_buffer_pool_config(&device, 1 << 20, 1)?;
@@ -731,7 +727,7 @@ impl Device {
     /// `PoolError::OutOfMemory`, whose message says the limit. Memory already held stays.
     ///
     /// ```
-    /// use gpu_pool::{config::Fallback, Device, GpuMat, PoolError, Stream};
+    /// use gpu_pool::{config::Fallback, Device, compat::opencv::GpuMat, PoolError, Stream};
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Driver);
     /// device.set_memory_limit(Some(64 << 20));
@@ -779,7 +775,7 @@ impl Device {
     /// reset may have its demand peak set a little low or high (to a level reached around it).
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, config::Fallback, Device, set_buffer_pool_config, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, config::Fallback, Device, compat::opencv::set_buffer_pool_config, Stream};
     /// let device = Device::private_host();
     /// device.set_fallback(Fallback::Driver);
     /// set_buffer_pool_config(&device, 1 << 20, 1)?;
@@ -1169,7 +1165,7 @@ impl Drop for DeviceInner {
 /// allocated when a stream first needs it.
 ///
 /// ```
-/// use gpu_pool::{Device, PoolError, set_buffer_pool_config, Stream};
+/// use gpu_pool::{Device, PoolError, compat::opencv::set_buffer_pool_config, Stream};
 /// let device = Device::private_host();
 /// set_buffer_pool_config(&device, 64 << 20, 2)?;
 /// let stream = Stream::new(&device)?;

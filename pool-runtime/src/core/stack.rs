@@ -59,7 +59,7 @@ impl Block {
 /// in builds with debug assertions; compared by [`check_symmetric`](crate::observe::check_symmetric).
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
 /// let (a, b) = (Stream::new(&Device::private_host())?, Stream::new(&Device::private_host())?);
 /// drop((BufferPool::new(&a).get_buffer::<f32>(8, 8)?, BufferPool::new(&b).get_buffer::<f32>(8, 8)?));
 /// if let (Some(ta), Some(tb)) = (a.layout_trace(), b.layout_trace()) {

@@ -63,7 +63,7 @@ impl FallbackCounts {
 /// A snapshot of one stream's counters.
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, Stream};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, Stream};
 /// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
 /// let pool = BufferPool::new(&stream);
@@ -117,7 +117,7 @@ pub struct StreamStats {
     /// [`stack_in_use`](Self::stack_in_use), a buffer released out of order is no longer counted.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, set_buffer_pool_config, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, compat::opencv::set_buffer_pool_config, Stream};
     /// let device = Device::private_host();
     /// set_buffer_pool_config(&device, 100 << 20, 1)?;
     /// let stream = Stream::new(&device)?;
@@ -162,7 +162,7 @@ pub struct SiteFallbacks {
 /// A snapshot of one device's counters: its own driver calls plus every stream it has had.
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, Stream};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, Stream};
 /// let device = Device::private_host();
 /// let stream = Stream::new(&device)?;
 /// drop(BufferPool::new(&stream).get_buffer::<u8>(16, 16)?);
@@ -208,7 +208,7 @@ pub struct DeviceStats {
     /// [`Device::set_exact_live_peak`](crate::Device::set_exact_live_peak).
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, Stream};
     /// let device = Device::private_host();
     /// let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
     /// let x = BufferPool::new(&a).get_buffer_1d::<u8>(1 << 20)?;

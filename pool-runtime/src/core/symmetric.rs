@@ -26,7 +26,7 @@ use crate::stream::Stream;
 /// stream has no stack, or took nothing from it yet, differs from one that did).
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, observe::check_symmetric, PoolError, Stream};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, observe::check_symmetric, PoolError, Stream};
 /// let ranks = [Stream::new(&Device::private_host())?, Stream::new(&Device::private_host())?];
 /// let step = |s: &Stream, extra: bool| -> Result<(), PoolError> {
 ///     let a = BufferPool::new(s).get_buffer::<f32>(64, 64)?;

@@ -5,7 +5,7 @@
 //! rows are the parent's rows, cut.
 //!
 //! ```
-//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, Stream};
 //! let stream = Stream::new(&Device::host())?;
 //! let mut image = BufferPool::new(&stream).get_buffer::<u8>(8, 10)?;
 //! image.set_to(0)?;
@@ -277,7 +277,7 @@ impl<'a, T: Pod> GpuView<'a, T> {
     /// the `rows()` slices holds `cols()` elements, zero-sized ones included (they take no memory).
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let units = BufferPool::new(&stream).get_buffer::<()>(3, 4)?;
     /// let lens: Vec<usize> = units.view().host_rows()?.map(|row| row.len()).collect();
@@ -421,7 +421,7 @@ impl<'a, T: Pod> GpuViewMut<'a, T> {
     /// on a GPU. `f` is called once per row with `cols()` elements, zero-sized ones included.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let mut image = BufferPool::new(&stream).get_buffer::<u16>(3, 4)?;
     /// image.view_mut().for_each_host_row_mut(|r, row| row.fill(r as u16))?;

@@ -25,7 +25,7 @@ use super::Graph;
 /// which needs the region on top of the stack.
 ///
 /// ```no_run
-/// use gpu_pool::{BufferPool, Device, GpuMat, GpuRead, GpuWrite, PoolError, Stream};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, compat::opencv::GpuMat, GpuRead, GpuWrite, PoolError, Stream};
 /// # fn main() -> Result<(), PoolError> {
 /// let stream = Stream::new(&Device::cuda(0)?)?;
 /// let family = stream.graph_family()?;

@@ -46,9 +46,9 @@
 //! use gpu_pool::prelude::*;
 //! # fn main() -> Result<(), PoolError> {
 //! let stream = Stream::new(&Device::cuda(0)?)?;
-//! let out = RefCell::new(GpuMat::<f32>::new(&stream, 512, 512)?);
+//! let out = RefCell::new(DeviceMat::<f32>::new(&stream, 512, 512)?);
 //! let graph = stream.capture(|s| {
-//!     let mut tmp = BufferPool::new(s).get_buffer::<f32>(512, 512)?; // a stack address, reused
+//!     let mut tmp = s.temp::<f32>(512, 512)?;                        // a stack address, reused
 //!     tmp.set_to(1.0)?;                                               // ... kernels on tmp ...
 //!     out.borrow_mut().copy_from(&tmp)                                // an output, through RefCell
 //! })?;
@@ -532,7 +532,7 @@ impl Stream {
     ///     if rows == 0 {
     ///         return Err(AppError::BadInput); // comes back as it is
     ///     }
-    ///     let mut tmp = gpu_pool::BufferPool::new(s).get_buffer::<f32>(rows, cols)?;
+    ///     let mut tmp = gpu_pool::compat::opencv::BufferPool::new(s).get_buffer::<f32>(rows, cols)?;
     ///     tmp.set_to(0.0)?; // a PoolError, converted
     ///     Ok(())
     /// })?;

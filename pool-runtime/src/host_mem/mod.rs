@@ -57,7 +57,7 @@ use crate::view::{GpuView, GpuViewMut};
 /// driver refuses one) does the drop wait for the copy's stream.
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, HostMem, PoolError, Stream};
 /// let stream = Stream::new(&Device::host())?;
 /// let mut frame = HostMem::<u8>::new(stream.device(), 640 * 480)?;
 /// frame.as_mut_slice()?.fill(7); // waits for nothing: no copy is in flight

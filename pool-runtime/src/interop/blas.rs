@@ -241,10 +241,7 @@ pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// buffers; shared memory is refused, since its access would end before the replays.
 ///
 /// ```no_run
-/// use gpu_pool::{
-///     BufferPool, Device, GpuWrite, interop::{BLAS_WORKSPACE_BYTES, with_blas_workspace},
-///     PoolError, Stream,
-/// };
+/// use gpu_pool::{compat::opencv::BufferPool, Device, GpuWrite, interop::{BLAS_WORKSPACE_BYTES, with_blas_workspace}, PoolError, Stream};
 /// let stream = Stream::new(&Device::cuda(0)?)?;
 /// let mut blas = stream.cublas()?;
 /// let graph = stream.capture(|s| {

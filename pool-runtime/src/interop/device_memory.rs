@@ -29,7 +29,7 @@
 //! copies and fills are refused by the driver, and a kernel given it faults.
 //!
 //! ```no_run
-//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, Stream};
 //! use gpu_pool::interop::cudarc::driver::DevicePtr;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let stream = Stream::new(&Device::cuda(0)?)?;

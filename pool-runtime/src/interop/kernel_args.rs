@@ -12,7 +12,7 @@
 //! an element. See the `Pitched` example below the first one.
 //!
 //! ```no_run
-//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, Stream};
 //! use gpu_pool::interop::LaunchArgsExt;
 //! use gpu_pool::interop::cudarc::driver::{LaunchConfig, PushKernelArg};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,7 +34,7 @@
 //!
 //! ```no_run
 //! use gpu_pool::interop::{PITCHED_H, grid_2d};
-//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, Stream};
 //! use gpu_pool::interop::LaunchArgsExt;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let gpu = Device::cuda(0)?;

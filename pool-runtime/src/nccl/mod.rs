@@ -51,7 +51,7 @@
 //!
 //! ```no_run
 //! use gpu_pool::nccl::{Communicators, Reduce};
-//! use gpu_pool::{BufferPool, Device, GpuRead, GpuWrite, PoolError, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, PoolError, Stream};
 //! let streams = [Stream::new(&Device::cuda(0)?)?, Stream::new(&Device::cuda(1)?)?];
 //! let ranks = Communicators::new(&[&streams[0], &streams[1]])?;
 //! let mut x0 = BufferPool::new(&streams[0]).get_buffer_1d::<f32>(1024)?;
@@ -533,7 +533,7 @@ impl<'s> Communicators<'s> {
     ///
     /// ```no_run
     /// use gpu_pool::nccl::{Communicators, Reduce, UniqueId};
-    /// use gpu_pool::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
     /// use std::time::Duration;
     /// let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
     /// let world: usize = std::env::var("WORLD_SIZE").unwrap().parse().unwrap();
@@ -1127,7 +1127,7 @@ impl<'s> Communicators<'s> {
     ///
     /// ```no_run
     /// use gpu_pool::nccl::{Communicators, Reduce};
-    /// use gpu_pool::{BufferPool, Device, GpuWrite, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, GpuWrite, PoolError, Stream};
     /// let (s0, s1) = (Stream::new(&Device::cuda(0)?)?, Stream::new(&Device::cuda(1)?)?);
     /// let ranks = Communicators::new(&[&s0, &s1])?;
     /// let (mut x0, mut x1) = (
@@ -1204,7 +1204,7 @@ impl<'s> Communicators<'s> {
     ///
     /// ```no_run
     /// use gpu_pool::nccl::{Communicators, use_nccl_memory};
-    /// use gpu_pool::{Device, PoolError, set_buffer_pool_config, Stream};
+    /// use gpu_pool::{Device, PoolError, compat::opencv::set_buffer_pool_config, Stream};
     /// let gpus = [Device::cuda(0)?, Device::cuda(1)?];
     /// for gpu in &gpus {
     ///     set_buffer_pool_config(gpu, 256 << 20, 1)?; // the same on every rank

@@ -9,7 +9,7 @@ impl Device {
     /// first.
     ///
     /// ```
-    /// use gpu_pool_runtime::{BufferPool, Device, PoolError, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};
     /// let device = Device::private_host();
     /// let mut config = device.config()?;
     /// config.record = 100;

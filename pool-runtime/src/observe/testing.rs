@@ -4,7 +4,7 @@
 //!
 //! ```
 //! use gpu_pool::testing::{host_live_bytes, host_with_faults};
-//! use gpu_pool::{BufferPool, FallbackReason, PoolError, Source, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, FallbackReason, PoolError, Source, Stream};
 //! // The stack memory itself fails, and its retry: the stream goes without.
 //! let device = host_with_faults(1, 2);
 //! let stream = Stream::new(&device)?;
@@ -33,9 +33,7 @@ pub fn host_with_fault(fail_at: u64) -> Device {
 /// device's idle memory went back, so it reaches the caller.
 ///
 /// ```
-/// use gpu_pool::{
-///     config::Fallback, Device, GpuMat, PoolError, set_buffer_pool_config, Stream, testing,
-/// };
+/// use gpu_pool::{config::Fallback, Device, compat::opencv::GpuMat, PoolError, compat::opencv::set_buffer_pool_config, Stream, testing};
 /// for (count, fails) in [(1, false), (2, true)] {
 ///     let device = testing::host_with_faults(2, count);
 ///     device.set_fallback(Fallback::Driver);
@@ -55,7 +53,7 @@ pub fn host_with_faults(fail_at: u64, count: u64) -> Device {
 /// give-back leaves the stack usable. 0 never fails.
 ///
 /// ```
-/// use gpu_pool::{BufferPool, PoolError, Stream, testing};
+/// use gpu_pool::{compat::opencv::BufferPool, PoolError, Stream, testing};
 /// let device = testing::host_with_unmap_fault(1);
 /// device.set_growable_stacks(true)?;
 /// let stream = Stream::new(&device)?;
@@ -83,7 +81,7 @@ pub fn host_live_bytes(device: &Device) -> Option<usize> {
 /// the device is dropped). Always 0 on the host backend, whose copies are done when queued.
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, GpuRead, HostMem, PoolError, Stream, testing};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, HostMem, PoolError, Stream, testing};
 /// let stream = Stream::new(&Device::private_host())?;
 /// let mut mem = HostMem::<u8>::new(stream.device(), 64)?;
 /// BufferPool::new(&stream).get_buffer_1d::<u8>(64)?.download_async(&mut mem)?;
@@ -100,7 +98,7 @@ pub fn host_mem_frees_waiting(device: &Device) -> usize {
 /// clock: true once a wait on the host had to synchronize a whole stream (see `HostMem`).
 ///
 /// ```
-/// use gpu_pool::{BufferPool, Device, GpuWrite, HostMem, PoolError, Stream, testing};
+/// use gpu_pool::{compat::opencv::BufferPool, Device, GpuWrite, HostMem, PoolError, Stream, testing};
 /// let stream = Stream::new(&Device::host())?;
 /// let mut mem = HostMem::<u8>::new(stream.device(), 64)?;
 /// BufferPool::new(&stream).get_buffer_1d::<u8>(64)?.upload_async(&mem)?;

@@ -4,7 +4,7 @@
 //! stack use with the stack size marked and fallbacks highlighted.
 //!
 //! ```
-//! use gpu_pool::{BufferPool, Device, observe::timeline, PoolError, Stream};
+//! use gpu_pool::{compat::opencv::BufferPool, Device, observe::timeline, PoolError, Stream};
 //! let device = Device::private_host();
 //! device.set_recording(1000);
 //! let stream = Stream::new(&device)?;

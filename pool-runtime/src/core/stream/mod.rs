@@ -417,7 +417,7 @@ impl Stream {
     /// use, so it is not lowered then (the other figures are reset).
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, Stream};
     /// let stream = Stream::new(&Device::private_host())?;
     /// let pool = BufferPool::new(&stream);
     /// let kept = pool.get_buffer_1d::<u8>(1000)?;   // 1024 bytes of stack

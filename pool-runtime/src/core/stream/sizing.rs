@@ -47,7 +47,7 @@ impl Stream {
     /// [`peak_demand`](crate::observe::StreamStats::peak_demand) sees the work as any other.
     ///
     /// ```
-    /// use gpu_pool::{BufferPool, Device, GpuRead, Stream};
+    /// use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, Stream};
     /// let stream = Stream::new(&Device::host())?;
     /// let (sum, sizing) = stream.measure(|s| -> Result<usize, gpu_pool::PoolError> {
     ///     let pool = BufferPool::new(s);
