@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use gpu_pool::compat::opencv::GpuMat;
+use gpu_pool::nccl::NcclError;
 use gpu_pool::nccl::{Communicators, Reduce, UniqueId};
 use gpu_pool::prelude::*;
 use ranks_support::{RankEnv, launch, publish_id, read_id};
@@ -133,8 +134,10 @@ fn rank_process(env: &RankEnv, steps: usize) -> Result<(), PoolError> {
     let rank = env.rank;
     let id = if rank == 0 {
         let id = UniqueId::new()?;
-        publish_id(&env.id_file, &id).map_err(|e| PoolError::NcclId {
-            problem: format!("writing {}: {e}", env.id_file.display()),
+        publish_id(&env.id_file, &id).map_err(|e| {
+            PoolError::Nccl(NcclError::Id {
+                problem: format!("writing {}: {e}", env.id_file.display()),
+            })
         })?;
         id
     } else {

@@ -35,9 +35,9 @@ pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
 
 // The core, at the root: every item is at one path (and the common ones in the prelude too).
 pub use gpu_pool_runtime::{
-    AsStream, CallSite, Cause, Device, DeviceId, DeviceMat, Element, FallbackReason, GpuRead,
-    GpuView, GpuViewMut, GpuWrite, HostMem, PinnedHost, PoolError, Pooled, RequestContext, Source,
-    Stream, Temp,
+    AsStream, CallSite, CaptureError, Cause, Device, DeviceId, DeviceMat, Element, FallbackReason,
+    GpuRead, GpuView, GpuViewMut, GpuWrite, HostMem, PinnedHost, PoolError, Pooled, RequestContext,
+    Source, Stream, Temp,
 };
 
 // One module per feature: `graph` (cuda), `nccl` and `testing` are there when the runtime was built

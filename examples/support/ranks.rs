@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_pool::PoolError;
+use gpu_pool::nccl::NcclError;
 use gpu_pool::nccl::UniqueId;
 
 /// The rank of this process (torchrun's name).
@@ -85,7 +86,7 @@ pub fn publish_id(path: &Path, id: &UniqueId) -> std::io::Result<()> {
 }
 
 /// The other ranks' part: waits for `path` to appear (up to `timeout`) and reads the id from it.
-/// Errors: `PoolError::NcclTimeout` if it never appears, `NcclId` for text that is no id.
+/// Errors: `NcclError::Timeout` if it never appears, `NcclId` for text that is no id.
 pub fn read_id(path: &Path, timeout: Duration) -> Result<UniqueId, PoolError> {
     let start = Instant::now();
     loop {
@@ -93,16 +94,16 @@ pub fn read_id(path: &Path, timeout: Duration) -> Result<UniqueId, PoolError> {
             Ok(text) => return text.parse(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                return Err(PoolError::NcclId {
+                return Err(PoolError::Nccl(NcclError::Id {
                     problem: format!("reading {}: {e}", path.display()),
-                });
+                }));
             }
         }
         if start.elapsed() >= timeout {
-            return Err(PoolError::NcclTimeout {
+            return Err(PoolError::Nccl(NcclError::Timeout {
                 what: "waiting for rank 0's unique id file",
                 waited: start.elapsed(),
-            });
+            }));
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -80,7 +80,7 @@ use storage::backend;
 pub use access::{GpuRead, GpuWrite, PinnedHost};
 pub use buffer::{DeviceMat, Temp};
 pub use device::Device;
-pub use error::{Cause, PoolError, RequestContext};
+pub use error::{CaptureError, Cause, PoolError, RequestContext};
 pub use frame::{AsStream, Element, Pooled};
 pub use host_mem::HostMem;
 pub use id::DeviceId;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::common::gpu;
 use crate::common::kernels::{self, Kernels, gray_of, pattern};
+use gpu_pool::CaptureError;
 use gpu_pool::interop::cudarc::driver::{CudaContext, PushKernelArg, result as cu};
 use gpu_pool::{
     Device, FallbackReason, PoolError, Source, Stream, compat::opencv::BufferPool,
@@ -618,7 +619,10 @@ fn capture_with_passes_the_closures_own_error_through() -> TestResult {
         })
         .unwrap_err();
     assert!(
-        matches!(err, AppError::Pool(PoolError::CaptureNeedsStack { .. })),
+        matches!(
+            err,
+            AppError::Pool(PoolError::Capture(CaptureError::NeedsStack { .. }))
+        ),
         "{err:?}"
     );
 
@@ -768,13 +772,19 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
             Ok(())
         })
         .unwrap_err();
-    assert!(matches!(err, PoolError::CaptureNeedsStack { .. }), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::NeedsStack { .. })),
+        "{err}"
+    );
     usable(&stream)?;
 
     let err = stream
         .capture(|s| GpuMat::<u8>::new(s, 4, 4).map(drop))
         .unwrap_err();
-    assert!(matches!(err, PoolError::CaptureAllocates { .. }), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::Allocates { .. })),
+        "{err}"
+    );
     usable(&stream)?;
 
     let err = stream
@@ -784,7 +794,10 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
         })
         .unwrap_err();
     println!("a download inside a capture: {err}");
-    assert!(matches!(err, PoolError::CaptureHostCopy { .. }), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::HostCopy { .. })),
+        "{err}"
+    );
     usable(&stream)?;
 
     // An upload from a pageable slice: the driver would record it, reading the slice at every
@@ -796,7 +809,10 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
         })
         .unwrap_err();
     println!("an upload inside a capture: {err}");
-    assert!(matches!(err, PoolError::CaptureHostCopy { .. }), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::HostCopy { .. })),
+        "{err}"
+    );
     usable(&stream)?;
 
     // Keeping a buffer through `&mut` of an outer vector does not compile (the vector would stay
@@ -812,7 +828,10 @@ fn capture_refuses_what_would_break_it_and_leaves_the_stream_usable() -> TestRes
             Ok(())
         })
         .unwrap_err();
-    assert!(matches!(err, PoolError::CaptureKeptBuffers), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::KeptBuffers)),
+        "{err}"
+    );
     assert_eq!(
         kept.borrow().len(),
         1,
@@ -995,7 +1014,7 @@ fn a_blas_workspace_outlives_the_graphs_that_used_it_and_stays_on_its_stream() -
     println!("blas_own_workspace: a handle made inside a capture: {refused:?}");
     assert!(matches!(
         refused,
-        Some(Err(PoolError::CaptureAllocates { .. }))
+        Some(Err(PoolError::Capture(CaptureError::Allocates { .. })))
     ));
     Ok(())
 }

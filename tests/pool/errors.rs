@@ -367,3 +367,24 @@ mod cudarc_errors {
         Ok(())
     }
 }
+
+/// A feature's errors are its own type nested in `PoolError`: matched as
+/// `PoolError::Ppl(PplError::..)`, shown as the feature's error, and convertible with `?` / `From`.
+#[test]
+fn a_features_error_is_its_own_type_nested_in_pool_error() {
+    use gpu_pool::compat::pplcv::{PplError, PplPool};
+    let err = PplPool::new(&Device::private_host(), 0).unwrap_err();
+    let PoolError::Ppl(inner) = &err else {
+        panic!("not a ppl.cv error: {err:?}");
+    };
+    assert!(matches!(inner, PplError::State { .. }), "{inner:?}");
+    assert_eq!(err.to_string(), inner.to_string());
+    assert!(err.to_string().contains("ceil_1d_volume"), "{err}");
+    assert_eq!(PoolError::from(inner.clone()), err);
+    // The control: a core error is no feature's.
+    let core = PoolError::Unsupported {
+        device: gpu_pool::DeviceId::Host(0),
+        what: "a test",
+    };
+    assert!(!matches!(core, PoolError::Ppl(_) | PoolError::Capture(_)));
+}

@@ -5,6 +5,7 @@
 
 use std::error::Error;
 
+use gpu_pool::CaptureError;
 use gpu_pool::compat::opencv::set_buffer_pool_config;
 use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
@@ -131,7 +132,7 @@ fn a_family_refuses_a_capture_under_a_live_buffer_and_a_replay_under_a_kept_one(
         })
         .map(drop);
     assert!(
-        matches!(failed, Err(PoolError::CaptureKeptBuffers)),
+        matches!(failed, Err(PoolError::Capture(CaptureError::KeptBuffers))),
         "{failed:?}"
     );
     let blocked = first.launch();

@@ -2,6 +2,7 @@
 //! range, 64 KiB granules mapped on demand, every reservation, map and unmap a counted call): the
 //! rules every device follows, in CI.
 
+use gpu_pool::CaptureError;
 use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::prelude::*;
 use gpu_pool::testing::{host_live_bytes, host_with_faults};
@@ -270,7 +271,10 @@ fn on_the_gpu_a_stack_grows_inside_a_capture_and_trim_gives_memory_back()
     // Refused inside a capture: trim waits for the stream.
     let refused = stream.capture(|s| s.trim().map(drop));
     assert!(
-        matches!(refused, Err(PoolError::CaptureAllocates { .. })),
+        matches!(
+            refused,
+            Err(PoolError::Capture(CaptureError::Allocates { .. }))
+        ),
         "{refused:?}"
     );
     drop(refused);

@@ -120,6 +120,7 @@ fn a_synchronize_vouches_for_copies_and_a_wait_without_one_switches_to_events()
 mod gpu {
     use std::error::Error;
 
+    use gpu_pool::CaptureError;
     use gpu_pool::HostMem;
     use gpu_pool::compat::opencv::{BufferPool, GpuMat};
     use gpu_pool::interop::cudarc::driver::CudaEvent;
@@ -326,7 +327,10 @@ mod gpu {
             ended.is_ok()
         );
         assert!(
-            matches!(refused, Err(PoolError::CapturedElsewhere { .. })),
+            matches!(
+                refused,
+                Err(PoolError::Capture(CaptureError::Elsewhere { .. }))
+            ),
             "{refused:?}"
         );
         // After the capture the wait is made, and the upload read the bytes it was given.
@@ -401,7 +405,10 @@ mod gpu {
         // Nor is page-locked memory allocated inside one (the driver would break the capture).
         let made = stream.capture(|_| HostMem::<u8>::new(&device, 16).map(drop));
         assert!(
-            matches!(made, Err(PoolError::CaptureAllocates { .. })),
+            matches!(
+                made,
+                Err(PoolError::Capture(CaptureError::Allocates { .. }))
+            ),
             "{made:?}"
         );
         drop(made);

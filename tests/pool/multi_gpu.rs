@@ -6,6 +6,7 @@ use std::error::Error;
 use std::time::Duration;
 
 use gpu_pool::compat::opencv::{BufferPool, GpuMat};
+use gpu_pool::nccl::NcclError;
 use gpu_pool::nccl::{Communicators, Reduce};
 use gpu_pool::prelude::*;
 use gpu_pool::{
@@ -315,14 +316,17 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
     a0.set_to(5.0)?;
     // Rank 1 makes no collective: NCCL would wait for it forever.
     let lone = ranks.group(|g| g.all_reduce_in_place(0, &mut a0, Reduce::Sum));
-    assert!(matches!(lone, Err(PoolError::NcclGroup { .. })), "{lone:?}");
+    assert!(
+        matches!(lone, Err(PoolError::Nccl(NcclError::Group { .. }))),
+        "{lone:?}"
+    );
     // Counts that differ: rank 1 would reduce 999 elements against rank 0's 1000.
     let counts = ranks.group(|g| {
         g.all_reduce_in_place(0, &mut a0, Reduce::Sum)?;
         g.all_reduce_in_place(1, &mut short1, Reduce::Sum)
     });
     assert!(
-        matches!(counts, Err(PoolError::NcclGroup { .. })),
+        matches!(counts, Err(PoolError::Nccl(NcclError::Group { .. }))),
         "{counts:?}"
     );
     // A receive shorter than the send: NCCL would write past it or hang.
@@ -330,7 +334,10 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
         g.send(0, &a0, 1)?;
         g.recv(1, &mut short1, 0)
     });
-    assert!(matches!(p2p, Err(PoolError::NcclGroup { .. })), "{p2p:?}");
+    assert!(
+        matches!(p2p, Err(PoolError::Nccl(NcclError::Group { .. }))),
+        "{p2p:?}"
+    );
     // A buffer of rank 1's stream handed to rank 0.
     let stray = ranks.group(|g| g.all_reduce_in_place(0, &mut a1, Reduce::Sum));
     assert!(
@@ -340,12 +347,12 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
     // A rank that does not exist, and a peer that does not.
     let no_rank = ranks.group(|g| g.send(2, &a0, 1));
     assert!(
-        matches!(no_rank, Err(PoolError::NcclGroup { .. })),
+        matches!(no_rank, Err(PoolError::Nccl(NcclError::Group { .. }))),
         "{no_rank:?}"
     );
     let no_peer = ranks.group(|g| g.send(0, &a0, 5));
     assert!(
-        matches!(no_peer, Err(PoolError::NcclGroup { .. })),
+        matches!(no_peer, Err(PoolError::Nccl(NcclError::Group { .. }))),
         "{no_peer:?}"
     );
     // All-reduce into a buffer of another length.
@@ -386,7 +393,7 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
         })
     });
     assert!(
-        matches!(swapped, Err(PoolError::NcclGroup { .. })),
+        matches!(swapped, Err(PoolError::Nccl(NcclError::Group { .. }))),
         "{swapped:?}"
     );
     // A group inside a capture of one rank's stream only (not Communicators::capture): its graph
@@ -398,7 +405,7 @@ fn an_nccl_group_that_would_hang_or_overrun_is_refused_before_nccl_sees_it() -> 
         })
     });
     assert!(
-        matches!(lone_capture, Err(PoolError::NcclGroup { .. })),
+        matches!(lone_capture, Err(PoolError::Nccl(NcclError::Group { .. }))),
         "{lone_capture:?}"
     );
     drop(lone_capture);
@@ -780,7 +787,7 @@ fn nccl_two_process_rank() -> TestResult {
         let counts = ranks.group(|g| g.all_reduce_in_place(r, &mut t, Reduce::Sum));
         println!("rank {r}: window, no set_verify_groups, counts 1000 against 999: {counts:?}");
         assert!(
-            matches!(counts, Err(PoolError::NcclGroup { .. })),
+            matches!(counts, Err(PoolError::Nccl(NcclError::Group { .. }))),
             "{counts:?}"
         );
         let mut u = pool.get_buffer_1d::<f32>(1000)?;
@@ -807,7 +814,7 @@ fn nccl_two_process_rank() -> TestResult {
     let counts = ranks.group(|g| g.all_reduce_in_place(r, &mut a, Reduce::Sum));
     println!("rank {r}: counts 1000 against 999: {counts:?}");
     assert!(
-        matches!(counts, Err(PoolError::NcclGroup { .. })),
+        matches!(counts, Err(PoolError::Nccl(NcclError::Group { .. }))),
         "{counts:?}"
     );
     let mut b = pool.get_buffer_1d::<f32>(1000)?;
@@ -820,7 +827,10 @@ fn nccl_two_process_rank() -> TestResult {
         }
     });
     println!("rank {r}: a group rank 1 refused: {lone:?}");
-    assert!(matches!(lone, Err(PoolError::NcclGroup { .. })), "{lone:?}");
+    assert!(
+        matches!(lone, Err(PoolError::Nccl(NcclError::Group { .. }))),
+        "{lone:?}"
+    );
     ranks.group(|g| g.all_reduce_in_place(r, &mut b, Reduce::Max))?;
     ranks.wait()?;
     assert!(
@@ -847,12 +857,12 @@ fn nccl_two_process_rank() -> TestResult {
             start.elapsed()
         );
         assert!(
-            matches!(waited, Err(PoolError::NcclTimeout { .. })),
+            matches!(waited, Err(PoolError::Nccl(NcclError::Timeout { .. }))),
             "{waited:?}"
         );
         let after = ranks.group(|g| g.all_reduce_in_place(0, &mut x, Reduce::Sum));
         assert!(
-            matches!(after, Err(PoolError::NcclGroup { .. })),
+            matches!(after, Err(PoolError::Nccl(NcclError::Group { .. }))),
             "{after:?}"
         );
         s.synchronize()?; // the abort ended the kernel: the stream drains

@@ -1,6 +1,7 @@
 //! ppl.cv's memory pool API. The pool is process-wide, so every test that activates it holds
 //! `common::ppl_pool_lock` (the fault-injection test of `faults.rs` too).
 
+use gpu_pool::compat::pplcv::PplError;
 use gpu_pool::compat::pplcv::*;
 use gpu_pool::{Device, PoolError};
 
@@ -91,7 +92,7 @@ fn misuse_is_refused_where_ppl_cv_only_logs() -> Result<(), PoolError> {
     );
     let live = shutdown_gpu_memory_pool().unwrap_err();
     assert!(
-        matches!(live, PoolError::PplPoolInUse { live: 1, .. }),
+        matches!(live, PoolError::Ppl(PplError::InUse { live: 1, .. })),
         "{live}"
     );
     ppl_cuda_free(&mut block)?;
@@ -130,10 +131,10 @@ fn shutting_down_under_live_blocks_is_an_error_of_the_ppl_cv_pool() -> Result<()
     let err = shutdown_gpu_memory_pool().unwrap_err();
     assert_eq!(
         err,
-        PoolError::PplPoolInUse {
+        PoolError::Ppl(PplError::InUse {
             device: device.id(),
             live: 2
-        }
+        })
     );
     // It speaks of the ppl.cv pool and its blocks, not of the stack pool and streams.
     let text = err.to_string();
@@ -204,7 +205,7 @@ fn a_zero_byte_block_never_touches_another_blocks_record() -> Result<(), PoolErr
     drop(b);
     let live = shutdown_gpu_memory_pool().unwrap_err();
     assert!(
-        matches!(live, PoolError::PplPoolInUse { live: 1, .. }),
+        matches!(live, PoolError::Ppl(PplError::InUse { live: 1, .. })),
         "`a` is still live: {live}"
     );
     ppl_cuda_free(&mut a)?;
@@ -214,7 +215,7 @@ fn a_zero_byte_block_never_touches_another_blocks_record() -> Result<(), PoolErr
     ppl_cuda_malloc(0, &mut zero)?;
     assert!(matches!(
         shutdown_gpu_memory_pool(),
-        Err(PoolError::PplPoolInUse { live: 1, .. })
+        Err(PoolError::Ppl(PplError::InUse { live: 1, .. }))
     ));
     drop(zero);
     shutdown_gpu_memory_pool()

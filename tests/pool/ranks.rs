@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::error::Error;
 use std::time::Duration;
 
+use gpu_pool::nccl::NcclError;
 use gpu_pool::nccl::{Communicators, UniqueId};
 use gpu_pool::prelude::*;
 
@@ -46,7 +47,7 @@ fn a_unique_id_goes_through_bytes_and_text_and_other_text_is_refused() -> TestRe
     ];
     for bad in &refused {
         let e = bad.parse::<UniqueId>().expect_err(bad);
-        assert!(matches!(e, PoolError::NcclId { .. }), "{e:?}");
+        assert!(matches!(e, PoolError::Nccl(NcclError::Id { .. })), "{e:?}");
         assert!(e.to_string().contains("256 hex digits"), "{e}");
     }
     println!(
@@ -64,7 +65,7 @@ fn a_rank_outside_its_world_is_refused_before_nccl_or_the_device_is_asked() -> T
     for (rank, world) in [(2, 2), (0, 0), (5, 3), (0, i32::MAX as usize + 1)] {
         let made = Communicators::from_rank(&stream, &id, rank, world, t);
         assert!(
-            matches!(made, Err(PoolError::NcclRank { rank: r, world: w }) if r == rank && w == world),
+            matches!(made, Err(PoolError::Nccl(NcclError::Rank { rank: r, world: w })) if r == rank && w == world),
             "{made:?}"
         );
     }
@@ -119,14 +120,14 @@ fn an_id_file_that_never_comes_or_holds_no_id_is_a_typed_error() -> TestResult {
     let start = std::time::Instant::now();
     let never = read_id(&path, Duration::from_millis(50));
     assert!(
-        matches!(never, Err(PoolError::NcclTimeout { .. })),
+        matches!(never, Err(PoolError::Nccl(NcclError::Timeout { .. }))),
         "{never:?}"
     );
     assert!(start.elapsed() < Duration::from_secs(5));
     std::fs::write(&path, "not an id\n")?;
     let garbage = read_id(&path, Duration::from_millis(50));
     assert!(
-        matches!(garbage, Err(PoolError::NcclId { .. })),
+        matches!(garbage, Err(PoolError::Nccl(NcclError::Id { .. }))),
         "{garbage:?}"
     );
     std::fs::remove_file(&path)?;

@@ -7,6 +7,7 @@
 use std::error::Error;
 
 use crate::common::gpu;
+use gpu_pool::CaptureError;
 use gpu_pool::compat::opencv::set_buffer_pool_config;
 use gpu_pool::compat::opencv::{BufferPool, GpuMat};
 use gpu_pool::interop::cudarc::driver::{DeviceSlice, sys};
@@ -109,10 +110,10 @@ fn a_capture_on_the_adopted_legacy_default_stream_is_refused_up_front() -> TestR
     assert!(
         matches!(
             err,
-            PoolError::CaptureOnLegacyStream {
+            PoolError::Capture(CaptureError::LegacyStream {
                 what: "Stream::capture",
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -123,10 +124,10 @@ fn a_capture_on_the_adopted_legacy_default_stream_is_refused_up_front() -> TestR
     assert!(
         matches!(
             err,
-            PoolError::CaptureOnLegacyStream {
+            PoolError::Capture(CaptureError::LegacyStream {
                 what: "GraphFamily::capture",
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -158,7 +159,10 @@ fn work_that_crosses_streams_inside_a_capture_is_refused() -> TestResult {
         .unwrap_err();
     println!("copy_from another stream inside a capture: {err}");
     assert!(
-        matches!(err, PoolError::CaptureCrossStream { what: "copy_from" }),
+        matches!(
+            err,
+            PoolError::Capture(CaptureError::CrossStream { what: "copy_from" })
+        ),
         "{err}"
     );
 
@@ -168,12 +172,18 @@ fn work_that_crosses_streams_inside_a_capture_is_refused() -> TestResult {
             t.set_to(1)?;
             let mut other = GpuMat::<u32>::new(&b, 32, 32);
             // A driver allocation would break the capture: refused before it is tried.
-            assert!(matches!(other, Err(PoolError::CaptureAllocates { .. })));
+            assert!(matches!(
+                other,
+                Err(PoolError::Capture(CaptureError::Allocates { .. }))
+            ));
             other = BufferPool::new(&b).get_buffer::<u32>(32, 32);
             other?.copy_from(&t)
         })
         .unwrap_err();
-    assert!(matches!(err, PoolError::CaptureCrossStream { .. }), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::CrossStream { .. })),
+        "{err}"
+    );
 
     let err = a
         .capture(|s| {
@@ -184,9 +194,9 @@ fn work_that_crosses_streams_inside_a_capture_is_refused() -> TestResult {
     assert!(
         matches!(
             err,
-            PoolError::CaptureCrossStream {
+            PoolError::Capture(CaptureError::CrossStream {
                 what: "record_stream"
-            }
+            })
         ),
         "{err}"
     );
@@ -262,12 +272,18 @@ fn another_streams_scope_inside_a_capture_runs_eagerly_and_replays_never_touch_i
             println!("set_to on a stream joined to another's capture: {refused:?}");
             assert!(matches!(
                 refused,
-                Err(PoolError::CapturedElsewhere { what: "set_to", .. })
+                Err(PoolError::Capture(CaptureError::Elsewhere {
+                    what: "set_to",
+                    ..
+                }))
             ));
             refused
         })
         .unwrap_err();
-    assert!(matches!(err, PoolError::CapturedElsewhere { .. }), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::Elsewhere { .. })),
+        "{err}"
+    );
     drop(graph);
     usable(&a)?;
     assert!(live.to_vec()?.iter().all(|&v| v == 42));
@@ -378,7 +394,10 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
         })
         .unwrap_err();
     println!("the capture: {err}");
-    assert!(matches!(err, PoolError::CaptureCrossStream { .. }), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::CrossStream { .. })),
+        "{err}"
+    );
     usable(&stream)?;
 
     // The other direction: memory of another pool stream used by cudarc on the capturing one.
@@ -392,7 +411,10 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
             Ok(())
         })
         .unwrap_err();
-    assert!(matches!(err, PoolError::CaptureCrossStream { .. }), "{err}");
+    assert!(
+        matches!(err, PoolError::Capture(CaptureError::CrossStream { .. })),
+        "{err}"
+    );
     usable(&stream)?;
     assert!(
         on_b.to_vec()?.iter().all(|&v| v == 4.0),
@@ -408,14 +430,17 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
     assert!(
         matches!(
             refused,
-            Err(PoolError::CapturedElsewhere { what: "set_to", .. })
+            Err(PoolError::Capture(CaptureError::Elsewhere {
+                what: "set_to",
+                ..
+            }))
         ),
         "{refused:?}"
     );
     let lent = cuda.memset_zeros(&mut t.as_cudarc_mut()?);
     let nested = stream.capture(|_| Ok(())).unwrap_err();
     assert!(
-        matches!(nested, PoolError::CapturedElsewhere { .. }),
+        matches!(nested, PoolError::Capture(CaptureError::Elsewhere { .. })),
         "{nested}"
     );
     println!("cudarc memset on pool memory in a foreign capture: {lent:?}");
@@ -453,10 +478,10 @@ fn a_failed_capture_always_ends_and_foreign_captures_get_no_pool_work() -> TestR
     println!("Graph::launch inside a foreign capture: {launched:?}");
     assert!(matches!(
         launched,
-        Err(PoolError::CapturedElsewhere {
+        Err(PoolError::Capture(CaptureError::Elsewhere {
             what: "Graph::launch",
             ..
-        })
+        }))
     ));
     graph.launch()?;
     drop(graph);

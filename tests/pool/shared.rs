@@ -320,6 +320,7 @@ mod gpu {
     use std::error::Error;
     use std::sync::Arc;
 
+    use gpu_pool::CaptureError;
     use gpu_pool::compat::opencv::{BufferPool, GpuMat};
     use gpu_pool::interop::cudarc::driver::CudaStream;
     use gpu_pool::prelude::*;
@@ -541,7 +542,10 @@ mod gpu {
         let graph = stream.capture(|_| {
             let made = SharedMat::<u8>::new(&device, 1, 64).map(|_| ());
             assert!(
-                matches!(made, Err(PoolError::CaptureAllocates { .. })),
+                matches!(
+                    made,
+                    Err(PoolError::Capture(CaptureError::Allocates { .. }))
+                ),
                 "{made:?}"
             );
             Ok(())
@@ -556,8 +560,14 @@ mod gpu {
         let write = shared.write(&stream).map(|_| ());
         let _ = cuda.end_capture(gpu_pool::interop::cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
         println!("shared access on a stream captured by cudarc: read {read:?}, write {write:?}");
-        assert!(matches!(read, Err(PoolError::CapturedElsewhere { .. })));
-        assert!(matches!(write, Err(PoolError::CapturedElsewhere { .. })));
+        assert!(matches!(
+            read,
+            Err(PoolError::Capture(CaptureError::Elsewhere { .. }))
+        ));
+        assert!(matches!(
+            write,
+            Err(PoolError::Capture(CaptureError::Elsewhere { .. }))
+        ));
         assert_eq!(
             count_not(&shared.read(&stream)?.to_vec()?, 1),
             0,
@@ -664,11 +674,11 @@ mod gpu {
             assert!(
                 matches!(
                     refused,
-                    Err(PoolError::SharedAccessOpen {
+                    Err(PoolError::Capture(CaptureError::SharedAccessOpen {
                         replay: "read",
                         open: "write",
                         ..
-                    })
+                    }))
                 ),
                 "{name}: a replay overtook an open write"
             );
@@ -743,11 +753,11 @@ mod gpu {
         println!("writing replay after a forgotten read: {refused:?}");
         assert!(matches!(
             refused,
-            Err(PoolError::SharedAccessOpen {
+            Err(PoolError::Capture(CaptureError::SharedAccessOpen {
                 replay: "write",
                 open: "read",
                 ..
-            })
+            }))
         ));
         let clobbered = count_not(&copy.to_vec()?, 1);
         println!("the forgotten read's copy: {clobbered} of {N} bytes clobbered");

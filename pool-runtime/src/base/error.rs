@@ -1,4 +1,7 @@
-//! The one error type of the library.
+//! The library's errors: [`PoolError`], the core's, with each feature's own errors nested in it
+//! ([`CaptureError`] for CUDA graph captures, [`NcclError`] for NCCL, [`PplError`] for ppl.cv's
+//! pool; `PoolError::Capture(CaptureError::Allocates { .. })`), each shown as the feature's error
+//! and keeping its cause as `source()`.
 //!
 //! Every fallible operation returns [`PoolError`]: one variant per situation, each message saying
 //! what went wrong and what to do about it; no error leaves a pool in a changed state unless the
@@ -127,13 +130,6 @@ pub enum PoolError {
         type_name: &'static str,
     },
 
-    /// A ppl.cv pool call made in a state where ppl.cv only logs an error.
-    #[error("ppl.cv memory pool: {reason}")]
-    PplPoolState {
-        /// What is wrong and what to call first.
-        reason: &'static str,
-    },
-
     /// `GPU_POOL_CONF` could not be parsed.
     #[error(
         "invalid GPU_POOL_CONF {value:?}: {reason}; expected e.g. \
@@ -156,18 +152,6 @@ pub enum PoolError {
         device: DeviceId,
         /// Stacks currently held.
         held: usize,
-    },
-
-    /// ppl.cv's pool was shut down while blocks of it are live.
-    #[error(
-        "cannot shut down the ppl.cv memory pool on {device}: {live} block(s) of it are live; free \
-         them first (ppl_cuda_free, or drop their GpuMemoryBlock)"
-    )]
-    PplPoolInUse {
-        /// The device of the pool.
-        device: DeviceId,
-        /// Blocks of the pool still live.
-        live: usize,
     },
 
     /// The request could not be served by the stack and the fallback is `Fallback::Error`.
@@ -274,75 +258,6 @@ pub enum PoolError {
         source: Cause,
     },
 
-    /// An NCCL call failed (feature `nccl`).
-    ///
-    /// The [`source`](std::error::Error::source) is an [`NcclFailure`] holding cudarc's
-    /// `NcclError` (downcast it to read the `ncclResult_t`).
-    #[error(
-        "{} failed: {source}; set NCCL_DEBUG=WARN for NCCL's own reason. \
-         ncclInvalidUsage is a call out of order or ranks that disagree (a rank missing from a \
-         group, different counts), ncclUnhandledCudaError a CUDA error underneath, ncclSystemError \
-         the operating system (shared memory, sockets)",
-        nccl_call_words(call)
-    )]
-    Nccl {
-        /// The NCCL function.
-        call: &'static str,
-        /// NCCL's status.
-        source: Cause,
-    },
-
-    /// The NCCL calls of a group disagree across ranks; nothing was queued (feature `nccl`).
-    #[error(
-        "the NCCL group was not queued: {problem}. Every rank must make the same collectives in \
-         the same order with the same count and type, and each send needs a receive of the same \
-         count and type on its peer"
-    )]
-    NcclGroup {
-        /// What disagrees.
-        problem: String,
-    },
-
-    /// Text or bytes that are not an NCCL unique id (`nccl::UniqueId`), refused before NCCL sees
-    /// them (feature `nccl`).
-    #[error(
-        "not an NCCL unique id: {problem}. Pass on exactly the text rank 0's UniqueId printed \
-         (its Display: 256 hex digits) or its to_bytes, unchanged, to every other rank"
-    )]
-    NcclId {
-        /// What is wrong with it.
-        problem: String,
-    },
-
-    /// A rank outside its world, or a world of no ranks, refused before NCCL sees it
-    /// (feature `nccl`).
-    #[error(
-        "NCCL rank {rank} of a world of {world} ranks: ranks are numbered 0 to world - 1, every \
-         process passes the same world size (at least 1, at most i32::MAX) and a rank of its own"
-    )]
-    NcclRank {
-        /// The rank asked for.
-        rank: usize,
-        /// The world size asked for.
-        world: usize,
-    },
-
-    /// Ranks in other processes did not meet this one within the communicator's timeout; the
-    /// communicator was aborted (`ncclCommAbort`) and refuses every call from now on
-    /// (feature `nccl`).
-    #[error(
-        "{what} waited {waited:?} for ranks in other processes and gave up: a peer exited, \
-         hangs, never made this call, or made calls that differ (a count, a type, one call more). \
-         The communicator was aborted: make a new one from a new UniqueId on every rank, or \
-         raise the timeout (Communicators::set_timeout) if the peers are only slow"
-    )]
-    NcclTimeout {
-        /// What waited.
-        what: &'static str,
-        /// How long it waited.
-        waited: std::time::Duration,
-    },
-
     /// A device's stack memory is registered with NCCL, so it cannot be freed or replaced.
     #[error(
         "the stack memory of {device} is registered with an NCCL communicator: drop the \
@@ -414,134 +329,6 @@ pub enum PoolError {
         dst: (usize, usize),
         /// Rows and columns of the source.
         src: (usize, usize),
-    },
-
-    /// A buffer the stack cannot serve was asked for while a CUDA graph was being captured.
-    #[error(
-        "a buffer of {requested} bytes{at} does not fit the stream's stack ({available} bytes \
-         free) while a CUDA graph is captured, and an allocation from the driver would break the \
-         capture; raise stack_size with set_buffer_pool_config{hint}, or make the buffer before \
-         capturing",
-        at = request_paren(.context),
-        hint = stack_hint(.context)
-    )]
-    CaptureNeedsStack {
-        /// Bytes the buffer needs on the stack.
-        requested: usize,
-        /// Bytes free on the stack.
-        available: usize,
-        /// The buffer request (attached by the stream; `None` for the stack a capture keeps for its
-        /// graph's replays).
-        context: Option<RequestContext>,
-    },
-
-    /// Long-lived memory was asked for while a CUDA graph is captured on this thread: a driver
-    /// allocation would break the capture.
-    #[error(
-        "{what}{at} allocates device memory, which would break the CUDA graph capture under way \
-         on this thread; make it before capturing",
-        at = request_paren(.context)
-    )]
-    CaptureAllocates {
-        /// What asked for the memory.
-        what: &'static str,
-        /// The buffer request (`GpuMat::new`'s; `None` for shared memory, which no stream asked
-        /// for).
-        context: Option<RequestContext>,
-    },
-
-    /// A buffer taken during a capture was still live when it ended.
-    #[error(
-        "a buffer taken while capturing a CUDA graph was still live when the capture ended; the \
-         graph reuses that memory on every replay, so release every buffer taken inside (the DSL \
-         does), and make long-lived outputs before capturing"
-    )]
-    CaptureKeptBuffers,
-
-    /// A copy between device memory and a host slice borrowed only for the call
-    /// (`upload`, `download`, `to_vec`) was asked for inside the stream's own capture: the graph
-    /// would copy from or into the slice at every replay, after the slice is gone.
-    #[error(
-        "{what} copies to or from a host slice borrowed only for the call, inside a CUDA graph \
-         capture: every replay would copy from or into the slice after it is gone; copy before or \
-         after the capture, or through `HostMem` (`upload_async` / `download_async`), whose \
-         memory the graph can keep"
-    )]
-    CaptureHostCopy {
-        /// The operation refused.
-        what: &'static str,
-    },
-
-    /// Work that crosses streams was asked for while one of them is being captured into a CUDA
-    /// graph: the other stream would join the capture (and replays would write its memory after
-    /// its buffers are gone) or the capture would depend on work outside it.
-    #[error(
-        "{what} crosses streams while a CUDA graph is captured: the graph could only record it by \
-         pulling the other stream's work (and memory) into every replay; do the cross-stream work \
-         before or after the capture, or on the capturing stream"
-    )]
-    CaptureCrossStream {
-        /// The operation refused.
-        what: &'static str,
-    },
-
-    /// Pool work was asked for on a stream whose CUDA stream is being captured by something other
-    /// than its own [`Stream::capture`](crate::Stream::capture) (cudarc's `begin_capture`, or
-    /// another stream's capture it was joined to): the pool could not keep that work's memory for
-    /// the graph's life.
-    #[error(
-        "{what} on stream {stream}, whose CUDA stream is being captured outside Stream::capture: \
-         the graph would keep writing pool memory after its buffers are gone; capture pooled work \
-         with Stream::capture on the stream itself, and end other captures before using the stream"
-    )]
-    CapturedElsewhere {
-        /// The operation refused.
-        what: &'static str,
-        /// The pool stream's id.
-        stream: u64,
-    },
-
-    /// A graph replay would access [`SharedMat`](crate::shared::SharedMat) memory while a conflicting
-    /// access of it through a guard is still open on another stream (a write, for a replay that
-    /// reads; any access, for a replay that writes). The guard's work is not all queued yet, so
-    /// nothing can order the replay after it; nothing was queued.
-    #[error(
-        "{what} would {replay} shared memory while a {open} of it is open on stream {stream}: the \
-         replay cannot be ordered after work not queued yet; end that access first (drop its \
-         guard: hold the lock that guards the SharedMat across the launch, its read lock for a \
-         graph that reads, its write lock for one that writes). A guard that was forgotten, or \
-         dropped while its stream was captured outside Stream::capture, stays open until an \
-         eager access that conflicts with it (a write, for an open read) waits for its stream"
-    )]
-    SharedAccessOpen {
-        /// The operation refused.
-        what: &'static str,
-        /// `"read"` or `"write"`: what the replay does to the memory.
-        replay: &'static str,
-        /// `"read"` or `"write"`: the open access.
-        open: &'static str,
-        /// The id of the pool stream the open access is on.
-        stream: u64,
-    },
-
-    /// A CUDA graph capture was asked of a pool stream over the legacy default (null) stream
-    /// ([`Stream::from_cuda`](crate::Stream::from_cuda) of cudarc's `default_stream()`), which the
-    /// driver never captures. Refused before any driver call: the stream and its context stay
-    /// usable.
-    #[error(
-        "{what} on stream {stream}, which wraps the legacy default (null) stream of {device}: the \
-         driver cannot capture that stream (it synchronizes with every other); capture on a \
-         stream of its own (Stream::new, or Stream::from_cuda of context.new_stream()). Nothing \
-         was queued: the stream and its context stay usable"
-    )]
-    CaptureOnLegacyStream {
-        /// The capture refused (`Stream::capture`, `GraphFamily::capture`,
-        /// `Communicators::capture`).
-        what: &'static str,
-        /// The pool stream's id.
-        stream: u64,
-        /// Its device.
-        device: DeviceId,
     },
 
     /// A pool stream already wraps this CUDA stream: two pool streams over one CUDA stream would
@@ -616,6 +403,249 @@ pub enum PoolError {
         /// The operation.
         what: &'static str,
     },
+
+    /// A CUDA graph capture refused the call: see [`CaptureError`].
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+
+    /// NCCL refused or failed (feature `nccl`): see [`NcclError`].
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
+
+    /// ppl.cv's memory pool refused the call: see [`PplError`].
+    #[error(transparent)]
+    Ppl(#[from] PplError),
+}
+
+/// A CUDA graph capture refused the call; a [`PoolError::Capture`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// A buffer the stack cannot serve was asked for while a CUDA graph was being captured.
+    #[error(
+        "a buffer of {requested} bytes{at} does not fit the stream's stack ({available} bytes \
+         free) while a CUDA graph is captured, and an allocation from the driver would break the \
+         capture; raise stack_size with set_buffer_pool_config{hint}, or make the buffer before \
+         capturing",
+        at = request_paren(.context),
+        hint = stack_hint(.context)
+    )]
+    NeedsStack {
+        /// Bytes the buffer needs on the stack.
+        requested: usize,
+        /// Bytes free on the stack.
+        available: usize,
+        /// The buffer request (attached by the stream; `None` for the stack a capture keeps for its
+        /// graph's replays).
+        context: Option<RequestContext>,
+    },
+
+    /// Long-lived memory was asked for while a CUDA graph is captured on this thread: a driver
+    /// allocation would break the capture.
+    #[error(
+        "{what}{at} allocates device memory, which would break the CUDA graph capture under way \
+         on this thread; make it before capturing",
+        at = request_paren(.context)
+    )]
+    Allocates {
+        /// What asked for the memory.
+        what: &'static str,
+        /// The buffer request (`GpuMat::new`'s; `None` for shared memory, which no stream asked
+        /// for).
+        context: Option<RequestContext>,
+    },
+
+    /// A buffer taken during a capture was still live when it ended.
+    #[error(
+        "a buffer taken while capturing a CUDA graph was still live when the capture ended; the \
+         graph reuses that memory on every replay, so release every buffer taken inside (the DSL \
+         does), and make long-lived outputs before capturing"
+    )]
+    KeptBuffers,
+
+    /// A copy between device memory and a host slice borrowed only for the call
+    /// (`upload`, `download`, `to_vec`) was asked for inside the stream's own capture: the graph
+    /// would copy from or into the slice at every replay, after the slice is gone.
+    #[error(
+        "{what} copies to or from a host slice borrowed only for the call, inside a CUDA graph \
+         capture: every replay would copy from or into the slice after it is gone; copy before or \
+         after the capture, or through `HostMem` (`upload_async` / `download_async`), whose \
+         memory the graph can keep"
+    )]
+    HostCopy {
+        /// The operation refused.
+        what: &'static str,
+    },
+
+    /// Work that crosses streams was asked for while one of them is being captured into a CUDA
+    /// graph: the other stream would join the capture (and replays would write its memory after
+    /// its buffers are gone) or the capture would depend on work outside it.
+    #[error(
+        "{what} crosses streams while a CUDA graph is captured: the graph could only record it by \
+         pulling the other stream's work (and memory) into every replay; do the cross-stream work \
+         before or after the capture, or on the capturing stream"
+    )]
+    CrossStream {
+        /// The operation refused.
+        what: &'static str,
+    },
+
+    /// Pool work was asked for on a stream whose CUDA stream is being captured by something other
+    /// than its own [`Stream::capture`](crate::Stream::capture) (cudarc's `begin_capture`, or
+    /// another stream's capture it was joined to): the pool could not keep that work's memory for
+    /// the graph's life.
+    #[error(
+        "{what} on stream {stream}, whose CUDA stream is being captured outside Stream::capture: \
+         the graph would keep writing pool memory after its buffers are gone; capture pooled work \
+         with Stream::capture on the stream itself, and end other captures before using the stream"
+    )]
+    Elsewhere {
+        /// The operation refused.
+        what: &'static str,
+        /// The pool stream's id.
+        stream: u64,
+    },
+
+    /// A graph replay would access [`SharedMat`](crate::shared::SharedMat) memory while a conflicting
+    /// access of it through a guard is still open on another stream (a write, for a replay that
+    /// reads; any access, for a replay that writes). The guard's work is not all queued yet, so
+    /// nothing can order the replay after it; nothing was queued.
+    #[error(
+        "{what} would {replay} shared memory while a {open} of it is open on stream {stream}: the \
+         replay cannot be ordered after work not queued yet; end that access first (drop its \
+         guard: hold the lock that guards the SharedMat across the launch, its read lock for a \
+         graph that reads, its write lock for one that writes). A guard that was forgotten, or \
+         dropped while its stream was captured outside Stream::capture, stays open until an \
+         eager access that conflicts with it (a write, for an open read) waits for its stream"
+    )]
+    SharedAccessOpen {
+        /// The operation refused.
+        what: &'static str,
+        /// `"read"` or `"write"`: what the replay does to the memory.
+        replay: &'static str,
+        /// `"read"` or `"write"`: the open access.
+        open: &'static str,
+        /// The id of the pool stream the open access is on.
+        stream: u64,
+    },
+
+    /// A CUDA graph capture was asked of a pool stream over the legacy default (null) stream
+    /// ([`Stream::from_cuda`](crate::Stream::from_cuda) of cudarc's `default_stream()`), which the
+    /// driver never captures. Refused before any driver call: the stream and its context stay
+    /// usable.
+    #[error(
+        "{what} on stream {stream}, which wraps the legacy default (null) stream of {device}: the \
+         driver cannot capture that stream (it synchronizes with every other); capture on a \
+         stream of its own (Stream::new, or Stream::from_cuda of context.new_stream()). Nothing \
+         was queued: the stream and its context stay usable"
+    )]
+    LegacyStream {
+        /// The capture refused (`Stream::capture`, `GraphFamily::capture`,
+        /// `Communicators::capture`).
+        what: &'static str,
+        /// The pool stream's id.
+        stream: u64,
+        /// Its device.
+        device: DeviceId,
+    },
+}
+
+/// NCCL refused or failed (feature `nccl`); a [`NcclError::Call`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NcclError {
+    /// An NCCL call failed (feature `nccl`).
+    ///
+    /// The [`source`](std::error::Error::source) is an [`NcclFailure`] holding cudarc's
+    /// `NcclError` (downcast it to read the `ncclResult_t`).
+    #[error(
+        "{} failed: {source}; set NCCL_DEBUG=WARN for NCCL's own reason. \
+         ncclInvalidUsage is a call out of order or ranks that disagree (a rank missing from a \
+         group, different counts), ncclUnhandledCudaError a CUDA error underneath, ncclSystemError \
+         the operating system (shared memory, sockets)",
+        nccl_call_words(call)
+    )]
+    Call {
+        /// The NCCL function.
+        call: &'static str,
+        /// NCCL's status.
+        source: Cause,
+    },
+
+    /// The NCCL calls of a group disagree across ranks; nothing was queued (feature `nccl`).
+    #[error(
+        "the NCCL group was not queued: {problem}. Every rank must make the same collectives in \
+         the same order with the same count and type, and each send needs a receive of the same \
+         count and type on its peer"
+    )]
+    Group {
+        /// What disagrees.
+        problem: String,
+    },
+
+    /// Text or bytes that are not an NCCL unique id (`nccl::UniqueId`), refused before NCCL sees
+    /// them (feature `nccl`).
+    #[error(
+        "not an NCCL unique id: {problem}. Pass on exactly the text rank 0's UniqueId printed \
+         (its Display: 256 hex digits) or its to_bytes, unchanged, to every other rank"
+    )]
+    Id {
+        /// What is wrong with it.
+        problem: String,
+    },
+
+    /// A rank outside its world, or a world of no ranks, refused before NCCL sees it
+    /// (feature `nccl`).
+    #[error(
+        "NCCL rank {rank} of a world of {world} ranks: ranks are numbered 0 to world - 1, every \
+         process passes the same world size (at least 1, at most i32::MAX) and a rank of its own"
+    )]
+    Rank {
+        /// The rank asked for.
+        rank: usize,
+        /// The world size asked for.
+        world: usize,
+    },
+
+    /// Ranks in other processes did not meet this one within the communicator's timeout; the
+    /// communicator was aborted (`ncclCommAbort`) and refuses every call from now on
+    /// (feature `nccl`).
+    #[error(
+        "{what} waited {waited:?} for ranks in other processes and gave up: a peer exited, \
+         hangs, never made this call, or made calls that differ (a count, a type, one call more). \
+         The communicator was aborted: make a new one from a new UniqueId on every rank, or \
+         raise the timeout (Communicators::set_timeout) if the peers are only slow"
+    )]
+    Timeout {
+        /// What waited.
+        what: &'static str,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
+}
+
+/// ppl.cv's memory pool refused the call; a [`PoolError::Ppl`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PplError {
+    /// A ppl.cv pool call made in a state where ppl.cv only logs an error.
+    #[error("ppl.cv memory pool: {reason}")]
+    State {
+        /// What is wrong and what to call first.
+        reason: &'static str,
+    },
+
+    /// ppl.cv's pool was shut down while blocks of it are live.
+    #[error(
+        "cannot shut down the ppl.cv memory pool on {device}: {live} block(s) of it are live; free \
+         them first (ppl_cuda_free, or drop their GpuMemoryBlock)"
+    )]
+    InUse {
+        /// The device of the pool.
+        device: DeviceId,
+        /// Blocks of the pool still live.
+        live: usize,
+    },
 }
 
 impl PoolError {
@@ -625,7 +655,7 @@ impl PoolError {
 
     /// The buffer request behind a memory error ([`OutOfMemory`](PoolError::OutOfMemory),
     /// [`StackExhausted`](PoolError::StackExhausted),
-    /// [`CaptureNeedsStack`](PoolError::CaptureNeedsStack),
+    /// [`CaptureNeedsStack`](CaptureError::NeedsStack),
     /// [`AllocatorContract`](PoolError::AllocatorContract)), where a buffer asked: `None` for
     /// other errors, and for memory that was not for a buffer (the stacks themselves,
     /// [`MixMemory`](crate::compat::mix::MixMemory), the ppl.cv pool, the stack a capture keeps).
@@ -643,8 +673,8 @@ impl PoolError {
         match self {
             PoolError::OutOfMemory { context, .. }
             | PoolError::StackExhausted { context, .. }
-            | PoolError::CaptureNeedsStack { context, .. }
-            | PoolError::CaptureAllocates { context, .. }
+            | PoolError::Capture(CaptureError::NeedsStack { context, .. })
+            | PoolError::Capture(CaptureError::Allocates { context, .. })
             | PoolError::AllocatorContract { context, .. } => context.as_ref(),
             _ => None,
         }
@@ -668,8 +698,8 @@ impl PoolError {
         match &mut self {
             PoolError::OutOfMemory { context, .. }
             | PoolError::StackExhausted { context, .. }
-            | PoolError::CaptureNeedsStack { context, .. }
-            | PoolError::CaptureAllocates { context, .. }
+            | PoolError::Capture(CaptureError::NeedsStack { context, .. })
+            | PoolError::Capture(CaptureError::Allocates { context, .. })
             | PoolError::AllocatorContract { context, .. } => {
                 context.get_or_insert(request);
             }
@@ -833,7 +863,7 @@ impl From<cudarc::cublas::result::CublasError> for PoolError {
 }
 
 /// NCCL's status of a failed call as an error: cudarc's `NcclError` is not a
-/// `std::error::Error`, so [`PoolError::Nccl`] keeps it in this one (feature `nccl`).
+/// `std::error::Error`, so [`NcclError::Call`] keeps it in this one (feature `nccl`).
 #[cfg(feature = "nccl")]
 #[derive(Debug)]
 pub struct NcclFailure(pub cudarc::nccl::result::NcclError);
@@ -852,12 +882,12 @@ impl Error for NcclFailure {}
 #[cfg(feature = "nccl")]
 impl From<cudarc::nccl::result::NcclError> for PoolError {
     /// An error of an NCCL call made through cudarc (`Comm::all_reduce` and the like), as
-    /// [`PoolError::Nccl`] with the status as its source.
+    /// [`NcclError::Call`] with the status as its source.
     fn from(error: cudarc::nccl::result::NcclError) -> Self {
-        PoolError::Nccl {
+        PoolError::Nccl(NcclError::Call {
             call: PoolError::CUDARC_CALL,
             source: NcclFailure(error).into(),
-        }
+        })
     }
 }
 
@@ -959,6 +989,7 @@ mod tests {
     #[test]
     fn a_buffer_refused_in_a_capture_carries_its_request() -> Result<(), crate::PoolError> {
         use crate::compat::opencv::{BufferPool, GpuMat, set_buffer_pool_config};
+        use crate::error::CaptureError;
         use crate::{Device, PoolError, Stream};
 
         let device = Device::private_host();
@@ -970,7 +1001,7 @@ mod tests {
 
         let (line, err) = (line!(), pool.get_buffer_1d::<u8>(2 << 20).unwrap_err());
         assert!(
-            matches!(err, PoolError::CaptureNeedsStack { requested, .. } if requested == 2 << 20),
+            matches!(err, PoolError::Capture(CaptureError::NeedsStack { requested, .. }) if requested == 2 << 20),
             "{err}"
         );
         let context = err.context().expect("a request");
@@ -983,7 +1014,10 @@ mod tests {
 
         // A buffer of its own asks the driver, which a capture refuses too.
         let (line, err) = (line!(), GpuMat::<u8>::new(&stream, 4, 4).unwrap_err());
-        assert!(matches!(err, PoolError::CaptureAllocates { .. }), "{err}");
+        assert!(
+            matches!(err, PoolError::Capture(CaptureError::Allocates { .. })),
+            "{err}"
+        );
         let context = err.context().expect("a request");
         assert_eq!((context.stream, context.site.line()), (stream.id(), line));
         assert_eq!(context.stack_needed, None);

@@ -42,6 +42,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::backend::DevPtr;
 use crate::device::Device;
 use crate::error::PoolError;
+pub use crate::error::PplError;
 use crate::id::DeviceId;
 use crate::layout::align_up;
 use crate::unique::Counter;
@@ -226,13 +227,13 @@ struct Placed {
 
 impl PplPool {
     /// A pool of `size` bytes on `device` (ppl.cv's `activateGpuMemoryPool`, as a value): one
-    /// driver allocation. `PoolError::PplPoolState` for 0 bytes.
+    /// driver allocation. `PplError::State` for 0 bytes.
     pub fn new(device: &Device, size: usize) -> Result<PplPool, PoolError> {
         if size == 0 {
-            return Err(PoolError::PplPoolState {
+            return Err(PoolError::Ppl(PplError::State {
                 reason: "a pool of 0 bytes holds nothing; size it with ceil_1d_volume / \
                          ceil_2d_volume",
-            });
+            }));
         }
         let base = device.storage().alloc(size, None)?;
         Ok(PplPool {
@@ -442,9 +443,9 @@ fn lock() -> MutexGuard<'static, Option<PplPool>> {
 }
 
 fn not_active() -> PoolError {
-    PoolError::PplPoolState {
+    PoolError::Ppl(PplError::State {
         reason: "not activated; call activate_gpu_memory_pool(size) first",
-    }
+    })
 }
 
 /// Activates the pool on the first CUDA device, or the host device without one (ppl.cv's
@@ -457,16 +458,16 @@ pub fn activate_gpu_memory_pool(size: usize) -> Result<(), PoolError> {
 pub fn activate_gpu_memory_pool_on(device: &Device, size: usize) -> Result<(), PoolError> {
     let mut pool = lock();
     if pool.is_some() {
-        return Err(PoolError::PplPoolState {
+        return Err(PoolError::Ppl(PplError::State {
             reason: "already activated; shut it down first",
-        });
+        }));
     }
     *pool = Some(PplPool::new(device, size)?);
     Ok(())
 }
 
 /// Frees the pool (ppl.cv's `shutDownGpuMemoryPool`). Refused while blocks are live
-/// (`PoolError::PplPoolInUse`).
+/// (`PplError::InUse`).
 pub fn shutdown_gpu_memory_pool() -> Result<(), PoolError> {
     let mut guard = lock();
     let pool = guard.as_ref().ok_or_else(not_active)?;
@@ -474,10 +475,10 @@ pub fn shutdown_gpu_memory_pool() -> Result<(), PoolError> {
     // and frees them, keep the pool alive.
     let live = pool.live_blocks();
     if live > 0 {
-        return Err(PoolError::PplPoolInUse {
+        return Err(PoolError::Ppl(PplError::InUse {
             device: pool.device.id(),
             live,
-        });
+        }));
     }
     guard.take().expect("checked above").close()
 }
@@ -496,9 +497,9 @@ pub fn memory_pool_in_use() -> Option<usize> {
 
 fn take(size: usize, pitch: usize, block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
     if block.is_allocated() {
-        return Err(PoolError::PplPoolState {
+        return Err(PoolError::Ppl(PplError::State {
             reason: "this GpuMemoryBlock already holds memory; free it or use another",
-        });
+        }));
     }
     let guard = lock();
     let pool = guard.as_ref().ok_or_else(not_active)?;
@@ -539,9 +540,9 @@ pub fn ppl_cuda_malloc_pitch(
 /// Returns a block to the pool (ppl.cv's `pplCudaFree`); the block is reset.
 pub fn ppl_cuda_free(block: &mut GpuMemoryBlock) -> Result<(), PoolError> {
     if !block.is_allocated() {
-        return Err(PoolError::PplPoolState {
+        return Err(PoolError::Ppl(PplError::State {
             reason: "this GpuMemoryBlock holds no memory of the pool",
-        });
+        }));
     }
     let guard = lock();
     let pool = guard.as_ref().ok_or_else(not_active)?;
@@ -600,7 +601,7 @@ mod tests {
         a.close()?;
         assert!(matches!(
             PplPool::new(&device, 0),
-            Err(PoolError::PplPoolState { .. })
+            Err(PoolError::Ppl(PplError::State { .. }))
         ));
         Ok(())
     }

@@ -14,17 +14,17 @@
 //!   (`copy_from`, `set_to`) reach it through a `RefCell` (`out.borrow_mut()` in the closure,
 //!   `out.borrow()` between replays), as in the example below and the guide's "Graphs". An output
 //!   borrowed mutably is readable once the graph is dropped;
-//! - a buffer the stack cannot serve during capture is `PoolError::CaptureNeedsStack`, before any
+//! - a buffer the stack cannot serve during capture is `CaptureError::NeedsStack`, before any
 //!   driver call could invalidate the capture; a failing or panicking closure ends the capture and
 //!   leaves the stream usable;
 //! - buffers taken during the capture must be gone when it ends (the DSL sees to that); a buffer
-//!   kept past it is `PoolError::CaptureKeptBuffers` and no graph is made;
+//!   kept past it is `CaptureError::KeptBuffers` and no graph is made;
 //! - a fallback or driver buffer released inside the capture (one made before it) is freed when
 //!   the graph is dropped, not before: its replays may use it;
 //! - the capture records only this stream's work: work that would cross streams (a cross-stream
 //!   `copy_from`, `record_stream`, a cudarc call on another stream with pool memory) is refused
-//!   with `PoolError::CaptureCrossStream`, and pool work on a stream that another capture pulled
-//!   in with `PoolError::CapturedElsewhere`. Buffers of other streams (`gpu_scope!` on another
+//!   with `CaptureError::CrossStream`, and pool work on a stream that another capture pulled
+//!   in with `CaptureError::Elsewhere`. Buffers of other streams (`gpu_scope!` on another
 //!   stream inside the closure) run eagerly on their stream, as outside a capture;
 //! - nothing captured reads host memory the graph could outlive: uploads wait for the host (which a
 //!   capture refuses), `set_to` fills with device-side operations only, and `MixMemory` copies
@@ -68,6 +68,7 @@ use cudarc::driver::{CudaContext, result, sys};
 
 use crate::backend::cuda::{ContextGuard, driver_error};
 use crate::capturing::{self, ThreadCapture};
+use crate::error::CaptureError;
 use crate::error::PoolError;
 use crate::stack::Block;
 use crate::stream::{SharedAccesses, SharedMemory, Stream};
@@ -110,8 +111,8 @@ impl std::fmt::Debug for Graph<'_> {
 impl Graph<'_> {
     /// Replays the captured work on its stream: one launch, no allocation.
     ///
-    /// `PoolError::CapturedElsewhere` if the stream is being captured by anything else: that
-    /// graph would replay this one's memory after it is given back. `PoolError::SharedAccessOpen`
+    /// `CaptureError::Elsewhere` if the stream is being captured by anything else: that
+    /// graph would replay this one's memory after it is given back. `CaptureError::SharedAccessOpen`
     /// if the graph accesses a [`SharedMat`](crate::shared::SharedMat) that a guard on another stream
     /// still accesses in a conflicting way (see [`crate::shared`]): nothing is queued.
     pub fn launch(&self) -> Result<(), PoolError> {
@@ -384,9 +385,9 @@ impl Capturing<'_> {
         let refused = capturing::take_refused();
         let made = (|| {
             if refused {
-                return Err(PoolError::CaptureCrossStream {
+                return Err(PoolError::Capture(CaptureError::CrossStream {
                     what: "a cudarc call with pool memory",
-                });
+                }));
             }
             joined?;
             ended.map_err(|e| driver_error("cuStreamEndCapture", e))?;
@@ -432,7 +433,7 @@ impl<'s> Capturing<'s> {
         })?;
         if stream.stack_top() != Some(self.fence_end) {
             // A buffer taken inside is still live: the graph would write memory it owns.
-            return Err(PoolError::CaptureKeptBuffers);
+            return Err(PoolError::Capture(CaptureError::KeptBuffers));
         }
         if let Some(fence) = self.fence.as_mut() {
             stream.reserve_up_to(fence, self.peak)?;
@@ -561,7 +562,7 @@ impl Stream {
         let mut capturing = self.begin_capture(family)?;
         let worked = work(self);
         let ended = capturing.end();
-        if let Err(e @ PoolError::CaptureCrossStream { .. }) = ended {
+        if let Err(e @ PoolError::Capture(CaptureError::CrossStream { .. })) = ended {
             // The cause, rather than what the invalidated capture made of the closure's later
             // work.
             return Err(e.into());
@@ -570,16 +571,18 @@ impl Stream {
         Ok(capturing.into_graph(ended)?)
     }
 
-    /// `PoolError::CaptureOnLegacyStream` for `what` if this stream wraps the legacy default (null)
+    /// `CaptureError::LegacyStream` for `what` if this stream wraps the legacy default (null)
     /// stream. The driver refuses to capture it, and with a raw error whose advice would say the
     /// context is unusable; refused here, before any driver call, nothing needs undoing.
     pub(crate) fn refuse_legacy_capture(&self, what: &'static str) -> Result<(), PoolError> {
         match self.cuda_stream() {
-            Some(cuda) if cuda.cu_stream().is_null() => Err(PoolError::CaptureOnLegacyStream {
-                what,
-                stream: self.id(),
-                device: self.device().id(),
-            }),
+            Some(cuda) if cuda.cu_stream().is_null() => {
+                Err(PoolError::Capture(CaptureError::LegacyStream {
+                    what,
+                    stream: self.id(),
+                    device: self.device().id(),
+                }))
+            }
             _ => Ok(()),
         }
     }

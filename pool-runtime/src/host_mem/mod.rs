@@ -34,6 +34,7 @@ use bytemuck::Pod;
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::capturing;
 use crate::device::Device;
+use crate::error::CaptureError;
 use crate::error::PoolError;
 use crate::layout::MAX_ELEMENT_ALIGN;
 use crate::pinned::{DeferredFree, PinnedPtr};
@@ -49,7 +50,7 @@ use crate::view::{GpuView, GpuViewMut};
 /// memory is touched again; memory touched before that costs one wait for the whole stream, and
 /// its later copies an event each (a wait for the copy alone). Touched or dropped while code
 /// outside gpu-pool captures the stream of a copy nothing vouches for, it cannot wait: the touch
-/// returns `PoolError::CapturedElsewhere`, and the drop leaks the memory (logged).
+/// returns `CaptureError::Elsewhere`, and the drop leaks the memory (logged).
 ///
 /// Dropped with a copy in flight, it does not block: the memory is freed once the copy is done
 /// (an event after it says when), at the device's next `HostMem::new` or `Stream::synchronize`
@@ -142,10 +143,10 @@ impl<T: Pod> HostMem<T> {
             })?;
         if capturing::on_this_thread() {
             // The driver refuses an allocation from a capturing thread, and breaks the capture.
-            return Err(PoolError::CaptureAllocates {
+            return Err(PoolError::Capture(CaptureError::Allocates {
                 what: "HostMem::new",
                 context: None,
-            });
+            }));
         }
         let ptr = if bytes == 0 {
             NonNull::dangling()
@@ -307,10 +308,10 @@ impl<T: Pod> HostMem<T> {
             }
             Ok(_) if captured => {
                 self.lost.set(true);
-                return Err(PoolError::CapturedElsewhere {
+                return Err(PoolError::Capture(CaptureError::Elsewhere {
                     what: "an asynchronous host copy",
                     stream: stream.id(),
-                });
+                }));
             }
             Ok(Some(mark)) => {
                 let entry = InFlight {

@@ -10,6 +10,7 @@ use cudarc::driver::CudaStream;
 use crate::backend::DevPtr;
 use crate::backend::cuda::ContextGuard;
 use crate::capturing;
+use crate::error::CaptureError;
 use crate::error::PoolError;
 use crate::storage::Storage;
 use crate::stream::Stream;
@@ -38,7 +39,7 @@ impl Stream {
     /// Use it rather than cudarc's `CudaBlas::new`, which panics where `libcublas` cannot be
     /// loaded: `PoolError::NoCudaLibrary` if it cannot (checked first, wherever the stream runs);
     /// `PoolError::Unsupported` on the host backend; `PoolError::Cublas` if cuBLAS could not make
-    /// the handle (its `CublasError` as the source); `PoolError::CaptureAllocates` inside a
+    /// the handle (its `CublasError` as the source); `CaptureError::Allocates` inside a
     /// capture. The caller's current CUDA context is kept.
     ///
     /// ```no_run
@@ -59,10 +60,10 @@ impl Stream {
             });
         };
         if capturing::on_this_thread() {
-            return Err(PoolError::CaptureAllocates {
+            return Err(PoolError::Capture(CaptureError::Allocates {
                 what: "Stream::cublas (its workspace)",
                 context: None,
-            });
+            }));
         }
         let device = self.device();
         let workspace = match Workspace::idle_on(cuda) {

@@ -24,7 +24,7 @@
 //! cross streams while either is capturing, or one on a stream captured by anything else, cannot
 //! be ordered without pulling pool memory into a graph the pool does not reserve it for: every
 //! capture it would reach is invalidated, so no graph of it is ever made (`Stream::capture` then
-//! reports `PoolError::CaptureCrossStream`). Where the call would run at once, unordered with
+//! reports `CaptureError::CrossStream`). Where the call would run at once, unordered with
 //! work queued before someone else's capture of the buffer's stream, it gets address 0: cudarc's
 //! copies and fills are refused by the driver, and a kernel given it faults.
 //!
@@ -186,7 +186,7 @@ fn is_capturing(stream: &CudaStream) -> bool {
 /// invalidated (a stream query is illegal while capturing: the driver then makes no graph,
 /// whoever ends the capture and however often, and queues nothing more into it), and a pool
 /// capture on this thread is marked, for `Stream::capture` to report
-/// `PoolError::CaptureCrossStream`.
+/// `CaptureError::CrossStream`.
 fn refuse(user: &CudaStream, own: &CudaStream) {
     for s in [user, own] {
         if is_capturing(s) {

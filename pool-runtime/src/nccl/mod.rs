@@ -7,7 +7,7 @@
 //! count, type, reduction and root; each send matched by a receive of the same count and type on
 //! its peer; each buffer continuous, of its rank's own stream, and (while the stacks are a
 //! symmetric window) at the same window offset on every rank; every rank's stream eager, or every
-//! one in [`Communicators::capture`]. Otherwise the group is refused (`PoolError::NcclGroup`) and
+//! one in [`Communicators::capture`]. Otherwise the group is refused (`NcclError::Group`) and
 //! nothing is queued. Element types are NCCL's own ([`NcclElement`], sealed), so the count NCCL is
 //! told is the buffer's. The buffers are borrowed for the whole group, so none is released (and
 //! its stack memory handed out again) before NCCL has queued its work; and since that work is on
@@ -27,7 +27,7 @@
 //! registration, reaching other buffers of a peer's stack), and [`Communicators::check_symmetric`]
 //! compares every rank's stack layout the same way. Their NCCL runs in non-blocking mode: NCCL's
 //! own waits for a peer give up at the communicator's timeout, after which it is aborted and
-//! `PoolError::NcclTimeout` says so. Wait for their work with [`Communicators::wait`] (it gives up
+//! `NcclError::Timeout` says so. Wait for their work with [`Communicators::wait`] (it gives up
 //! at the timeout), not with a stream's `synchronize`, which would wait forever for a collective
 //! whose peer never comes; on an error path, drop (or [`abort`](Communicators::abort)) the
 //! communicators before the buffers their collectives use (see [`Communicators::from_rank`] for
@@ -82,8 +82,8 @@ use crate::backend::DevPtr;
 use crate::backend::cuda::ContextGuard;
 use crate::device::Device;
 use crate::device::StackPin;
-pub use crate::error::NcclFailure;
 use crate::error::PoolError;
+pub use crate::error::{NcclError, NcclFailure};
 use crate::graph::{Graph, GraphNodes};
 use crate::stream::Stream;
 use crate::view::{GpuView, GpuViewMut};
@@ -158,11 +158,13 @@ fn present() -> Result<(), PoolError> {
     }
 }
 
-/// `PoolError::Nccl` for a failed `call`.
+/// `NcclError::Call` for a failed `call`.
 fn failed(call: &'static str) -> impl Fn(result::NcclError) -> PoolError {
-    move |e| PoolError::Nccl {
-        call,
-        source: NcclFailure(e).into(),
+    move |e| {
+        PoolError::Nccl(NcclError::Call {
+            call,
+            source: NcclFailure(e).into(),
+        })
     }
 }
 
@@ -236,17 +238,17 @@ impl std::str::FromStr for UniqueId {
     type Err = PoolError;
 
     /// Reads the text of `Display` back; whitespace around it (a line's end) is ignored.
-    /// `PoolError::NcclId` for anything but 256 hex digits.
+    /// `NcclError::Id` for anything but 256 hex digits.
     fn from_str(text: &str) -> Result<UniqueId, PoolError> {
         let text = text.trim();
         if text.len() != 2 * UNIQUE_ID_BYTES {
-            return Err(PoolError::NcclId {
+            return Err(PoolError::Nccl(NcclError::Id {
                 problem: format!(
                     "{} characters, {} expected",
                     text.chars().count(),
                     2 * UNIQUE_ID_BYTES
                 ),
-            });
+            }));
         }
         let mut bytes = [0; UNIQUE_ID_BYTES];
         for (i, byte) in bytes.iter_mut().enumerate() {
@@ -255,8 +257,10 @@ impl std::str::FromStr for UniqueId {
                 .filter(|p| p.bytes().all(|b| b.is_ascii_hexdigit()));
             *byte = pair
                 .and_then(|p| u8::from_str_radix(p, 16).ok())
-                .ok_or_else(|| PoolError::NcclId {
-                    problem: format!("not a hex digit pair at character {}", 2 * i),
+                .ok_or_else(|| {
+                    PoolError::Nccl(NcclError::Id {
+                        problem: format!("not a hex digit pair at character {}", 2 * i),
+                    })
                 })?;
         }
         Ok(UniqueId(bytes))
@@ -399,10 +403,10 @@ fn settled(comm: sys::ncclComm_t) -> Result<bool, PoolError> {
         6 => R::ncclRemoteError,
         _ => R::ncclInternalError,
     };
-    Err(PoolError::Nccl {
+    Err(PoolError::Nccl(NcclError::Call {
         call: "ncclCommGetAsyncError (NCCL's or a peer's failure)",
         source: NcclFailure(result::NcclError(status)).into(),
-    })
+    }))
 }
 
 /// A pause while polling: short at first (an enqueue takes microseconds), longer later (a peer
@@ -498,7 +502,7 @@ impl<'s> Communicators<'s> {
     /// Rank `rank` of a communicator of `world` ranks spread over processes (or hosts), on
     /// `stream` (`ncclCommInitRankConfig`, non-blocking): every process calls it with the same
     /// `id` (made by rank 0, [`UniqueId::new`]) and `world`, and a rank of its own. It returns
-    /// once every rank has joined, or gives up after `timeout` (`PoolError::NcclTimeout`): no
+    /// once every rank has joined, or gives up after `timeout` (`NcclError::Timeout`): no
     /// wait of these communicators for their peers outlasts it (see [`wait`](Self::wait)).
     ///
     /// Groups name ranks by their number in the world; this process's calls name only its own
@@ -554,10 +558,10 @@ impl<'s> Communicators<'s> {
         timeout: Duration,
     ) -> Result<Communicators<'s>, PoolError> {
         let (Ok(nranks), Ok(me)) = (i32::try_from(world), i32::try_from(rank)) else {
-            return Err(PoolError::NcclRank { rank, world });
+            return Err(PoolError::Nccl(NcclError::Rank { rank, world }));
         };
         if rank >= world {
-            return Err(PoolError::NcclRank { rank, world });
+            return Err(PoolError::Nccl(NcclError::Rank { rank, world }));
         }
         let device = stream.device().id();
         let Some(cuda) = stream.cuda_stream() else {
@@ -655,7 +659,7 @@ impl<'s> Communicators<'s> {
     /// rank all-gathers a digest of its part of the group (its collectives' kinds, counts, types,
     /// reductions, roots and window offsets, and its sends and receives by peer), and a group on
     /// which the ranks disagree, or that a rank refused, is refused on every rank
-    /// (`PoolError::NcclGroup`), none queues it, and they stay in step. It costs a small
+    /// (`NcclError::Group`), none queues it, and they stay in step. It costs a small
     /// all-gather and a wait for the stream per group: a debug and bring-up aid. Every process
     /// must turn it on or off alike (a digest one rank sends and another does not await is the
     /// timeout). While the stacks are registered ([`register_stacks`](Self::register_stacks))
@@ -706,11 +710,11 @@ impl<'s> Communicators<'s> {
         let all = self.exchange(&mine, "Communicators::check_symmetric")?;
         let traces: Vec<[u64; 4]> = all.iter().map(words).collect();
         if let Some(r) = traces.iter().position(|w| w[0] != TAG_LAYOUT) {
-            return Err(PoolError::NcclGroup {
+            return Err(PoolError::Nccl(NcclError::Group {
                 problem: format!(
                     "rank {r} sent no layout trace to check_symmetric (it made another check at                      the same point: every rank must call check_symmetric together)"
                 ),
-            });
+            }));
         }
         match traces.iter().position(|w| w != &traces[0]) {
             None => Ok(()),
@@ -749,10 +753,10 @@ impl<'s> Communicators<'s> {
     /// Refused once aborted: the communicators are gone.
     fn refuse_aborted(&self) -> Result<(), PoolError> {
         if self.remote.as_ref().is_some_and(|r| r.aborted.get()) {
-            return Err(PoolError::NcclGroup {
+            return Err(PoolError::Nccl(NcclError::Group {
                 problem: "these communicators were aborted after a timeout or an NCCL failure;                           make new ones from a new UniqueId on every rank"
                     .into(),
-            });
+            }));
         }
         Ok(())
     }
@@ -801,10 +805,10 @@ impl<'s> Communicators<'s> {
                 }
                 if start.elapsed() >= remote.timeout.get() {
                     self.abort();
-                    return Err(PoolError::NcclTimeout {
+                    return Err(PoolError::Nccl(NcclError::Timeout {
                         what,
                         waited: start.elapsed(),
-                    });
+                    }));
                 }
                 pause(start);
             }
@@ -834,10 +838,10 @@ impl<'s> Communicators<'s> {
                 }
                 if start.elapsed() >= remote.timeout.get() {
                     self.abort();
-                    return Err(PoolError::NcclTimeout {
+                    return Err(PoolError::Nccl(NcclError::Timeout {
                         what,
                         waited: start.elapsed(),
-                    });
+                    }));
                 }
                 pause(start);
             }
@@ -849,7 +853,7 @@ impl<'s> Communicators<'s> {
     /// for an error path of ranks in other processes, before the buffers their collectives use
     /// are dropped (freeing device memory waits for the device, so a collective whose peer never
     /// comes would hang the drop). The peers' calls then fail or time out. Every later call is
-    /// refused (`PoolError::NcclGroup`); dropping the communicators after it waits for nothing.
+    /// refused (`NcclError::Group`); dropping the communicators after it waits for nothing.
     /// Nothing for communicators of one process ([`new`](Self::new)): their NCCL calls block,
     /// so no collective of theirs is left waiting for a peer.
     pub fn abort(&self) {
@@ -967,7 +971,7 @@ impl<'s> Communicators<'s> {
     /// group end would then queue nothing, and the buffers would be released before NCCL ran on
     /// them (see the [module](self)).
     ///
-    /// Errors: `calls`' own (nothing is queued); `PoolError::NcclGroup` for a group whose ranks
+    /// Errors: `calls`' own (nothing is queued); `NcclError::Group` for a group whose ranks
     /// disagree (nothing is queued); `Nccl` if NCCL refuses. Inside a [`Stream::capture`] of every
     /// rank's stream the group is captured, each rank's part into its own stream's graph.
     pub fn group<'b, R>(
@@ -1034,16 +1038,16 @@ impl<'s> Communicators<'s> {
             self.ranks.as_ptr().cast::<()>(),
         ) {
             // `std::mem::swap` of two groups: these calls were checked for other communicators.
-            return Err(PoolError::NcclGroup {
+            return Err(PoolError::Nccl(NcclError::Group {
                 problem: "the group was swapped with a group of other communicators".into(),
-            });
+            }));
         }
         if self.out_of_step.get() {
-            return Err(PoolError::NcclGroup {
+            return Err(PoolError::Nccl(NcclError::Group {
                 problem: "a replay of these communicators failed part-way, so their ranks may be \
                           out of step; make new communicators"
                     .into(),
-            });
+            }));
         }
         group.check(self.windows.borrow().as_deref())
     }
@@ -1098,20 +1102,20 @@ impl<'s> Communicators<'s> {
                 status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             if driver {
                 if !(self.capturing.get() && rank.stream.in_own_capture()) {
-                    return Err(PoolError::NcclGroup {
+                    return Err(PoolError::Nccl(NcclError::Group {
                         problem: "a rank's stream is being captured outside \
                                   Communicators::capture (a graph of one rank would replay out of \
                                   step with the others)"
                             .into(),
-                    });
+                    }));
                 }
                 captured += 1;
             }
         }
         if captured != 0 && captured != self.ranks.len() {
-            return Err(PoolError::NcclGroup {
+            return Err(PoolError::Nccl(NcclError::Group {
                 problem: "some ranks' streams are captured and some are not".into(),
-            });
+            }));
         }
         Ok(())
     }
@@ -1652,7 +1656,7 @@ impl<'b> Group<'b> {
         device: crate::id::DeviceId,
     ) -> Result<usize, PoolError> {
         let Some(local) = self.ranks.iter().position(|r| r.rank == rank) else {
-            return Err(PoolError::NcclGroup {
+            return Err(PoolError::Nccl(NcclError::Group {
                 problem: if rank < self.world {
                     format!(
                         "rank {rank} named, which another process holds: each process names only \
@@ -1662,7 +1666,7 @@ impl<'b> Group<'b> {
                 } else {
                     format!("rank {rank} named, the communicator has {}", self.world)
                 },
-            });
+            }));
         };
         let r = &self.ranks[local];
         if stream.map(Stream::id) != Some(r.stream.id()) {
@@ -1832,7 +1836,7 @@ impl<'b> Group<'b> {
                 (ptr >= base && ptr < base + bytes as DevPtr).then(|| ptr - base)
             })
         };
-        let mismatch = |problem: String| Err(PoolError::NcclGroup { problem });
+        let mismatch = |problem: String| Err(PoolError::Nccl(NcclError::Group { problem }));
         for op in &self.ops {
             let named = match op.kind {
                 Kind::Broadcast { root } => Some(root),
@@ -1953,7 +1957,7 @@ fn digests(
 /// [`Communicators::set_verify_groups`]).
 fn across(all: &[[u8; SLOT]]) -> Result<(), PoolError> {
     let slots: Vec<[u64; 4]> = all.iter().map(words).collect();
-    let refuse = |problem: String| Err(PoolError::NcclGroup { problem });
+    let refuse = |problem: String| Err(PoolError::Nccl(NcclError::Group { problem }));
     if let Some(r) = slots.iter().position(|w| w[0] == TAG_REFUSED) {
         return refuse(format!(
             "rank {r} refused its part of this group (its own error says why), so no rank \
@@ -1991,20 +1995,20 @@ fn across(all: &[[u8; SLOT]]) -> Result<(), PoolError> {
 /// size (NCCL exchanges their addresses).
 fn registrations_agree(slots: &[[u64; 4]]) -> Result<(), PoolError> {
     if let Some(r) = slots.iter().position(|w| w[0] == TAG_REFUSED) {
-        return Err(PoolError::NcclGroup {
+        return Err(PoolError::Nccl(NcclError::Group {
             problem: format!(
                 "rank {r} refused to register its stacks (its own error says why), so no rank \
                  registered"
             ),
-        });
+        }));
     }
     if let Some(r) = slots.iter().position(|w| w[0] != TAG_REGISTER) {
-        return Err(PoolError::NcclGroup {
+        return Err(PoolError::Nccl(NcclError::Group {
             problem: format!(
                 "rank {r} made another call at this point (every rank must call register_stacks \
                  together)"
             ),
-        });
+        }));
     }
     let Some(first) = slots.first() else {
         return Ok(());
@@ -2157,18 +2161,18 @@ impl std::fmt::Debug for RankGraphs<'_> {
 impl RankGraphs<'_> {
     /// Queues one replay of every rank's graph, each on its rank's stream.
     ///
-    /// Errors: `PoolError::NcclGroup` if an earlier replay failed part-way (the ranks may be out
+    /// Errors: `NcclError::Group` if an earlier replay failed part-way (the ranks may be out
     /// of step; the communicators refuse every group from then on); the driver's error if this
     /// one fails, which marks them so.
     pub fn launch(&self) -> Result<(), PoolError> {
         // An aborted communicator's kernels would replay on freed state.
         self.comms.refuse_aborted()?;
         if self.comms.out_of_step.get() {
-            return Err(PoolError::NcclGroup {
+            return Err(PoolError::Nccl(NcclError::Group {
                 problem: "a replay of these communicators failed part-way, so their ranks may be \
                           out of step; make new communicators"
                     .into(),
-            });
+            }));
         }
         // Every rank's checks (a refused shared-memory access among them) come before any rank
         // is queued: only a failure part-way puts the ranks out of step.
@@ -2348,7 +2352,7 @@ mod tests {
         let mut refused = registering(true, &[64, 64]);
         refused[1] = [TAG_REFUSED, 1, 0, 0];
         let e = registrations_agree(&refused).expect_err("rank 1 refused");
-        assert!(matches!(e, PoolError::NcclGroup { .. }), "{e}");
+        assert!(matches!(e, PoolError::Nccl(NcclError::Group { .. })), "{e}");
         let mut other = registering(true, &[64, 64]);
         other[0][0] = TAG_GROUP;
         assert!(registrations_agree(&other).is_err());

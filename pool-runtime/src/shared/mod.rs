@@ -43,7 +43,7 @@
 //! it, and later accesses wait for the replay, also while the graph lives (a capture that took
 //! the memory through an `RwLock` lets writers in between replays). A replay borrows no
 //! `SharedMat`, so it can be launched while another thread holds a guard whose work is not all
-//! queued yet: such a replay is refused with `PoolError::SharedAccessOpen` (a write guard open,
+//! queued yet: such a replay is refused with `CaptureError::SharedAccessOpen` (a write guard open,
 //! for a graph that reads; any guard, for one that writes), and nothing is queued. Hold the lock
 //! that guards the `SharedMat` across the launch (its `RwLock`'s read lock for a graph that reads,
 //! its write lock for one that writes), and only a guard that never ended can refuse it: one that
@@ -60,6 +60,7 @@ use bytemuck::Pod;
 
 use crate::capturing;
 use crate::device::Device;
+use crate::error::CaptureError;
 use crate::error::PoolError;
 use crate::layout::Layout;
 use crate::stream::{Access, SharedMemory, Stream};
@@ -90,7 +91,7 @@ impl<T: Pod> SharedMat<T> {
     /// A `rows x cols` array on `device`, not initialised (zeroed on the host backend). Pitched
     /// like a [`GpuMat::new`](crate::compat::opencv::GpuMat::new) with more than one row and column.
     ///
-    /// `PoolError::CaptureAllocates` while a CUDA graph is captured on this thread.
+    /// `CaptureError::Allocates` while a CUDA graph is captured on this thread.
     pub fn new(device: &Device, rows: usize, cols: usize) -> Result<SharedMat<T>, PoolError> {
         let layout = Layout::of::<T>(rows, cols, device.backend().texture_alignment(), DRIVER)?;
         let (memory, pitch) = allocate(device, &layout)?;
@@ -137,7 +138,7 @@ impl<T: Pod> SharedMat<T> {
     /// Reads on `stream`: work queued on `stream` while the guard lives runs after the last write
     /// (whatever stream queued it); writes after the guard is dropped wait for that work.
     ///
-    /// `PoolError::DeviceMismatch` for a stream of another device; `PoolError::CapturedElsewhere`
+    /// `PoolError::DeviceMismatch` for a stream of another device; `CaptureError::Elsewhere`
     /// if the stream is being captured by anything but its own `capture`.
     pub fn read<'a>(&'a self, stream: &'a Stream) -> Result<SharedRead<'a, T>, PoolError> {
         self.begin(stream, Access::Read)?;
@@ -159,7 +160,7 @@ impl<T: Pod> SharedMat<T> {
     /// host waits for that stream, once for this memory (its later reads record events, waited
     /// for on the GPU). So a reader stream must not have queued work that waits on this thread
     /// (an NCCL collective whose peer this thread launches, say): write such memory before the
-    /// readers start, or from a thread that does not feed them. `PoolError::CapturedElsewhere`
+    /// readers start, or from a thread that does not feed them. `CaptureError::Elsewhere`
     /// while that reader stream is being captured (write after the capture ends); the errors of
     /// [`read`](Self::read) otherwise.
     pub fn write<'a>(&'a mut self, stream: &'a Stream) -> Result<SharedWrite<'a, T>, PoolError> {
@@ -232,10 +233,10 @@ fn allocate(device: &Device, layout: &Layout) -> Result<(SharedMemory, usize), P
         return Ok((unsafe { SharedMemory::adopt(device, 0) }, layout.pitch));
     }
     if capturing::on_this_thread() {
-        return Err(PoolError::CaptureAllocates {
+        return Err(PoolError::Capture(CaptureError::Allocates {
             what: "SharedMat::new",
             context: None,
-        });
+        }));
     }
     let storage = device.storage();
     let (ptr, pitch) = device.or_reclaim(|| {

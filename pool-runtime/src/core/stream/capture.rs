@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::allocator::Allocation;
 use crate::backend::DevPtr;
 use crate::capturing;
+use crate::error::CaptureError;
 #[cfg(feature = "cuda")]
 use crate::error::PoolError;
 #[cfg(feature = "cuda")]
@@ -246,11 +247,11 @@ impl Stream {
                 .map(|(_, block)| (s, block))
         });
         let Some((stack, fence)) = taken else {
-            return Err(PoolError::CaptureNeedsStack {
+            return Err(PoolError::Capture(CaptureError::NeedsStack {
                 requested: 1,
                 available: stack.map_or(0, Stack::free_bytes),
                 context: None,
-            });
+            }));
         };
         self.counters().stack_in_use.set(stack.top() as u64);
         Ok(fence)
@@ -268,11 +269,11 @@ impl Stream {
         let may_map = !self.in_own_capture() && !capturing::on_this_thread();
         let storage = self.device.storage();
         if !stack.grow_mapped(fence, end, may_map, storage, self.counters())? {
-            return Err(PoolError::CaptureNeedsStack {
+            return Err(PoolError::Capture(CaptureError::NeedsStack {
                 requested: end.saturating_sub(fence.end()),
                 available,
                 context: None,
-            });
+            }));
         }
         self.counters().stack_in_use.set(stack.top() as u64);
         Ok(())

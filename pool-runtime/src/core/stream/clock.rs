@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{Backend, RawStream};
+use crate::error::CaptureError;
 use crate::error::PoolError;
 
 use super::Stream;
@@ -63,7 +64,7 @@ impl SyncClock {
         Ok(())
     }
 
-    /// [`synchronize`](Self::synchronize), for a ticket's sake: `PoolError::CapturedElsewhere`
+    /// [`synchronize`](Self::synchronize), for a ticket's sake: `CaptureError::Elsewhere`
     /// (for `what`, which says when to ask again) while the stream captures a graph, where the
     /// driver refuses a synchronize (and it would end the capture). Nothing is lost: the wait can
     /// be asked again once the capture is over.
@@ -75,10 +76,10 @@ impl SyncClock {
         what: &'static str,
     ) -> Result<(), PoolError> {
         if backend.is_capturing(raw)? {
-            return Err(PoolError::CapturedElsewhere {
+            return Err(PoolError::Capture(CaptureError::Elsewhere {
                 what,
                 stream: stream_id,
-            });
+            }));
         }
         self.synchronize(backend, raw)
     }

@@ -13,6 +13,7 @@ use crate::allocator::{self, AllocContext, AllocRequest, Allocation};
 use crate::backend::DevPtr;
 use crate::capturing;
 use crate::core::sink::Op;
+use crate::error::CaptureError;
 use crate::error::{PoolError, RequestContext};
 use crate::layout::Layout;
 use crate::source::{CallSite, FallbackReason, Source};
@@ -318,11 +319,11 @@ impl Stream {
         };
         if self.in_own_capture() || capturing::on_this_thread() {
             // The driver refuses allocations from a capturing thread, and invalidates the capture.
-            return Err(PoolError::CaptureNeedsStack {
+            return Err(PoolError::Capture(CaptureError::NeedsStack {
                 requested: layout.bytes,
                 available: stack_free,
                 context: None,
-            }
+            })
             .at(context));
         }
         self.free_kept_now();
@@ -384,10 +385,10 @@ impl Stream {
             stack_needed: None,
         };
         if self.in_own_capture() || capturing::on_this_thread() {
-            return Err(PoolError::CaptureAllocates {
+            return Err(PoolError::Capture(CaptureError::Allocates {
                 what: "GpuMat::new",
                 context: None,
-            }
+            })
             .at(context));
         }
         self.free_kept_now();

@@ -25,6 +25,7 @@ use crate::config::{self, DeviceConfig, Fallback, Stacks};
 use crate::core::sink::{Op, Sink};
 use crate::counters::StreamCounters;
 use crate::device::Device;
+use crate::error::CaptureError;
 use crate::error::PoolError;
 use crate::holders::ReclaimedFrom;
 use crate::ledger::Ledger;
@@ -286,7 +287,7 @@ impl Stream {
     ///
     /// Waits for the stream first (memory released by buffers may still be in use by queued
     /// work). Mappings are whole: one made to reach a peak goes back whole once the top is below
-    /// its start. Refused inside a graph capture on this thread (`PoolError::CaptureAllocates`:
+    /// its start. Refused inside a graph capture on this thread (`CaptureError::Allocates`:
     /// the wait would break it). An out-of-memory anywhere on the device, on any thread, gives
     /// this memory back as well ([`Device::reclaim_idle`]).
     pub fn trim(&self) -> Result<usize, PoolError> {
@@ -294,17 +295,18 @@ impl Stream {
             return Ok(0);
         }
         if self.in_own_capture() || capturing::on_this_thread() {
-            return Err(PoolError::CaptureAllocates {
+            return Err(PoolError::Capture(CaptureError::Allocates {
                 what: "Stream::trim",
                 context: None,
-            });
+            }));
         }
         // Host copies queued before are then known done too.
         self.synchronize()?;
-        self.give_back_idle()?.ok_or(PoolError::CapturedElsewhere {
-            what: "Stream::trim",
-            stream: self.id(),
-        })
+        self.give_back_idle()?
+            .ok_or(PoolError::Capture(CaptureError::Elsewhere {
+                what: "Stream::trim",
+                stream: self.id(),
+            }))
     }
 
     /// Unmaps what a growable stack has mapped above its top, once the stream's work is done,
@@ -584,9 +586,11 @@ impl Drop for Stream {
         } else if capturing::on_this_thread() {
             let backend = self.device.backend();
             backend.record_event(&self.raw).and_then(|event| {
-                event.map(Some).ok_or(PoolError::CaptureCrossStream {
-                    what: "dropping a stream",
-                })
+                event
+                    .map(Some)
+                    .ok_or(PoolError::Capture(CaptureError::CrossStream {
+                        what: "dropping a stream",
+                    }))
             })
         } else {
             self.synchronize().map(|()| None)

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use crate::backend::{DevPtr, RawEvent, RawStream};
 use crate::capturing;
 use crate::device::Device;
+use crate::error::CaptureError;
 use crate::error::PoolError;
 use crate::sync::{Mutex, lock};
 
@@ -108,7 +109,7 @@ impl ReadEnd {
     }
 
     /// Waits on the host until the reads are done. A ticket waits for its whole stream:
-    /// `PoolError::CapturedElsewhere` while that stream is captured (a synchronize would end the
+    /// `CaptureError::Elsewhere` while that stream is captured (a synchronize would end the
     /// capture), which a later attempt, after the capture, gets past.
     fn wait_host(
         &self,
@@ -245,7 +246,7 @@ impl SharedMemory {
     /// step).
     ///
     /// A conflicting access still open on another stream is refused
-    /// (`PoolError::SharedAccessOpen`, for `what`): unlike an eager access, a replay borrows no
+    /// (`CaptureError::SharedAccessOpen`, for `what`): unlike an eager access, a replay borrows no
     /// `SharedMat`, so an open guard may be alive (another thread's, under an `RwLock`) with its
     /// work not all queued, and nothing can order the replay after that. Parts on a stream inside
     /// its own capture are noted for that capture's graph instead. An error comes with how many
@@ -282,12 +283,12 @@ impl SharedMemory {
                     o.stream != me && (*access == Access::Write || o.access == Access::Write)
                 });
                 if let Some(open) = open {
-                    let error = PoolError::SharedAccessOpen {
+                    let error = PoolError::Capture(CaptureError::SharedAccessOpen {
                         what,
                         replay: access.name(),
                         open: open.access.name(),
                         stream: open.stream,
-                    };
+                    });
                     return Err((0, error));
                 }
             }

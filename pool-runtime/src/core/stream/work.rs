@@ -5,6 +5,7 @@
 use std::cell::{Cell, RefCell};
 
 use crate::backend::{RawEvent, RawStream, Region};
+use crate::error::CaptureError;
 use crate::error::PoolError;
 
 use super::Stream;
@@ -26,16 +27,16 @@ impl Waits {
 }
 
 impl Stream {
-    /// The backend stream for pool work named `what`: `PoolError::CapturedElsewhere` if the
+    /// The backend stream for pool work named `what`: `CaptureError::Elsewhere` if the
     /// CUDA stream is being captured by anything but this stream's own
     /// [`capture`](Stream::capture), whose graph would replay it on memory the pool does not
     /// reserve.
     pub(crate) fn work_stream(&self, what: &'static str) -> Result<&RawStream, PoolError> {
         if !self.in_own_capture() && self.device.backend().is_capturing(&self.raw)? {
-            return Err(PoolError::CapturedElsewhere {
+            return Err(PoolError::Capture(CaptureError::Elsewhere {
                 what,
                 stream: self.id(),
-            });
+            }));
         }
         Ok(&self.raw)
     }
@@ -46,7 +47,7 @@ impl Stream {
         self.device.backend().wait_for(&self.raw, event)
     }
 
-    /// `PoolError::CaptureCrossStream` if this stream or `other` is capturing: an event between
+    /// `CaptureError::CrossStream` if this stream or `other` is capturing: an event between
     /// them would join one to the other's capture or make a capture wait on outside work.
     pub(crate) fn check_cross_stream(
         &self,
@@ -56,7 +57,7 @@ impl Stream {
         let backend = self.device.backend();
         for s in [self, other] {
             if s.in_own_capture() || backend.is_capturing(&s.raw)? {
-                return Err(PoolError::CaptureCrossStream { what });
+                return Err(PoolError::Capture(CaptureError::CrossStream { what }));
             }
         }
         Ok(())
@@ -98,12 +99,12 @@ impl Stream {
         Ok(())
     }
 
-    /// `PoolError::CaptureHostCopy` inside this stream's own capture: the copy would not run now
+    /// `CaptureError::HostCopy` inside this stream's own capture: the copy would not run now
     /// (the driver records it, from pageable memory too) and would run at each replay, on a slice
     /// long gone. (Another capture of the stream is `work_stream`'s refusal.)
     fn refuse_host_copy_in_capture(&self, what: &'static str) -> Result<(), PoolError> {
         if self.in_own_capture() {
-            return Err(PoolError::CaptureHostCopy { what });
+            return Err(PoolError::Capture(CaptureError::HostCopy { what }));
         }
         Ok(())
     }
