@@ -99,8 +99,8 @@ pub mod config {
     pub use crate::layout::{Footprint, MAX_ELEMENT_ALIGN};
 }
 
-/// Where memory comes from when a stack cannot serve a request: the [`GpuAllocator`] API, the
-/// allocators it ships with, the [`CachingPool`], and the idle memory the pool can reclaim.
+/// Where memory comes from when a stack cannot serve a request: the [`GpuAllocator`](alloc::GpuAllocator) API, the
+/// allocators it ships with, the [`CachingPool`](alloc::CachingPool), and the idle memory the pool can reclaim.
 pub mod alloc {
     pub use crate::allocator::{
         AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
