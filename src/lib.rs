@@ -21,8 +21,10 @@
 //! # Ok::<(), PoolError>(())
 //! ```
 //!
-//! The runtime underneath ([`BufferPool`], [`GpuMat`], [`set_buffer_pool_config`], ...) follows
-//! OpenCV's `cv::cuda::BufferPool` and can be used directly.
+//! The runtime underneath can be used directly: [`Stream::temp`] takes a [`Temp`] as `buffer!`
+//! does, [`DeviceMat`] is a driver allocation, [`config::DeviceConfig`] configures a device, and
+//! OpenCV's own names (`GpuMat`, `BufferPool`, `set_buffer_pool_config`) are in
+//! [`compat::opencv`].
 //!
 //! # Where things are
 //! - [`prelude`]: what most code needs, macros included.

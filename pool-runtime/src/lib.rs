@@ -4,10 +4,9 @@
 //! Most users depend on the `gpu-pool` facade instead, which adds the `#[pooled]` DSL.
 //!
 //! ```
-//! use gpu_pool::{compat::opencv::BufferPool, Device, GpuRead, GpuWrite, Source, Stream};
+//! use gpu_pool::{Device, GpuRead, GpuWrite, Source, Stream};
 //! let stream = Stream::new(&Device::host())?;
-//! let pool = BufferPool::new(&stream);
-//! let mut a = pool.get_buffer::<f32>(64, 64)?;
+//! let mut a = stream.temp::<f32>(64, 64)?; // a Temp, from the stream's stack
 //! a.set_to(1.5)?;
 //! assert_eq!(a.source(), Source::Stack);
 //! assert!(a.to_vec()?.iter().all(|&x| x == 1.5));
@@ -29,16 +28,16 @@
 //! repository's root, draws the layers, the seams and a buffer's path through them.
 //!
 //! # A buffer's path
-//! `buffer!` (or [`BufferPool::get_buffer`]) asks its stream for memory: `Stream::take`
-//! (`stream/lease.rs`) lays the shape out (`layout`), bumps the stack (`stack`) or asks the
+//! `buffer!` (or [`Stream::temp`]) asks its stream for memory: `Stream::take`
+//! (`core/stream/lease.rs`) lays the shape out (`layout`), bumps the stack (`stack`) or asks the
 //! fallback allocator, and returns a `Lease`: the one value that holds the memory and knows how it
-//! goes back. [`GpuMat`] is a lease with a shape. Dropping it drops the lease, which gives the
+//! goes back. [`Temp`] is a lease with a shape ([`DeviceMat`] one of driver memory). Dropping it drops the lease, which gives the
 //! memory back to the stack, or to the allocator, or keeps it while a CUDA graph may use it
-//! (`stream/capture.rs`). A lease is made only by a take and is neither `Copy` nor `Clone`, so
+//! (`core/stream/capture.rs`). A lease is made only by a take and is neither `Copy` nor `Clone`, so
 //! memory goes back once.
 //!
 //! # Memory no stream owns
-//! A [`SharedMat`](shared::SharedMat) holds a `SharedMemory` (`stream/sharing.rs`): a driver allocation and the
+//! A [`SharedMat`](shared::SharedMat) holds a `SharedMemory` (`core/stream/sharing.rs`): a driver allocation and the
 //! events of its last write and of each stream's reads since. An access names its stream; it
 //! begins by making that stream wait for the accesses it conflicts with and ends by recording an
 //! event there. Inside a capture the host waits instead, and each replay of the graph is an access
@@ -100,8 +99,8 @@ pub mod config {
     pub use crate::layout::{Footprint, MAX_ELEMENT_ALIGN};
 }
 
-/// Where memory comes from when a stack cannot serve a request: the [`GpuAllocator`] API, the
-/// allocators it ships with, the [`CachingPool`], and the idle memory the pool can reclaim.
+/// Where memory comes from when a stack cannot serve a request: the [`GpuAllocator`](alloc::GpuAllocator) API, the
+/// allocators it ships with, the [`CachingPool`](alloc::CachingPool), and the idle memory the pool can reclaim.
 pub mod alloc {
     pub use crate::allocator::{
         AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,

@@ -117,7 +117,7 @@ impl<'a> MixMemory<'a> {
     }
 
     /// The device side as a writable one-row view of `n` elements, for kernel arguments (its
-    /// [`device_ptr`](GpuViewMut::device_ptr) is TensorRT's binding) and, on the host backend,
+    /// [`device_ptr`](crate::GpuRead::device_ptr) is TensorRT's binding) and, on the host backend,
     /// the CPU twins of kernels. Reallocates, zero-filled, only when the device side holds less.
     /// Launch kernels on the stream the copies are queued on, so they run after them; on the
     /// host backend the copies in flight are waited for first.

@@ -290,7 +290,7 @@ impl<'s, T: Pod> DeviceMat<'s, T> {
 /// Stack temporaries.
 impl Stream {
     /// A `rows x cols` [`Temp`]. With more than one row and column it is pitched: its
-    /// [`step`](Temp::step) is `cols * size_of::<T>()` rounded up to the texture alignment. A
+    /// [`step`](crate::GpuRead::step) is `cols * size_of::<T>()` rounded up to the texture alignment. A
     /// single row or column is contiguous. No element is initialised.
     ///
     /// From the stack when it fits (no lock, no heap allocation, no driver call), else from the

@@ -506,7 +506,7 @@ pub struct DeviceConfig {
     /// [`Device::recordings`](crate::Device::recordings) (0: none, the default).
     pub record: usize,
     /// Every take and release of the streams made from now on adds to one device-wide atomic
-    /// total, so [`DeviceStats::peak_live_bytes`](crate::DeviceStats::peak_live_bytes) misses no
+    /// total, so [`DeviceStats::peak_live_bytes`](crate::observe::DeviceStats::peak_live_bytes) misses no
     /// moment when several streams held more together. Default: off, as the shared atomic costs
     /// every take and release (BENCHMARKS Q); the default samples the sum when a stream passes its
     /// own high and at every stats read.

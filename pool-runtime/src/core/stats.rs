@@ -179,7 +179,7 @@ pub struct DeviceStats {
     /// Its stack config (the one in force, or the one the next allocation will use); the
     /// `GPU_POOL_CONF` error where that variable is malformed and nothing explicit overrides it.
     pub config: Result<PoolConfig, PoolError>,
-    /// The stacks streams made now get ([`DeviceConfig::stacks`](crate::DeviceConfig::stacks)):
+    /// The stacks streams made now get ([`DeviceConfig::stacks`](crate::config::DeviceConfig::stacks)):
     /// growable ones, or fixed ones of [`config`](Self::config); the `GPU_POOL_CONF` error as
     /// for `config`.
     pub stacks: Result<Stacks, PoolError>,
