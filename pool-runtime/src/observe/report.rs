@@ -170,8 +170,8 @@ impl fmt::Display for Report {
             match d.recommended_config() {
                 Some(rec) if d.fallback_allocations.total() > 0 => writeln!(
                     f,
-                    "  to avoid every fallback: set_buffer_pool_config(&device, {} << 20, {}) \
-                     or GPU_POOL_CONF={}",
+                    "  to avoid every fallback: stacks Stacks::Fixed(PoolConfig::new({} << 20, {})?) \
+                     in device.configure(..), or GPU_POOL_CONF={}",
                     rec.stack_size() >> 20,
                     rec.stack_count(),
                     rec.env_value(),

@@ -386,7 +386,7 @@ impl Stream {
         };
         if self.in_own_capture() || capturing::on_this_thread() {
             return Err(PoolError::Capture(CaptureError::Allocates {
-                what: "GpuMat::new",
+                what: "DeviceMat::new",
                 context: None,
             })
             .at(context));
