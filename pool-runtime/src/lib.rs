@@ -71,8 +71,6 @@ use self::core::{
 use allocators as allocator;
 use allocators::caching;
 use base::{counters, error, holders, id, layout, source, sync, unique};
-#[cfg(feature = "cuda")]
-use interop::{device_memory, kernel_args};
 use storage::backend;
 
 // The core, at the root: what every use of the pool names.

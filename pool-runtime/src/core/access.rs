@@ -33,14 +33,14 @@ use std::ops::Range;
 use bytemuck::Pod;
 
 use crate::buffer::Temp;
+#[cfg(feature = "cuda")]
+use crate::core::{
+    lent::{LentSlice, LentSliceMut},
+    pitched::{Pitched, PitchedMut},
+};
 use crate::error::PoolError;
 use crate::frame::Pooled;
 use crate::view::{GpuView, GpuViewMut};
-#[cfg(feature = "cuda")]
-use crate::{
-    device_memory::{LentSlice, LentSliceMut},
-    kernel_args::{Pitched, PitchedMut},
-};
 
 /// Page-locked host memory an asynchronous copy reads or writes
 /// ([`download_async`](GpuRead::download_async), [`upload_async`](GpuWrite::upload_async)):

@@ -8,7 +8,11 @@ pub(crate) mod config;
 pub(crate) mod device;
 pub(crate) mod frame;
 pub(crate) mod ledger;
+#[cfg(feature = "cuda")]
+pub(crate) mod lent;
 pub(crate) mod pinned;
+#[cfg(feature = "cuda")]
+pub(crate) mod pitched;
 pub(crate) mod record;
 pub(crate) mod sink;
 pub(crate) mod stack;

@@ -14,9 +14,10 @@ pub use blas::{BLAS_WORKSPACE_BYTES, Blas, with_blas_workspace};
 /// The cudarc this crate was built with, for launching kernels on pool buffers.
 #[cfg(feature = "cuda")]
 pub use cudarc;
+// The types are the core's (what its traits return); what makes them cudarc's is here.
 #[cfg(feature = "cuda")]
-pub use device_memory::{LentSlice, LentSliceMut};
+pub use crate::core::lent::{LentSlice, LentSliceMut};
 #[cfg(feature = "cuda")]
-pub use kernel_args::{
-    BLOCK_2D, LaunchArgsExt, PITCHED_H, Pitched, PitchedArg, PitchedMut, grid_2d,
-};
+pub use crate::core::pitched::{Pitched, PitchedMut};
+#[cfg(feature = "cuda")]
+pub use kernel_args::{BLOCK_2D, LaunchArgsExt, PITCHED_H, PitchedArg, grid_2d};
