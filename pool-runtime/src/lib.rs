@@ -170,7 +170,7 @@ pub struct ReadmeDoctests;
 /// What the DSL's expansion calls; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::frame::{frame, handle, take, take_1d, take_packed};
+    pub use crate::frame::{handle, scope, take, take_1d, take_packed};
 }
 
 /// The cudarc this crate was built with, for launching kernels on pool buffers.
