@@ -6,7 +6,9 @@
 //! read-back and before release, so a buffer sharing memory with another thread's shows as a wrong
 //! pattern. On the host backend, and on CUDA device 0 when there is one.
 //!
-//! `GPU_POOL_STRESS_SECS` sets the time per device (default 20 s).
+//! By default a short run (1 s per device) keeps `cargo test --workspace` quick; the long run
+//! (20 s per device, or `GPU_POOL_STRESS_SECS`) is ignored there and has its own CI step:
+//! `cargo test --test stress -- --ignored`.
 
 mod common;
 
@@ -122,12 +124,25 @@ fn stress(device: &Device, secs: u64) -> Result<(Tally, Duration), Box<dyn Error
     Ok((total, start.elapsed()))
 }
 
+/// Seconds per device of the short run, the one `cargo test` does.
+const SHORT_SECS: u64 = 1;
+
 #[test]
 fn eight_threads_never_see_overlapping_buffers() -> Result<(), Box<dyn Error>> {
+    run(SHORT_SECS)
+}
+
+#[test]
+#[ignore = "long: run with cargo test --test stress -- --ignored"]
+fn eight_threads_never_see_overlapping_buffers_for_long() -> Result<(), Box<dyn Error>> {
     let secs = std::env::var("GPU_POOL_STRESS_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
+    run(secs)
+}
+
+fn run(secs: u64) -> Result<(), Box<dyn Error>> {
     let report = |device: &Device, (t, took): (Tally, Duration)| {
         common::skipped(&format!(
             "stress on {}: {THREADS} threads x 2 streams, {:.1} s: {} operations, {} buffers \

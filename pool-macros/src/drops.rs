@@ -3,8 +3,10 @@
 //! The memory goes back where the owner goes out of scope, at the end of the block that declared
 //! the buffer; to release it earlier, the user declares it in an inner block.
 //!
-//! This is a check, not a rewrite: it reads the body as the user wrote it, before [`Rewriter`]
-//! turns it into owners and handles, and reports each such call on the user's tokens.
+//! It reads the body as the user wrote it, before [`Rewriter`] turns it into owners and handles,
+//! and replaces each such call's argument with a `compile_error!` spanned on the user's call: an
+//! expression of rustc's error type, so the handle is not moved and the rest of the body checks as
+//! written.
 //!
 //! Names are resolved as Rust does for locals, closely enough never to refuse a call that drops
 //! something else: a `let` (or a closure parameter, a `match` arm, an `if let`/`while let`/`for`
@@ -20,41 +22,52 @@
 //! item). A macro that does not mention the name (`println!("done")`) changes nothing.
 //!
 //! The walk goes where [`Rewriter`] goes, so into closures, and also into the body of a nested
-//! `gpu_scope!`: a drop there, of its buffers or of the enclosing ones, is reported by the
-//! outermost macro, which then does not expand the nested one, so each is reported once and all
-//! in one build. It stops at nested items, which cannot name the body's locals, and at other
-//! macros, whose tokens it cannot read as Rust.
+//! `gpu_scope!`, where a drop of an enclosing macro's buffer is reported (and replaced in the
+//! nested macro's tokens) by the macro that declared the buffer: each macro reports the drops of
+//! its own buffers, at any depth, so each is reported once, and all in one build. It stops at
+//! nested items, which cannot name the body's locals, and at other macros, whose tokens it cannot
+//! read as Rust.
 //!
 //! [`Rewriter`]: crate::rewrite::Rewriter
 
 use proc_macro2::{TokenStream, TokenTree};
+use quote::quote;
 use syn::visit::{self, Visit};
+use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, ExprCall, Ident, Item, Macro, Pat, Stmt, UseTree};
 
 use crate::args::ScopeArgs;
-use crate::error::Errors;
+use crate::error::{Errors, error_expr};
 use crate::rewrite::{declares_buffer, is_buffer, is_gpu_scope};
 
-/// Every `drop(NAME)` in `block` whose `NAME` is a `buffer!` handle declared by this expansion.
-pub(crate) fn check(block: &Block) -> Errors {
+/// Replaces every `drop(NAME)` in `block` whose `NAME` is a `buffer!` handle declared by this
+/// expansion with its `compile_error!`; returns those errors.
+pub(crate) fn check(block: &mut Block) -> Errors {
     let mut check = DropCheck {
         scopes: Vec::new(),
+        nested: 0,
+        replaced: 0,
         errors: Errors::default(),
     };
-    check.visit_block(block);
+    check.visit_block_mut(block);
     check.errors
 }
 
 struct Binding {
     /// Unraw, so `r#type` and `type` are one name; `None` for every name (a glob `use`).
     name: Option<String>,
-    /// Declared by `let name = buffer!(..)?;`.
+    /// Declared by `let name = buffer!(..)?;` of this expansion (not of a nested `gpu_scope!`, which
+    /// checks its own), or moved from such a handle.
     buffer: bool,
 }
 
 struct DropCheck {
     /// The bindings in scope, innermost scope last, each in declaration order.
     scopes: Vec<Vec<Binding>>,
+    /// How many nested `gpu_scope!`s the walk is in.
+    nested: usize,
+    /// How many calls were replaced so far.
+    replaced: usize,
     errors: Errors,
 }
 
@@ -119,63 +132,69 @@ impl DropCheck {
             .find(|b| b.name.as_ref().is_none_or(|n| *n == name))
     }
 
-    fn check_call(&mut self, call: &ExprCall) {
-        let Some(callee) = drop_fn(&call.func) else {
-            return;
-        };
+    /// The error for `call` if it drops a handle of this expansion.
+    fn check_call(&self, call: &ExprCall) -> Option<syn::Error> {
+        let callee = drop_fn(&call.func)?;
         // A `drop` or `mem` bound in the body (`fn drop`, `let drop = |..| ..`) is the user's own.
         if let Expr::Path(p) = &*call.func
             && p.path.leading_colon.is_none()
             && self.resolve(&p.path.segments[0].ident).is_some()
         {
-            return;
+            return None;
         }
         let [arg] = call.args.iter().collect::<Vec<_>>()[..] else {
-            return;
+            return None;
         };
-        let Some(name) = plain_name(arg) else {
-            return;
-        };
-        if self.resolve(name).is_some_and(|b| b.buffer) {
-            let name = unraw(name);
-            self.errors.push_at(
-                call,
-                format!(
-                    "`{callee}({name})` does not release a `buffer!`: `{name}` is a handle, and the \
-                     memory goes back at the end of the block that declared it; to release it \
-                     earlier, declare it in an inner block: `{{ let {name} = buffer!(..)?; .. }}`"
-                ),
-            );
+        let name = plain_name(arg)?;
+        if !self.resolve(name).is_some_and(|b| b.buffer) {
+            return None;
         }
+        let name = unraw(name);
+        Some(syn::Error::new_spanned(
+            call,
+            format!(
+                "`{callee}({name})` does not release a `buffer!`: `{name}` is a handle, and the \
+                 memory goes back at the end of the block that declared it; to release it \
+                 earlier, declare it in an inner block: `{{ let {name} = buffer!(..)?; .. }}`"
+            ),
+        ))
     }
 
-    fn nested_scope(&mut self, mac: &Macro) {
+    /// Walks a nested `gpu_scope!`'s body; where a drop was replaced, its tokens are rewritten, so
+    /// the nested macro expands the replacement.
+    fn nested_scope(&mut self, mac: &mut Macro) {
         // A `gpu_scope!` that does not parse reports itself when it expands.
-        if is_gpu_scope(mac)
-            && let Ok(args) = mac.parse_body::<ScopeArgs>()
-        {
-            self.visit_block(&args.body);
+        let Ok(mut args) = mac.parse_body::<ScopeArgs>() else {
+            return;
+        };
+        let before = self.replaced;
+        self.nested += 1;
+        self.visit_block_mut(&mut args.body);
+        self.nested -= 1;
+        if self.replaced != before {
+            let (stream, body) = (&args.stream, &args.body);
+            mac.tokens = quote!(#stream, #body);
         }
     }
 }
 
-impl<'ast> Visit<'ast> for DropCheck {
-    fn visit_block(&mut self, block: &'ast Block) {
+impl VisitMut for DropCheck {
+    fn visit_block_mut(&mut self, block: &mut Block) {
         self.scoped(|this| {
             this.declare_items(&block.stmts);
-            visit::visit_block(this, block);
+            visit_mut::visit_block_mut(this, block);
         });
     }
 
-    fn visit_local(&mut self, local: &'ast syn::Local) {
+    fn visit_local_mut(&mut self, local: &mut syn::Local) {
         // The initializer (and `else`) run before the new names exist.
-        for attr in &local.attrs {
-            self.visit_attribute(attr);
+        for attr in &mut local.attrs {
+            self.visit_attribute_mut(attr);
         }
-        if let Some(init) = &local.init {
-            self.visit_expr(&init.expr);
-            if let Some((_, diverge)) = &init.diverge {
-                self.visit_expr(diverge);
+        if let Some(init) = &mut local.init {
+            self.visit_expr_mut(&mut init.expr);
+            if let Some((_, diverge)) = &mut init.diverge {
+                self.visit_expr_mut(diverge);
             }
         }
         // `let y = x;` moves a handle to a new name, which is then a handle too.
@@ -185,66 +204,75 @@ impl<'ast> Visit<'ast> for DropCheck {
                     .and_then(|name| self.resolve(name))
                     .is_some_and(|b| b.buffer)
         });
-        self.bind(&local.pat, declares_buffer(local) || moves_a_handle);
+        let own_buffer = self.nested == 0 && declares_buffer(local);
+        self.bind(&local.pat, own_buffer || moves_a_handle);
     }
 
-    fn visit_expr_call(&mut self, call: &'ast ExprCall) {
-        self.check_call(call);
-        visit::visit_expr_call(self, call);
+    fn visit_expr_call_mut(&mut self, call: &mut ExprCall) {
+        if let Some(error) = self.check_call(call) {
+            // The argument becomes the error, spanned on the whole call: the handle is not moved,
+            // and the user's `drop` or `mem` stays used, so no lint reports its import.
+            let arg = syn::parse2(error_expr(error.clone())).expect("an expression");
+            call.args = std::iter::once::<Expr>(arg).collect();
+            self.errors.push(error);
+            self.replaced += 1;
+            return;
+        }
+        visit_mut::visit_expr_call_mut(self, call);
     }
 
-    fn visit_expr_closure(&mut self, closure: &'ast syn::ExprClosure) {
+    fn visit_expr_closure_mut(&mut self, closure: &mut syn::ExprClosure) {
         self.scoped(|this| {
             for input in &closure.inputs {
                 this.bind(input, false);
             }
-            this.visit_expr(&closure.body);
+            this.visit_expr_mut(&mut closure.body);
         });
     }
 
-    fn visit_arm(&mut self, arm: &'ast syn::Arm) {
+    fn visit_arm_mut(&mut self, arm: &mut syn::Arm) {
         self.scoped(|this| {
             this.bind(&arm.pat, false);
-            if let Some((_, guard)) = &arm.guard {
-                this.visit_expr(guard);
+            if let Some((_, guard)) = &mut arm.guard {
+                this.visit_expr_mut(guard);
             }
-            this.visit_expr(&arm.body);
+            this.visit_expr_mut(&mut arm.body);
         });
     }
 
     // An `if let`/`while let` binds in the rest of its condition and in the branch it guards.
 
-    fn visit_expr_if(&mut self, expr: &'ast syn::ExprIf) {
+    fn visit_expr_if_mut(&mut self, expr: &mut syn::ExprIf) {
         self.scoped(|this| {
-            this.visit_expr(&expr.cond);
-            this.visit_block(&expr.then_branch);
+            this.visit_expr_mut(&mut expr.cond);
+            this.visit_block_mut(&mut expr.then_branch);
         });
-        if let Some((_, otherwise)) = &expr.else_branch {
-            self.visit_expr(otherwise);
+        if let Some((_, otherwise)) = &mut expr.else_branch {
+            self.visit_expr_mut(otherwise);
         }
     }
 
-    fn visit_expr_while(&mut self, expr: &'ast syn::ExprWhile) {
+    fn visit_expr_while_mut(&mut self, expr: &mut syn::ExprWhile) {
         self.scoped(|this| {
-            this.visit_expr(&expr.cond);
-            this.visit_block(&expr.body);
+            this.visit_expr_mut(&mut expr.cond);
+            this.visit_block_mut(&mut expr.body);
         });
     }
 
-    fn visit_expr_let(&mut self, expr: &'ast syn::ExprLet) {
-        self.visit_expr(&expr.expr);
+    fn visit_expr_let_mut(&mut self, expr: &mut syn::ExprLet) {
+        self.visit_expr_mut(&mut expr.expr);
         self.bind(&expr.pat, false);
     }
 
-    fn visit_expr_for_loop(&mut self, expr: &'ast syn::ExprForLoop) {
-        self.visit_expr(&expr.expr);
+    fn visit_expr_for_loop_mut(&mut self, expr: &mut syn::ExprForLoop) {
+        self.visit_expr_mut(&mut expr.expr);
         self.scoped(|this| {
             this.bind(&expr.pat, false);
-            this.visit_block(&expr.body);
+            this.visit_block_mut(&mut expr.body);
         });
     }
 
-    fn visit_macro(&mut self, mac: &'ast Macro) {
+    fn visit_macro_mut(&mut self, mac: &mut Macro) {
         if is_gpu_scope(mac) {
             self.nested_scope(mac);
         } else if !is_buffer(mac) {
@@ -255,7 +283,7 @@ impl<'ast> Visit<'ast> for DropCheck {
         }
     }
 
-    fn visit_item(&mut self, _: &'ast syn::Item) {
+    fn visit_item_mut(&mut self, _: &mut syn::Item) {
         // A nested item cannot name the body's locals.
     }
 }
@@ -405,8 +433,8 @@ mod tests {
     use super::*;
 
     fn messages(body: proc_macro2::TokenStream) -> Vec<String> {
-        let block: Block = syn::parse2(body).expect("a block");
-        match check(&block).finish() {
+        let mut block: Block = syn::parse2(body).expect("a block");
+        match check(&mut block).finish() {
             Ok(()) => Vec::new(),
             Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
         }
@@ -489,10 +517,39 @@ mod tests {
             gpu_scope!(other, {
                 drop(x);
                 let z = buffer!(8; u8)?;
-                drop(z);
+                drop(z); // the nested scope's own: it reports this one when it expands
+                let w = x;
+                drop(w);
             });
         }));
         assert_eq!(found.len(), 5, "{found:?}");
+    }
+
+    #[test]
+    fn each_refused_drop_is_replaced_where_it_stands() {
+        let mut block: Block = syn::parse2(quote::quote!({
+            let x = buffer!(8; u8)?;
+            drop(x);
+            gpu_scope!(other, {
+                let z = buffer!(8; u8)?;
+                drop(x);
+                drop(z);
+            });
+            x.len()
+        }))
+        .expect("a block");
+        let errors = check(&mut block).finish().expect_err("two refused drops");
+        assert_eq!(errors.into_iter().count(), 2);
+        let text = quote::ToTokens::to_token_stream(&block).to_string();
+        assert_eq!(
+            text.matches("drop (:: core :: compile_error !").count(),
+            2,
+            "{text}"
+        );
+        assert!(!text.contains("drop (x)"), "{text}");
+        // The nested scope keeps its own drop, which it reports when it expands.
+        assert!(text.contains("drop (z)"), "{text}");
+        assert!(text.ends_with("x . len () }"), "{text}");
     }
 
     #[test]

@@ -1,4 +1,9 @@
-//! Generation: validate the item, open a frame, rewrite the body.
+//! Generation: validate the item, open a scope, rewrite the body.
+//!
+//! The user's code is always emitted. A mistake in the body is replaced where it stands (see
+//! [`Rewriter`]); a mistake in the signature or the attribute (`async fn`, a stream that is no
+//! parameter) leaves the scope unusable, so the scope's hidden local is bound to that error
+//! instead: the body's `buffer!`s take from it, type-check against it, and report nothing more.
 
 use proc_macro2::TokenStream;
 use quote::{ToTokens, quote, quote_spanned};
@@ -8,34 +13,20 @@ use syn::{FnArg, Ident, ItemFn, Pat};
 
 use crate::args::{ScopeArgs, StreamArg};
 use crate::drops;
-use crate::error::{Errors, to_compile_errors};
-use crate::rewrite::{Rewriter, find_await, frame_ident};
+use crate::error::{Errors, error_expr, to_compile_errors};
+use crate::rewrite::{Rewriter, find_await, scope_ident};
 
 /// `#[pooled(STREAM)]` on `item`.
 pub(crate) fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let mut function: ItemFn = match syn::parse2(item.clone()) {
-        Ok(f) => f,
-        Err(_) => return to_compile_errors(not_a_function(item)),
-    };
-    match expand_fn(attr, &mut function) {
-        Ok(()) => function.into_token_stream(),
-        // The user's signature stays, with a body that type-checks, so callers report no errors of
-        // their own (thiserror's fallback).
-        Err(e) => {
-            let errors = to_compile_errors(e);
-            let ItemFn {
-                attrs, vis, sig, ..
-            } = &mut function;
-            // A refused `const` is not kept, or the stub's panic would be a second error.
-            sig.constness = None;
-            quote! {
-                #errors
-                #(#attrs)*
-                #[allow(unused_variables, clippy::diverging_sub_expression)]
-                #vis #sig {
-                    ::core::unreachable!("#[pooled] failed to expand")
-                }
-            }
+    match syn::parse2::<ItemFn>(item.clone()) {
+        Ok(mut function) => {
+            expand_fn(attr, &mut function);
+            function.into_token_stream()
+        }
+        // The item stays as written, so code that uses it reports no errors of its own.
+        Err(_) => {
+            let errors = to_compile_errors(not_a_function(item.clone()));
+            quote!(#errors #item)
         }
     }
 }
@@ -69,18 +60,19 @@ fn item_error(token: impl ToTokens, what: &str) -> syn::Error {
     )
 }
 
-fn expand_fn(attr: TokenStream, function: &mut ItemFn) -> syn::Result<()> {
-    let mut errors = Errors::default();
+fn expand_fn(attr: TokenStream, function: &mut ItemFn) {
+    // What leaves the scope unusable: the scope's local is bound to these errors.
+    let mut refused = Errors::default();
     let sig = &function.sig;
     if let Some(asyncness) = &sig.asyncness {
-        errors.push_at(
+        refused.push_at(
             asyncness,
             "#[pooled] cannot be used on an `async fn`: a future can be dropped at any time, so its \
              buffers would not be released in order; use `gpu_scope!` around the synchronous parts",
         );
     }
     if let Some(constness) = &sig.constness {
-        errors.push_at(
+        refused.push_at(
             constness,
             "#[pooled] cannot be used on a `const fn`: buffers are taken at run time",
         );
@@ -88,7 +80,7 @@ fn expand_fn(attr: TokenStream, function: &mut ItemFn) -> syn::Result<()> {
     let stream = match StreamArg::parse_attr(attr) {
         Ok(stream) => Some(stream),
         Err(e) => {
-            errors.push(e);
+            refused.push(e);
             None
         }
     };
@@ -100,7 +92,7 @@ fn expand_fn(attr: TokenStream, function: &mut ItemFn) -> syn::Result<()> {
             .map(|p| format!("`{p}`"))
             .collect::<Vec<_>>()
             .join(", ");
-        errors.push_at(
+        refused.push_at(
             &stream.expr,
             format!(
                 "`{}` is not a parameter of `{}`; name the parameter that holds the stream{}",
@@ -114,31 +106,36 @@ fn expand_fn(attr: TokenStream, function: &mut ItemFn) -> syn::Result<()> {
             ),
         );
     }
-    errors.push_all(drops::check(&function.block));
-    let mut rewriter = Rewriter::new();
-    rewriter.visit_block_mut(&mut function.block);
-    errors.push_all(rewriter.errors);
-    errors.finish()?;
+    drops::check(&mut function.block);
+    Rewriter::new().visit_block_mut(&mut function.block);
 
-    let stream = stream.expect("no errors, so the stream parsed");
-    let open = if is_shared_ref_param(&function.sig, &stream.expr) {
-        // `&*stream` reborrows for the caller's lifetime, not for a borrow of the local `stream`.
-        let expr = &stream.expr;
-        let frame = frame_ident();
-        let call = quote_spanned!(expr.span()=> ::gpu_pool::__private::frame(&*#expr));
-        quote! { let #frame = #call; }
-    } else {
-        open_frame(&stream.expr)
+    let open = match (refused.finish(), stream) {
+        (Err(e), _) => refused_scope(e),
+        (Ok(()), Some(stream)) if is_shared_ref_param(&function.sig, &stream.expr) => {
+            // `&*stream` reborrows for the caller's lifetime, not for a borrow of the local `stream`.
+            let expr = &stream.expr;
+            let scope = scope_ident();
+            let call = quote_spanned!(expr.span()=> ::gpu_pool::__private::scope(&*#expr));
+            quote! { let #scope = #call; }
+        }
+        (Ok(()), Some(stream)) => open_scope(&stream.expr),
+        (Ok(()), None) => unreachable!("a stream that does not parse is refused"),
     };
-    prepend(&mut function.block, open)
+    prepend(&mut function.block, open);
 }
 
-/// Puts the frame's statements first in the user's own block, which keeps its braces' spans: a
+/// The scope's local bound to `error`, for a scope that cannot be opened.
+fn refused_scope(error: syn::Error) -> TokenStream {
+    let scope = scope_ident();
+    let error = error_expr(error);
+    quote! { let #scope = #error; }
+}
+
+/// Puts the scope's statements first in the user's own block, which keeps its braces' spans: a
 /// borrow error then says the buffer is freed at the user's closing brace.
-fn prepend(block: &mut syn::Block, open: TokenStream) -> syn::Result<()> {
-    let opened: syn::Block = syn::parse2(quote!({ #open }))?;
+fn prepend(block: &mut syn::Block, open: TokenStream) {
+    let opened: syn::Block = syn::parse2(quote!({ #open })).expect("statements");
     block.stmts.splice(0..0, opened.stmts);
-    Ok(())
 }
 
 /// Whether the stream is a parameter declared as a shared reference (`stream: &Stream`).
@@ -179,41 +176,42 @@ fn parameters(sig: &syn::Signature) -> Vec<Ident> {
     out
 }
 
-/// Opens the frame, spanned on the user's stream so that a value that is no stream is reported
+/// Opens the scope, spanned on the user's stream so that a value that is no stream is reported
 /// there. `let x = &EXPR;` extends the life of a temporary `EXPR` (`gpu_scope!(&stream, ..)`) to
 /// the block.
-fn open_frame(stream: &syn::Expr) -> TokenStream {
-    let frame = frame_ident();
+fn open_scope(stream: &syn::Expr) -> TokenStream {
+    let scope = scope_ident();
     let named = syn::Ident::new("__gpu_pool_stream", proc_macro2::Span::mixed_site());
-    let call = quote_spanned!(stream.span()=> ::gpu_pool::__private::frame(#named));
+    let call = quote_spanned!(stream.span()=> ::gpu_pool::__private::scope(#named));
     quote! {
         let #named = &(#stream);
-        let #frame = #call;
+        let #scope = #call;
     }
 }
 
-/// `gpu_scope!(STREAM, { .. })`.
+/// `gpu_scope!(STREAM, { .. })`. Arguments that do not parse leave no block to keep: the macro is
+/// then its error, an expression of rustc's error type.
 pub(crate) fn gpu_scope(input: TokenStream) -> TokenStream {
-    let expanded = syn::parse2::<ScopeArgs>(input).and_then(|mut args| {
-        let mut rewriter = Rewriter::new();
-        if let Some(await_) = find_await(args.body.to_token_stream()) {
-            rewriter.errors.push_at(
-                await_,
-                "`.await` cannot be used inside `gpu_scope!`: a future suspended here would hold \
-                 the scope's buffers, and could be dropped or forgotten while other code takes \
-                 buffers from the stream; close the scope before awaiting",
-            );
-        }
-        rewriter.errors.push_all(drops::check(&args.body));
-        rewriter.visit_block_mut(&mut args.body);
-        rewriter.errors.finish()?;
-        prepend(&mut args.body, open_frame(&args.stream))?;
-        Ok(args.body.into_token_stream())
+    let mut args = match syn::parse2::<ScopeArgs>(input) {
+        Ok(args) => args,
+        Err(e) => return error_expr(e),
+    };
+    let refused = find_await(args.body.to_token_stream()).map(|await_| {
+        syn::Error::new_spanned(
+            await_,
+            "`.await` cannot be used inside `gpu_scope!`: a future suspended here would hold \
+             the scope's buffers, and could be dropped or forgotten while other code takes \
+             buffers from the stream; close the scope before awaiting",
+        )
     });
-    expanded.unwrap_or_else(|e| {
-        let errors = to_compile_errors(e);
-        quote! {{ #errors }}
-    })
+    drops::check(&mut args.body);
+    Rewriter::new().visit_block_mut(&mut args.body);
+    let open = match refused {
+        Some(e) => refused_scope(e),
+        None => open_scope(&args.stream),
+    };
+    prepend(&mut args.body, open);
+    args.body.into_token_stream()
 }
 
 /// `buffer!` where no `#[pooled]` function or `gpu_scope!` rewrote it.

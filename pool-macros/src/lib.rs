@@ -43,18 +43,18 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// fn blur_rows(stream: &Stream, src: &DeviceMat<'_, u8>) -> Result<usize, PoolError> {
-///     let __gpu_pool_frame = ::gpu_pool::__private::frame(&*stream);
+///     let __gpu_pool_scope = ::gpu_pool::__private::scope(&*stream);
 ///     let mut tmp = {
 ///         let __gpu_pool_size_0: usize = src.rows();   // sizes first: their temporaries are
 ///         let __gpu_pool_size_1: usize = src.cols();   // gone before the buffer is taken
 ///         ::gpu_pool::__private::take::<u8>(
-///             &__gpu_pool_frame, __gpu_pool_size_0, __gpu_pool_size_1, "tmp",
+///             &__gpu_pool_scope, __gpu_pool_size_0, __gpu_pool_size_1, "tmp",
 ///         )
 ///     }?;
 ///     let mut tmp = ::gpu_pool::__private::handle(&mut tmp); // the handle shadows its owner
 ///     let mut sums = {
 ///         let __gpu_pool_size_0: usize = src.rows();
-///         ::gpu_pool::__private::take_1d::<f32>(&__gpu_pool_frame, __gpu_pool_size_0, "sums")
+///         ::gpu_pool::__private::take_1d::<f32>(&__gpu_pool_scope, __gpu_pool_size_0, "sums")
 ///     }?;
 ///     let sums = ::gpu_pool::__private::handle(&mut sums);
 ///     tmp.copy_from(src)?;
@@ -105,10 +105,10 @@ pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::pooled(attr.into(), item.into()).into()
 }
 
-/// Opens a frame on a stream for one block: `gpu_scope!(stream, { .. })`, usable in any function
+/// Opens a scope on a stream for one block: `gpu_scope!(stream, { .. })`, usable in any function
 /// (with or without `#[pooled]`) and in closures. The block's `buffer!`s come from that stream and
 /// are given back, in reverse order, when the block ends; the block's value is the macro's value.
-/// Buffers of an enclosing frame stay usable inside. An `.await` inside the block (macro arguments
+/// Buffers of an enclosing scope stay usable inside. An `.await` inside the block (macro arguments
 /// included) is a compile error: a future suspended there would hold the buffers while other code
 /// takes more from the stream. Close the scope, then await. As in `#[pooled]`, a buffer goes back at
 /// the end of the block that declared it, and `drop(name)` of a handle, which would release
@@ -147,10 +147,10 @@ pub fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// ```text
 /// {
 ///     let __gpu_pool_stream = &(a);
-///     let __gpu_pool_frame = ::gpu_pool::__private::frame(__gpu_pool_stream);
+///     let __gpu_pool_scope = ::gpu_pool::__private::scope(__gpu_pool_stream);
 ///     let mut x = {
 ///         let __gpu_pool_size_0: usize = 16;
-///         ::gpu_pool::__private::take_1d::<u8>(&__gpu_pool_frame, __gpu_pool_size_0, "x")
+///         ::gpu_pool::__private::take_1d::<u8>(&__gpu_pool_scope, __gpu_pool_size_0, "x")
 ///     }?;
 ///     let mut x = ::gpu_pool::__private::handle(&mut x);
 ///     ...
@@ -161,7 +161,7 @@ pub fn gpu_scope(input: TokenStream) -> TokenStream {
     expand::gpu_scope(input.into()).into()
 }
 
-/// Takes a temporary buffer from the enclosing frame's stream: `let name = buffer!(rows, cols; T)?;`
+/// Takes a temporary buffer from the enclosing scope's stream: `let name = buffer!(rows, cols; T)?;`
 /// (2D, pitched as OpenCV's `BufferPool`) or `let name = buffer!(len; T)?;` (contiguous), in a
 /// `#[pooled]` function or a `gpu_scope!` block. `T` is plain data (`bytemuck::Pod`). The `?` (or
 /// `.unwrap()`, `.expect(..)`) handles the `PoolError` of a failed allocation; `name` binds a

@@ -19,25 +19,26 @@ use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, Ident, Local, Macro, Stmt};
 
 use crate::args::BufferArgs;
-use crate::error::Errors;
+use crate::error::error_expr;
 
-/// The name of a frame's hidden local; mixed-site hygiene keeps user code from naming it.
-pub(crate) fn frame_ident() -> Ident {
-    Ident::new("__gpu_pool_frame", Span::mixed_site())
+/// The name of a scope's hidden local; mixed-site hygiene keeps user code from naming it.
+pub(crate) fn scope_ident() -> Ident {
+    Ident::new("__gpu_pool_scope", Span::mixed_site())
 }
 
+/// Rewrites the DSL of one body in place. A `buffer!` that cannot be rewritten is replaced, where
+/// it stands, by its `compile_error!`: an expression of rustc's error type, so the user's code
+/// around it is kept and checked, and every mistake of the body is reported in one build.
 pub(crate) struct Rewriter {
-    frame: Ident,
+    scope: Ident,
     next_owner: usize,
-    pub(crate) errors: Errors,
 }
 
 impl Rewriter {
     pub(crate) fn new() -> Rewriter {
         Rewriter {
-            frame: frame_ident(),
+            scope: scope_ident(),
             next_owner: 0,
-            errors: Errors::default(),
         }
     }
 
@@ -62,7 +63,7 @@ impl Rewriter {
             _ => format_ident!("__gpu_pool_owner_{}", self.next_owner, span = span),
         };
         self.next_owner += 1;
-        let frame = &self.frame;
+        let scope = &self.scope;
         let elem = &args.elem;
         // The sizes are evaluated, and their temporaries dropped, before the buffer is taken: a
         // temporary buffer in a size expression would otherwise be released after this one, out of
@@ -80,13 +81,13 @@ impl Rewriter {
         // call's `#[track_caller]` location is the user's line.
         let take = match sizes.as_slice() {
             [len] => quote_spanned!(mac.span()=>
-                ::gpu_pool::__private::take_1d::<#elem>(&#frame, #len, #name)
+                ::gpu_pool::__private::take_1d::<#elem>(&#scope, #len, #name)
             ),
             [rows, cols] if args.packed => quote_spanned!(mac.span()=>
-                ::gpu_pool::__private::take_packed::<#elem>(&#frame, #rows, #cols, #name)
+                ::gpu_pool::__private::take_packed::<#elem>(&#scope, #rows, #cols, #name)
             ),
             [rows, cols] => quote_spanned!(mac.span()=>
-                ::gpu_pool::__private::take::<#elem>(&#frame, #rows, #cols, #name)
+                ::gpu_pool::__private::take::<#elem>(&#scope, #rows, #cols, #name)
             ),
             _ => unreachable!("BufferArgs holds one or two sizes"),
         };
@@ -178,35 +179,46 @@ pub(crate) fn declares_buffer(local: &Local) -> bool {
 const NOT_A_LET: &str = "`buffer!` must be the whole initializer of a `let`: write \
                          `let name = buffer!(..)?;` so the buffer lives exactly as long as `name`";
 
+const LET_ELSE: &str =
+    "`buffer!` cannot be used in `let .. else`: write `let name = buffer!(..)?;`";
+
+const UNHANDLED: &str = "`buffer!` returns `Result<_, PoolError>`: handle the error where the \
+                         buffer is taken, `let name = buffer!(..)?;` (or `.unwrap()` / \
+                         `.expect(..)`)";
+
+/// Turns `mac` into `::core::compile_error!(message)`, spanned as the user wrote it.
+fn into_compile_error(mac: &mut Macro, message: &str) {
+    let span = mac.path.span();
+    mac.path = syn::parse_quote_spanned!(span=> ::core::compile_error);
+    mac.tokens = quote_spanned!(mac.delimiter.span().join()=> #message);
+}
+
 impl VisitMut for Rewriter {
     fn visit_block_mut(&mut self, block: &mut Block) {
         let stmts = std::mem::take(&mut block.stmts);
         let mut owners = false;
         for mut stmt in stmts {
-            if let Stmt::Local(local) = &stmt
+            if let Stmt::Local(local) = &mut stmt
                 && let Some(init) = &local.init
                 && let Some(split) = split_init(&init.expr)
             {
-                match split {
-                    _ if init.diverge.is_some() => self.errors.push_at(
-                        &init.expr,
-                        "`buffer!` cannot be used in `let .. else`: write `let name = buffer!(..)?;`",
-                    ),
+                let error = match split {
+                    _ if init.diverge.is_some() => syn::Error::new_spanned(&init.expr, LET_ELSE),
                     Ok((mac, postfix)) => match self.expand_let(local, mac, &postfix) {
                         Ok(pair) => {
                             block.stmts.extend(pair);
                             owners = true;
                             continue;
                         }
-                        Err(e) => self.errors.push(e),
+                        Err(e) => e,
                     },
-                    Err(mac) => self.errors.push_at(
-                        mac,
-                        "`buffer!` returns `Result<_, PoolError>`: handle the error where the buffer is \
-                         taken, `let name = buffer!(..)?;` (or `.unwrap()` / `.expect(..)`)",
-                    ),
+                    Err(mac) => syn::Error::new_spanned(mac, UNHANDLED),
+                };
+                // The user's `let` stays, its names bound to the error, which reports nothing
+                // further where they are used.
+                if let Some(init) = &mut local.init {
+                    *init.expr = syn::parse2(error_expr(error)).expect("an expression");
                 }
-                continue;
             }
             self.visit_stmt_mut(&mut stmt);
             block.stmts.push(stmt);
@@ -218,7 +230,7 @@ impl VisitMut for Rewriter {
 
     fn visit_expr_mut(&mut self, expr: &mut Expr) {
         match expr {
-            Expr::Macro(m) if is_buffer(&m.mac) => self.errors.push_at(&m.mac, NOT_A_LET),
+            Expr::Macro(m) if is_buffer(&m.mac) => into_compile_error(&mut m.mac, NOT_A_LET),
             // Reported in place, so the rest of the function still expands: a stub body could not
             // stand in for a function that returns the future (`impl Future`).
             Expr::Async(a) => refuse_dsl_in(&mut a.block, Refusal::Async("an `async` block")),
@@ -229,7 +241,7 @@ impl VisitMut for Rewriter {
         }
     }
 
-    // Constants in the body are evaluated at compile time, where the frame, a local, does not
+    // Constants in the body are evaluated at compile time, where the scope, a local, does not
     // exist: rewritten, their `buffer!`s would fail with rustc's E0435 on the attribute. Each is
     // refused on the user's tokens instead. (Constant *items* are nested items, skipped below.)
 
@@ -258,12 +270,12 @@ impl VisitMut for Rewriter {
 
     fn visit_stmt_macro_mut(&mut self, stmt: &mut syn::StmtMacro) {
         if is_buffer(&stmt.mac) {
-            self.errors.push_at(&stmt.mac, NOT_A_LET);
+            into_compile_error(&mut stmt.mac, NOT_A_LET);
         }
     }
 
     fn visit_item_mut(&mut self, _: &mut syn::Item) {
-        // A nested item runs in its own call, with no frame: `buffer!` there reports itself.
+        // A nested item runs in its own call, with no scope: `buffer!` there reports itself.
     }
 }
 
@@ -331,17 +343,15 @@ impl VisitMut for Refuse {
     fn visit_macro_mut(&mut self, mac: &mut Macro) {
         if is_buffer(mac) || is_gpu_scope(mac) {
             let message = self.0.message(mac);
-            let span = mac.path.span();
-            mac.path = syn::parse_quote_spanned!(span=> ::core::compile_error);
-            mac.tokens = quote_spanned!(mac.delimiter.span().join()=> #message);
+            into_compile_error(mac, &message);
         }
     }
 
     fn visit_item_mut(&mut self, _: &mut syn::Item) {}
 }
 
-/// The first `.await` in `tokens`, at any depth, macro arguments included: inside a frame it would
-/// suspend a future that holds the frame's buffers.
+/// The first `.await` in `tokens`, at any depth, macro arguments included: inside a scope it would
+/// suspend a future that holds the scope's buffers.
 pub(crate) fn find_await(tokens: TokenStream) -> Option<TokenStream> {
     let mut previous: Option<proc_macro2::Punct> = None;
     for token in tokens {

@@ -65,7 +65,7 @@ pub mod testing;
 // The paths the modules used before they moved into layer folders; removed once every `use` names
 // the layer.
 use self::core::{
-    access, arena, buffer, capturing, device, frame, ledger, pinned, record, stack, stats, stream,
+    access, arena, buffer, capturing, device, scope, ledger, pinned, record, stack, stats, stream,
     symmetric, view,
 };
 use allocators as allocator;
@@ -78,7 +78,7 @@ pub use access::{GpuRead, GpuWrite, PinnedHost};
 pub use buffer::{DeviceMat, Temp};
 pub use device::Device;
 pub use error::{CaptureError, Cause, PoolError, RequestContext};
-pub use frame::{AsStream, Element, Pooled};
+pub use scope::{AsStream, Element, Pooled};
 pub use host_mem::HostMem;
 pub use id::DeviceId;
 pub use source::{CallSite, FallbackReason, Source};
@@ -128,5 +128,5 @@ pub mod __features {
 /// What the DSL's expansion calls; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::frame::{frame, handle, take, take_1d, take_packed};
+    pub use crate::scope::{handle, scope, take, take_1d, take_packed};
 }

@@ -219,7 +219,7 @@ fn gpu_scope_works_in_plain_functions_and_closures() -> Result<(), PoolError> {
 fn closure_inside_pooled(stream: &Stream) -> Result<usize, PoolError> {
     let _base = buffer!(10; u8)?;
     let temp = |len: usize| -> Result<usize, PoolError> {
-        let t = buffer!(len; u8)?; // from the function's frame, released when the closure returns
+        let t = buffer!(len; u8)?; // from the function's scope, released when the closure returns
         Ok(t.len())
     };
     Ok(temp(5)? + temp(6)?)

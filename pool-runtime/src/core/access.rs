@@ -39,7 +39,7 @@ use crate::core::{
     pitched::{Pitched, PitchedMut},
 };
 use crate::error::PoolError;
-use crate::frame::Pooled;
+use crate::scope::Pooled;
 use crate::view::{GpuView, GpuViewMut};
 
 /// Page-locked host memory an asynchronous copy reads or writes

@@ -6,7 +6,7 @@ pub(crate) mod buffer;
 pub(crate) mod capturing;
 pub(crate) mod config;
 pub(crate) mod device;
-pub(crate) mod frame;
+pub(crate) mod scope;
 pub(crate) mod ledger;
 #[cfg(feature = "cuda")]
 pub(crate) mod lent;

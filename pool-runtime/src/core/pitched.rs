@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn pitched_arguments_carry_the_buffers_address_step_and_shape() -> Result<(), PoolError> {
-        use crate::__private::{frame, handle, take};
+        use crate::__private::{handle, scope, take};
         use crate::compat::opencv::BufferPool;
         use crate::{Device, Stream};
         let stream = Stream::new(&Device::host())?;
@@ -212,8 +212,8 @@ mod tests {
         drop(mat);
 
         // A `buffer!` handle.
-        let frame = frame(&stream);
-        let mut owner = take::<u16>(&frame, 3, 9, "h")?;
+        let scope = scope(&stream);
+        let mut owner = take::<u16>(&scope, 3, 9, "h")?;
         let mut h = handle(&mut owner);
         let (ptr, step) = (h.device_ptr(), h.step());
         expect(of(h.pitched()), ptr, step, 3, 9);

@@ -64,7 +64,7 @@ use crate::core::pitched::{Pitched, PitchedMut};
 use crate::error::PoolError;
 
 use crate::buffer::{DeviceMat, Temp};
-use crate::frame::Pooled;
+use crate::scope::Pooled;
 use crate::shared::{SharedRead, SharedWrite};
 use crate::view::{GpuView, GpuViewMut};
 

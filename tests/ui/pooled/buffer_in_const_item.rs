@@ -1,4 +1,4 @@
-// A `const` or `static` item in the body has no frame: `buffer!` there reports itself.
+// A `const` or `static` item in the body has no scope: `buffer!` there reports itself.
 use gpu_pool::prelude::*;
 
 #[pooled(stream)]

@@ -1,15 +1,15 @@
-//! What the DSL expands to: a frame (the stream of one scope), buffers owned by hidden
-//! locals, and the handles user code sees.
+//! What the DSL expands to: a scope (the stream of one `#[pooled]` body or `gpu_scope!`),
+//! buffers owned by hidden locals, and the handles user code sees.
 //!
-//! `#[pooled(stream)]` and `gpu_scope!` open the frame first,
-//! `let __gpu_pool_frame = ::gpu_pool::__private::frame(&*stream);`, then turn
+//! `#[pooled(stream)]` and `gpu_scope!` open the scope first,
+//! `let __gpu_pool_scope = ::gpu_pool::__private::scope(&*stream);`, then turn
 //! `let x = buffer!(rows, cols; T)?;` into
 //!
 //! ```text
 //! let mut x = {
 //!     let __gpu_pool_size_0: usize = rows;
 //!     let __gpu_pool_size_1: usize = cols;
-//!     ::gpu_pool::__private::take::<T>(&__gpu_pool_frame, __gpu_pool_size_0, __gpu_pool_size_1, "x")
+//!     ::gpu_pool::__private::take::<T>(&__gpu_pool_scope, __gpu_pool_size_0, __gpu_pool_size_1, "x")
 //! }?;
 //! let x = ::gpu_pool::__private::handle(&mut x); // the handle shadows its hidden owner
 //! ```
@@ -68,11 +68,11 @@ pub trait Element: Pod {}
 
 impl<T: Pod> Element for T {}
 
-/// Opens a frame on `stream`: the pool every `buffer!` of one `#[pooled]` function or
+/// Opens a scope on `stream`: the pool every `buffer!` of one `#[pooled]` function or
 /// `gpu_scope!` block takes from.
 #[doc(hidden)]
 #[inline]
-pub fn frame<S: AsStream + ?Sized>(stream: &S) -> &Stream {
+pub fn scope<S: AsStream + ?Sized>(stream: &S) -> &Stream {
     stream.as_stream()
 }
 
@@ -83,12 +83,12 @@ pub fn frame<S: AsStream + ?Sized>(stream: &S) -> &Stream {
 #[inline(always)]
 #[track_caller]
 pub fn take<'s, T: Element>(
-    frame: &&'s Stream,
+    scope: &&'s Stream,
     rows: usize,
     cols: usize,
     name: &'static str,
 ) -> Result<Temp<'s, T>, PoolError> {
-    frame.temp_at(rows, cols, CallSite::here(name))
+    scope.temp_at(rows, cols, CallSite::here(name))
 }
 
 /// `let name = buffer!(len; T)?`.
@@ -96,11 +96,11 @@ pub fn take<'s, T: Element>(
 #[inline(always)]
 #[track_caller]
 pub fn take_1d<'s, T: Element>(
-    frame: &&'s Stream,
+    scope: &&'s Stream,
     len: usize,
     name: &'static str,
 ) -> Result<Temp<'s, T>, PoolError> {
-    frame.temp_at(1, len, CallSite::here(name))
+    scope.temp_at(1, len, CallSite::here(name))
 }
 
 /// `let name = buffer!(rows, cols; T, packed)?`: rows with no padding between them.
@@ -108,12 +108,12 @@ pub fn take_1d<'s, T: Element>(
 #[inline(always)]
 #[track_caller]
 pub fn take_packed<'s, T: Element>(
-    frame: &&'s Stream,
+    scope: &&'s Stream,
     rows: usize,
     cols: usize,
     name: &'static str,
 ) -> Result<Temp<'s, T>, PoolError> {
-    frame.temp_packed_at(rows, cols, CallSite::here(name))
+    scope.temp_packed_at(rows, cols, CallSite::here(name))
 }
 
 /// The handle the user's name binds, borrowing the hidden owner.
@@ -134,10 +134,10 @@ pub fn handle<'a, 's, T>(owner: &'a mut Temp<'s, T>) -> Pooled<'a, 's, T> {
 /// below (with a hidden owner name no user code can write):
 ///
 /// ```
-/// # use gpu_pool::{Device, GpuRead, GpuWrite, PoolError, Stream, __private::{frame, handle, take}};
+/// # use gpu_pool::{Device, GpuRead, GpuWrite, PoolError, Stream, __private::{handle, scope, take}};
 /// # let stream = Stream::new(&Device::host())?;
-/// # let frame = frame(&stream);
-/// let mut owner = take::<f32>(&frame, 4, 4, "x")?; // "x": the name, for reports and errors
+/// # let scope = scope(&stream);
+/// let mut owner = take::<f32>(&scope, 4, 4, "x")?; // "x": the name, for reports and errors
 /// let mut x = handle(&mut owner);
 /// x.set_to(0.5)?;
 /// assert_eq!(x.to_vec()?, vec![0.5; 16]);
