@@ -65,7 +65,7 @@ pub mod testing;
 // The paths the modules used before they moved into layer folders; removed once every `use` names
 // the layer.
 use self::core::{
-    access, arena, buffer, capturing, device, scope, ledger, pinned, record, stack, stats, stream,
+    access, arena, buffer, capturing, device, ledger, pinned, record, scope, stack, stats, stream,
     symmetric, view,
 };
 use allocators as allocator;
@@ -78,9 +78,9 @@ pub use access::{GpuRead, GpuWrite, PinnedHost};
 pub use buffer::{DeviceMat, Temp};
 pub use device::Device;
 pub use error::{CaptureError, Cause, PoolError, RequestContext};
-pub use scope::{AsStream, Element, Pooled};
 pub use host_mem::HostMem;
 pub use id::DeviceId;
+pub use scope::{AsStream, Element, Pooled};
 pub use source::{CallSite, FallbackReason, Source};
 pub use stream::Stream;
 pub use view::{GpuView, GpuViewMut};

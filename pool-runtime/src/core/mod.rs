@@ -6,7 +6,6 @@ pub(crate) mod buffer;
 pub(crate) mod capturing;
 pub(crate) mod config;
 pub(crate) mod device;
-pub(crate) mod scope;
 pub(crate) mod ledger;
 #[cfg(feature = "cuda")]
 pub(crate) mod lent;
@@ -14,6 +13,7 @@ pub(crate) mod pinned;
 #[cfg(feature = "cuda")]
 pub(crate) mod pitched;
 pub(crate) mod record;
+pub(crate) mod scope;
 pub(crate) mod sink;
 pub(crate) mod stack;
 pub(crate) mod stats;
