@@ -10,6 +10,7 @@ pub(crate) mod frame;
 pub(crate) mod ledger;
 pub(crate) mod pinned;
 pub(crate) mod record;
+pub(crate) mod replay;
 pub(crate) mod sink;
 pub(crate) mod stack;
 pub(crate) mod stats;

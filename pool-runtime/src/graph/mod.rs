@@ -68,9 +68,10 @@ use cudarc::driver::{CudaContext, result, sys};
 
 use crate::backend::cuda::{ContextGuard, driver_error};
 use crate::capturing::{self, ThreadCapture};
+use crate::core::replay::{self, ReplayHook};
 use crate::error::PoolError;
 use crate::stack::Block;
-use crate::stream::{SharedAccesses, SharedMemory, Stream};
+use crate::stream::Stream;
 
 pub use family::GraphFamily;
 
@@ -89,8 +90,9 @@ pub struct Graph<'a> {
     /// The stream's capture count when this graph's capture began: memory allocated before it
     /// may be used by the replays, and is kept when released until the graph is dropped.
     epoch: u64,
-    /// The shared memory the replays read or write: each replay is ordered as an access of it.
-    shared: SharedAccesses,
+    /// What features noted during the capture for each replay to do (SharedMat's accesses: each
+    /// replay is ordered as an access of the memory).
+    replays: Option<Box<dyn ReplayHook>>,
     /// The family whose region holds the replays' buffers, for a member of one (`reserved` is
     /// then `None`).
     family: Option<&'a family::Region>,
@@ -118,8 +120,8 @@ impl Graph<'_> {
         self.ready()?;
         // Each replay is an access of the shared memory its capture accessed: ordered after the
         // accesses it conflicts with, and before later ones.
-        let parts = [(self.stream, self.shared.accesses())];
-        SharedMemory::replay("Graph::launch", &parts, |_| self.queue()).map_err(|(_, e)| e)
+        let parts = [(self.stream, self.replays.as_deref())];
+        replay::replay("Graph::launch", &parts, &mut |_| self.queue()).map_err(|(_, e)| e)
     }
 
     /// Replays `graphs` in order, each on its stream, as one step for their shared memory: every
@@ -142,9 +144,9 @@ impl Graph<'_> {
         }
         let parts: Vec<_> = graphs
             .iter()
-            .map(|g| (g.stream, g.shared.accesses()))
+            .map(|g| (g.stream, g.replays.as_deref()))
             .collect();
-        SharedMemory::replay("RankGraphs::launch", &parts, |i| graphs[i].queue())
+        replay::replay("RankGraphs::launch", &parts, &mut |i| graphs[i].queue())
     }
 
     /// What must hold before a replay is queued.
@@ -338,8 +340,8 @@ struct Capturing<'s> {
     peak: usize,
     /// Marks the capture on this thread until it ends.
     thread: Option<ThreadCapture>,
-    /// The shared memory the capture accessed, taken from the stream when it ends.
-    shared: SharedAccesses,
+    /// What features noted for the replays, taken from the stream when the capture ends.
+    replays: Option<Box<dyn ReplayHook>>,
     /// The family region the capture packs its buffers in (instead of `fence`), lowered to its
     /// base while the capture is under way.
     family: Option<&'s family::Region>,
@@ -376,7 +378,7 @@ impl Capturing<'_> {
         // SAFETY: the origin stream is live and capturing; `graph` receives the graph or null.
         let ended = unsafe { sys::cuStreamEndCapture(self.origin.stream, &mut graph) }.result();
         self.stream.set_own_capture(false);
-        self.shared = self.stream.take_shared_accesses();
+        self.replays = self.stream.take_replay_hook();
         self.thread = None;
         if let Some(before) = self.high_water.take() {
             self.peak = self.stream.end_high_water(before);
@@ -449,7 +451,7 @@ impl<'s> Capturing<'s> {
             exec,
             reserved,
             epoch: self.epoch,
-            shared: std::mem::take(&mut self.shared),
+            replays: self.replays.take(),
             family,
             _captures: PhantomData,
         })
@@ -661,7 +663,7 @@ impl Stream {
             high_water: Some(self.start_high_water(fence_end)),
             peak: fence_end,
             thread: None,
-            shared: SharedAccesses::default(),
+            replays: None,
             family,
         };
         capturing.begin()?;

@@ -2,8 +2,8 @@
 //! a fence on its stack that grows to what the captured buffers used, the high-water mark the captured buffers reached, and
 //! the fallback and driver memory kept while a graph may still use it.
 
+use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::sync::Arc;
 
 use crate::allocator::Allocation;
 use crate::backend::DevPtr;
@@ -13,8 +13,9 @@ use crate::error::PoolError;
 #[cfg(feature = "cuda")]
 use crate::stack::{Block, Release, Stack};
 
+use crate::core::replay::ReplayHook;
+
 use super::Stream;
-use super::sharing::{Access, SharedMemory, SharedUse};
 
 /// A stream's graph state.
 #[derive(Default)]
@@ -28,8 +29,8 @@ pub(super) struct Graphs {
     /// Fallback and driver memory released while a capture was under way on this thread, or
     /// while a graph that may use it lived: kept until neither is true.
     kept: RefCell<Vec<Kept>>,
-    /// Shared memory the capture under way accessed: its graph's replays are ordered as accesses.
-    shared: RefCell<Vec<SharedUse>>,
+    /// What features noted for the replays of the capture under way (SharedMat's accesses).
+    replay: RefCell<Option<Box<dyn ReplayHook>>>,
 }
 
 /// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
@@ -153,14 +154,15 @@ impl Stream {
         }
     }
 
-    /// The capture under way accessed `memory`: each replay of its graph will be such an access.
-    pub(super) fn note_shared_access(&self, memory: &Arc<SharedMemory>, access: Access) {
-        let mut shared = self.graphs.shared.borrow_mut();
-        if !shared
-            .iter()
-            .any(|(m, a)| Arc::ptr_eq(m, memory) && *a == access)
-        {
-            shared.push((Arc::clone(memory), access));
+    /// Notes, in the hook of type `H` this stream's own capture holds (made on the first note),
+    /// what its graph's replays must do. One feature notes (SharedMat): a hook of another type
+    /// in the slot is a bug, and the note is dropped, said so.
+    pub(crate) fn note_for_replay<H: ReplayHook + Default>(&self, note: impl FnOnce(&mut H)) {
+        let mut slot = self.graphs.replay.borrow_mut();
+        let hook: &mut dyn Any = &mut **slot.get_or_insert_with(|| Box::new(H::default()));
+        match hook.downcast_mut::<H>() {
+            Some(hook) => note(hook),
+            None => debug_assert!(false, "one replay hook type a capture"),
         }
     }
 
@@ -182,7 +184,7 @@ impl Stream {
         self.graphs.capturing.set(on);
         if on {
             // What a failed capture noted: its work never runs.
-            self.graphs.shared.borrow_mut().clear();
+            self.graphs.replay.borrow_mut().take();
         }
     }
 
@@ -195,14 +197,11 @@ impl Stream {
         }
     }
 
-    /// The shared memory the capture that just ended accessed, for its graph's replays to access
-    /// in turn.
-    pub(crate) fn take_shared_accesses(&self) -> SharedAccesses {
-        let mut accesses = std::mem::take(&mut *self.graphs.shared.borrow_mut());
-        // One access a memory, the stronger where the capture both read and wrote it.
-        accesses.sort_by_key(|(m, a)| (Arc::as_ptr(m), std::cmp::Reverse(*a)));
-        accesses.dedup_by(|later, first| Arc::ptr_eq(&later.0, &first.0));
-        SharedAccesses(accesses)
+    /// What features noted for the replays of the capture that just ended, for its graph to hold.
+    pub(crate) fn take_replay_hook(&self) -> Option<Box<dyn ReplayHook>> {
+        let mut hook = self.graphs.replay.borrow_mut().take()?;
+        hook.capture_ended();
+        Some(hook)
     }
 
     /// A capture begins: allocations from now on are of a later epoch than its graph's.
@@ -317,20 +316,6 @@ impl Stream {
         let peak = self.counters().stack_high_water.get();
         self.counters().stack_high_water.set(before.max(peak));
         peak as usize
-    }
-}
-
-/// The shared memory a graph's replays access: each replay is an access, ordered on the graph's
-/// stream like one outside a capture ([`SharedMemory::replay`]).
-#[cfg(feature = "cuda")]
-#[derive(Default)]
-pub(crate) struct SharedAccesses(Vec<SharedUse>);
-
-#[cfg(feature = "cuda")]
-impl SharedAccesses {
-    /// The accesses, for [`SharedMemory::replay`].
-    pub(crate) fn accesses(&self) -> &[SharedUse] {
-        &self.0
     }
 }
 

@@ -9,7 +9,6 @@
 mod capture;
 mod clock;
 mod lease;
-mod sharing;
 mod sizing;
 mod work;
 
@@ -34,11 +33,8 @@ use crate::stats::StreamStats;
 use crate::storage::IdleMemory;
 
 use capture::Graphs;
-#[cfg(feature = "cuda")]
-pub(crate) use capture::SharedAccesses;
 pub(crate) use clock::SyncClock;
 pub(crate) use lease::Lease;
-pub(crate) use sharing::{Access, SharedMemory};
 pub(crate) use sizing::Demand;
 pub use sizing::Sizing;
 use work::Waits;
@@ -233,6 +229,11 @@ impl Stream {
             #[cfg(feature = "cuda")]
             _wrapped: wrapped,
         })
+    }
+
+    /// The backend stream, which features order their own work on (SharedMat's events).
+    pub(crate) fn raw(&self) -> &RawStream {
+        &self.raw
     }
 
     /// The stream's device.
