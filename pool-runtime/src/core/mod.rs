@@ -5,6 +5,7 @@ pub(crate) mod arena;
 pub(crate) mod buffer;
 pub(crate) mod capturing;
 pub(crate) mod config;
+pub(crate) mod deferred;
 pub(crate) mod device;
 pub(crate) mod frame;
 pub(crate) mod ledger;

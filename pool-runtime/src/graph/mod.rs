@@ -470,13 +470,13 @@ impl Drop for Capturing<'_> {
         if let Some(fence) = self.fence.take() {
             self.stream.release_reserved(fence);
             // No graph: what releases kept for it can go.
-            self.stream.free_kept_now();
+            self.stream.drain_deferred();
         }
         if let Some(region) = self.family.take() {
             // No new member: the region goes back up to what the members have (or, under a
             // buffer kept from the capture, when that is released: their launches check).
             let _ = region.cover(self.stream);
-            self.stream.free_kept_now();
+            self.stream.drain_deferred();
         }
         // The captured buffers' memory is the graph's fence's now, or no graph's.
         self.stream.hold_stack_for_capture(false);
@@ -651,7 +651,7 @@ impl Stream {
             return Err(e);
         }
         // Memory released before the capture is freed before it (unless a graph still needs it).
-        self.free_kept_now();
+        self.drain_deferred();
         let epoch = self.capture_begun();
         let mut capturing = Capturing {
             stream: self,

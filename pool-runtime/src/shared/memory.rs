@@ -18,7 +18,6 @@
 use std::sync::Arc;
 
 use crate::backend::{DevPtr, RawEvent, RawStream};
-use crate::capturing;
 use crate::core::replay::ReplayHook;
 use crate::device::Device;
 use crate::error::PoolError;
@@ -579,7 +578,7 @@ impl Drop for SharedMemory {
         let uses = std::mem::take(&mut *lock(&self.uses));
         let (device, ptr) = (self.device.clone(), self.ptr);
         // Not inside a capture on this thread, where a driver free would break it.
-        capturing::after_captures(Box::new(move || free(&device, ptr, uses)));
+        crate::core::deferred::after_captures(Box::new(move || free(&device, ptr, uses)));
     }
 }
 

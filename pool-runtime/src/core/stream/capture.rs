@@ -1,12 +1,11 @@
 //! What CUDA graph capture (`graph.rs`) needs of a stream: whether its own capture is under way,
 //! a fence on its stack that grows to what the captured buffers used, the high-water mark the captured buffers reached, and
-//! the fallback and driver memory kept while a graph may still use it.
+//! the epochs of its live graphs (what memory `core/deferred.rs` keeps for them).
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 
-use crate::allocator::Allocation;
-use crate::backend::DevPtr;
+#[cfg(feature = "cuda")]
 use crate::capturing;
 #[cfg(feature = "cuda")]
 use crate::error::PoolError;
@@ -26,59 +25,8 @@ pub(super) struct Graphs {
     captures_begun: Cell<u64>,
     /// The epochs of this stream's live graphs (each its capture's count when it began).
     live: RefCell<Vec<u64>>,
-    /// Fallback and driver memory released while a capture was under way on this thread, or
-    /// while a graph that may use it lived: kept until neither is true.
-    kept: RefCell<Vec<Kept>>,
     /// What features noted for the replays of the capture under way (SharedMat's accesses).
     replay: RefCell<Option<Box<dyn ReplayHook>>>,
-}
-
-/// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
-/// whose capture began after the memory was allocated (so its replays may use it) still lives.
-///
-/// Made only from what a lease gave up (`lease.rs`; the constructors are `unsafe` and say so), and
-/// neither `Copy` nor `Clone`: it owns its memory alone, so freeing it needs nothing of the caller.
-#[derive(Debug)]
-pub(super) struct Kept {
-    memory: Memory,
-    /// The stream's capture count when the memory was allocated: graphs of later captures may
-    /// use it, graphs of earlier ones cannot.
-    epoch: u64,
-}
-
-/// Where kept memory came from, and so how it is freed.
-#[derive(Debug)]
-enum Memory {
-    /// From the stream's fallback allocator.
-    Fallback(Allocation),
-    /// From `cuMemAlloc`/`cuMemAllocPitch` ([`GpuMat::new`](crate::compat::opencv::GpuMat::new)).
-    Driver(DevPtr),
-}
-
-impl Kept {
-    /// What a fallback lease held.
-    ///
-    /// # Safety
-    /// `allocation` came from this stream's allocator, its lease gave it up, and no other `Kept`
-    /// is made of it: the `Kept` owns it alone.
-    pub(super) unsafe fn fallback(allocation: Allocation, epoch: u64) -> Kept {
-        Kept {
-            memory: Memory::Fallback(allocation),
-            epoch,
-        }
-    }
-
-    /// What a driver lease held.
-    ///
-    /// # Safety
-    /// As for [`Kept::fallback`]: `ptr` came from `take_from_driver` on this stream, its lease gave
-    /// it up, and no other `Kept` is made of it.
-    pub(super) unsafe fn driver(ptr: DevPtr, epoch: u64) -> Kept {
-        Kept {
-            memory: Memory::Driver(ptr),
-            epoch,
-        }
-    }
 }
 
 impl Stream {
@@ -94,64 +42,10 @@ impl Stream {
         self.graphs.captures_begun.get()
     }
 
-    /// Frees released memory, or keeps it while something may still use it: a capture under way
-    /// on this thread (whose work may use it, and which a driver free would break), a live graph
-    /// whose capture began after it was allocated, or a capture of the stream begun elsewhere.
-    #[cold]
-    pub(super) fn free_or_keep(&self, kept: Kept) -> Result<(), crate::error::PoolError> {
-        if self.must_keep(kept.epoch) {
-            self.graphs.kept.borrow_mut().push(kept);
-            return Ok(());
-        }
-        self.free_kept_now();
-        self.free_kept(kept)
-    }
-
-    /// Frees kept memory now. Its work is queued on this stream, which the allocator's free is
-    /// ordered after (the driver's free synchronizes).
-    pub(super) fn free_kept(&self, kept: Kept) -> Result<(), crate::error::PoolError> {
-        match kept.memory {
-            // SAFETY: a `Kept` owns its memory alone (its constructors' contract): the allocation
-            // came from this stream's allocator, and `kept` is consumed here, so it is freed once.
-            Memory::Fallback(allocation) => unsafe {
-                self.allocator.deallocate(&self.alloc_context(), allocation)
-            },
-            // SAFETY: as above; `ptr` came from `take_from_driver` on this stream's device.
-            Memory::Driver(ptr) => unsafe {
-                self.device.storage().free(ptr, Some(self.counters()))
-            },
-        }
-    }
-
-    /// Whether memory allocated at `epoch` must be kept rather than freed now.
-    fn must_keep(&self, epoch: u64) -> bool {
-        capturing::on_this_thread()
-            || self.graphs.live.borrow().iter().any(|&graph| graph > epoch)
-            || (!self.in_own_capture()
-                && self
-                    .device
-                    .storage()
-                    .backend
-                    .is_capturing(&self.raw)
-                    .unwrap_or(true))
-    }
-
-    /// Frees the kept memory that nothing may use any more.
-    #[cold]
-    pub(crate) fn free_kept_now(&self) {
-        if self.graphs.kept.borrow().is_empty() {
-            return;
-        }
-        let kept = std::mem::take(&mut *self.graphs.kept.borrow_mut());
-        for k in kept {
-            if self.must_keep(k.epoch) {
-                self.graphs.kept.borrow_mut().push(k);
-                continue;
-            }
-            if let Err(e) = self.free_kept(k) {
-                tracing::error!(stream = self.id(), error = %e, "freeing memory kept for a graph failed");
-            }
-        }
+    /// Whether a live graph of this stream began its capture after `epoch`: its replays may use
+    /// memory allocated then.
+    pub(crate) fn graph_newer_than(&self, epoch: u64) -> bool {
+        self.graphs.live.borrow().iter().any(|&graph| graph > epoch)
     }
 
     /// Notes, in the hook of type `H` this stream's own capture holds (made on the first note),
@@ -164,16 +58,6 @@ impl Stream {
             Some(hook) => note(hook),
             None => debug_assert!(false, "one replay hook type a capture"),
         }
-    }
-
-    /// The kept memory, taken out for a dropped stream to free or leak.
-    pub(super) fn take_kept(&self) -> Vec<Kept> {
-        std::mem::take(&mut *self.graphs.kept.borrow_mut())
-    }
-
-    /// Whether memory is kept.
-    pub(super) fn keeps_memory(&self) -> bool {
-        !self.graphs.kept.borrow().is_empty()
     }
 }
 
@@ -224,7 +108,7 @@ impl Stream {
             live.swap_remove(i);
         }
         drop(live);
-        self.free_kept_now();
+        self.drain_deferred();
     }
 
     /// The stack's top, if the stream holds a stack.

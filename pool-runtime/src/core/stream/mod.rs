@@ -21,6 +21,7 @@ use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedA
 use crate::backend::{DevPtr, RawStream};
 use crate::capturing;
 use crate::config::{self, DeviceConfig, Fallback, Stacks};
+use crate::core::deferred::{self, Deferred};
 use crate::core::sink::{Op, Sink};
 use crate::counters::StreamCounters;
 use crate::device::Device;
@@ -37,7 +38,6 @@ pub(crate) use clock::SyncClock;
 pub(crate) use lease::Lease;
 pub(crate) use sizing::Demand;
 pub use sizing::Sizing;
-use work::Waits;
 
 /// A stream of work on a device, with the stack that its temporary buffers come from.
 ///
@@ -73,9 +73,11 @@ pub struct Stream {
     no_stack_memory: Cell<bool>,
     /// What watches the takes and releases: the recording and the sizing of demand.
     sink: Sink,
-    /// `waits.any() || sink.wants_releases()`: whether a release has more to do than release.
+    /// `deferred.any_waits() || sink.wants_releases()`: whether a release has more to do than
+    /// release.
     release_hooks: Cell<bool>,
-    waits: Waits,
+    /// What is given back later: kept memory, record_stream's waits (`core/deferred.rs`).
+    deferred: Deferred,
     graphs: Graphs,
     /// Tickets of the host copies queued here, and which are done (`HostMem`).
     clock: Arc<SyncClock>,
@@ -223,12 +225,24 @@ impl Stream {
             no_stack_memory: Cell::new(false),
             sink: Sink::new(record),
             release_hooks: Cell::new(record > 0),
-            waits: Waits::default(),
+            deferred: Deferred::default(),
             graphs: Graphs::default(),
             clock: Arc::default(),
             #[cfg(feature = "cuda")]
             _wrapped: wrapped,
         })
+    }
+
+    /// The stream's deferred give-backs (`core/deferred.rs`).
+    pub(crate) fn deferred(&self) -> &Deferred {
+        &self.deferred
+    }
+
+    /// Sets the release path's one flag from what it gates: pending waits, or a sink that wants
+    /// releases.
+    pub(crate) fn set_release_hooks(&self) {
+        self.release_hooks
+            .set(self.deferred.any_waits() || self.sink.wants_releases());
     }
 
     /// The backend stream, which features order their own work on (SharedMat's events).
@@ -447,7 +461,7 @@ impl Stream {
     }
 
     #[inline]
-    fn counters(&self) -> &StreamCounters {
+    pub(crate) fn counters(&self) -> &StreamCounters {
         &self.ledger.counters
     }
 
@@ -570,7 +584,7 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.waits.any()
+        if self.deferred.any_waits()
             && let Err(e) = self.issue_deferred_waits()
         {
             tracing::error!(stream = self.id(), error = %e, "waiting for recorded uses failed");
@@ -579,7 +593,7 @@ impl Drop for Stream {
         // and the allocator, must not race it. A capture on this thread refuses a wait (and would
         // break): there the stack goes back with an event its next stream waits for, and kept
         // memory, which no event can guard, is leaked, and said so.
-        let holds = self.stack.get().is_some() || self.keeps_memory();
+        let holds = self.stack.get().is_some() || self.deferred.keeps_memory();
         let waited = if !holds {
             Ok(None)
         } else if capturing::on_this_thread() {
@@ -602,7 +616,7 @@ impl Drop for Stream {
                 Some(stack) if stack.is_growable() => {
                     // Unmapping is a driver call a capture on this thread must not see.
                     let device = self.device.clone();
-                    capturing::after_captures(Box::new(move || {
+                    deferred::after_captures(Box::new(move || {
                         device.inner.release_growable(stack, after);
                     }));
                 }
@@ -613,22 +627,7 @@ impl Drop for Stream {
                 tracing::error!(stream = self.id(), error = %e, "a stream dropped with work nobody can wait for: its stack is kept out of use")
             }
         }
-        let kept = self.take_kept();
-        if idle && !capturing::on_this_thread() {
-            // The stream's work is done (waited for above), and no graph of it is left (graphs
-            // borrow their stream).
-            for k in kept {
-                if let Err(e) = self.free_kept(k) {
-                    tracing::error!(stream = self.id(), error = %e, "freeing kept memory failed");
-                }
-            }
-        } else if !kept.is_empty() {
-            tracing::error!(
-                stream = self.id(),
-                blocks = kept.len(),
-                "a stream dropped with work nobody could wait for: its kept fallback memory is leaked"
-            );
-        }
+        self.drain_deferred_for_drop(idle && !capturing::on_this_thread());
         self.device
             .inner
             .retire_stream(&self.ledger, self.wants_stack.get());
