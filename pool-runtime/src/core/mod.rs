@@ -7,6 +7,7 @@ pub(crate) mod capturing;
 pub(crate) mod config;
 pub(crate) mod deferred;
 pub(crate) mod device;
+pub(crate) mod fence;
 pub(crate) mod frame;
 pub(crate) mod ledger;
 pub(crate) mod pinned;

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
-use crate::backend::{DevPtr, RawStream};
+use crate::backend::{DevPtr, RawEvent, RawStream};
 use crate::capturing;
 use crate::config::{self, DeviceConfig, Fallback, Stacks};
 use crate::core::deferred::{self, Deferred};
@@ -33,7 +33,7 @@ use crate::stack::{LayoutTrace, Stack};
 use crate::stats::StreamStats;
 use crate::storage::IdleMemory;
 
-use capture::Graphs;
+use capture::CaptureState;
 pub(crate) use clock::SyncClock;
 pub(crate) use lease::Lease;
 pub(crate) use sizing::Demand;
@@ -78,7 +78,7 @@ pub struct Stream {
     release_hooks: Cell<bool>,
     /// What is given back later: kept memory, record_stream's waits (`core/deferred.rs`).
     deferred: Deferred,
-    graphs: Graphs,
+    capture: CaptureState,
     /// Tickets of the host copies queued here, and which are done (`HostMem`).
     clock: Arc<SyncClock>,
     /// This pool stream's claim on its CUDA stream: no other pool stream may wrap it.
@@ -226,11 +226,17 @@ impl Stream {
             sink: Sink::new(record),
             release_hooks: Cell::new(record > 0),
             deferred: Deferred::default(),
-            graphs: Graphs::default(),
+            capture: CaptureState::default(),
             clock: Arc::default(),
             #[cfg(feature = "cuda")]
             _wrapped: wrapped,
         })
+    }
+
+    /// The stack this stream holds, if any.
+    #[inline]
+    pub(crate) fn stack(&self) -> Option<&Stack> {
+        self.stack.get()
     }
 
     /// The stream's deferred give-backs (`core/deferred.rs`).
@@ -467,7 +473,7 @@ impl Stream {
 
     /// Takes a stack if pooling is on and one is free; returns it.
     #[cold]
-    fn claim_stack(&self) -> Result<Option<&Stack>, PoolError> {
+    pub(crate) fn claim_stack(&self) -> Result<Option<&Stack>, PoolError> {
         if self.custom_allocator || self.no_stack_memory.get() || !config::buffer_pool_usage()? {
             return Ok(None);
         }
@@ -566,7 +572,7 @@ impl Stream {
     /// Counts a release out of LIFO order (of the block at `offset`), logged once per device; an
     /// error in strict mode.
     #[cold]
-    fn lifo_violation(&self, offset: u64) -> Result<(), PoolError> {
+    pub(crate) fn lifo_violation(&self, offset: u64) -> Result<(), PoolError> {
         self.counters().lifo_violations.add(1);
         let error = PoolError::LifoViolation {
             device: self.device.id(),
@@ -589,12 +595,27 @@ impl Drop for Stream {
         {
             tracing::error!(stream = self.id(), error = %e, "waiting for recorded uses failed");
         }
-        // Queued work may still use the stack and kept memory: the next stream to take the stack,
-        // and the allocator, must not race it. A capture on this thread refuses a wait (and would
-        // break): there the stack goes back with an event its next stream waits for, and kept
-        // memory, which no event can guard, is leaked, and said so.
-        let holds = self.stack.get().is_some() || self.deferred.keeps_memory();
-        let waited = if !holds {
+        let waited = self.wait_or_record();
+        let idle = matches!(waited, Ok(None));
+        self.hand_stack_back(waited);
+        self.drain_deferred_for_drop(idle && !capturing::on_this_thread());
+        self.device
+            .inner
+            .retire_stream(&self.ledger, self.wants_stack.get());
+        let raw = std::mem::replace(&mut self.raw, RawStream::Host);
+        self.device.backend().drop_stream(raw);
+    }
+}
+
+/// A dropped stream's last steps.
+impl Stream {
+    /// Queued work may still use the stack and kept memory: the next stream to take the stack,
+    /// and the allocator, must not race it. Waits for the stream (`Ok(None)`: its work is done),
+    /// or, under a capture on this thread, which refuses a wait (and would break), records the
+    /// event the stack's next stream waits for (kept memory, which no event can guard, is then
+    /// leaked, and said so).
+    fn wait_or_record(&self) -> Result<Option<RawEvent>, PoolError> {
+        if self.stack.get().is_none() && !self.deferred.keeps_memory() {
             Ok(None)
         } else if capturing::on_this_thread() {
             let backend = self.device.backend();
@@ -605,8 +626,12 @@ impl Drop for Stream {
             })
         } else {
             self.synchronize().map(|()| None)
-        };
-        let idle = matches!(waited, Ok(None));
+        }
+    }
+
+    /// Hands the stack back to the device, after `waited` (the event its next stream waits for,
+    /// if any); kept out of use where the stream's work could be neither waited for nor marked.
+    fn hand_stack_back(&mut self, waited: Result<Option<RawEvent>, PoolError>) {
         if let Some(stack) = self.stack.get() {
             // No give-back from another thread waits for this stream, nor unmaps, from here on.
             stack.retire();
@@ -627,12 +652,6 @@ impl Drop for Stream {
                 tracing::error!(stream = self.id(), error = %e, "a stream dropped with work nobody can wait for: its stack is kept out of use")
             }
         }
-        self.drain_deferred_for_drop(idle && !capturing::on_this_thread());
-        self.device
-            .inner
-            .retire_stream(&self.ledger, self.wants_stack.get());
-        let raw = std::mem::replace(&mut self.raw, RawStream::Host);
-        self.device.backend().drop_stream(raw);
     }
 }
 
