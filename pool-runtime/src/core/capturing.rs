@@ -13,10 +13,7 @@
 //! - work that crosses streams, and pool work on a CUDA stream captured by anyone but its own
 //!   pool stream, is refused (the checks live on `Stream`, which knows both sides).
 
-use std::cell::{Cell, RefCell};
-
-/// Work deferred until no pool capture is under way on the thread.
-type Deferred = Box<dyn FnOnce()>;
+use std::cell::Cell;
 
 thread_local! {
     /// Pool captures under way on this thread.
@@ -25,18 +22,6 @@ thread_local! {
     /// fails. A flag of the pool's own: cudarc's context keeps one error for every thread, and
     /// any cudarc call clears it.
     static REFUSED: Cell<bool> = const { Cell::new(false) };
-    /// Frees deferred while a capture is under way ([`after_captures`]).
-    static AFTER: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `free` now, or once the pool captures under way on this thread have ended: memory that no
-/// stream owns (shared memory) can be dropped inside a capture, where a driver free would break it.
-pub(crate) fn after_captures(free: Deferred) {
-    if on_this_thread() {
-        AFTER.with(|after| after.borrow_mut().push(free));
-    } else {
-        free();
-    }
 }
 
 /// Marks the pool capture under way on this thread (if any) as failed by a refused cudarc call.
@@ -70,10 +55,7 @@ impl Drop for ThreadCapture {
     fn drop(&mut self) {
         CAPTURES.with(|c| c.set(c.get() - 1));
         if !on_this_thread() {
-            let deferred = AFTER.with(|after| std::mem::take(&mut *after.borrow_mut()));
-            for free in deferred {
-                free();
-            }
+            crate::core::deferred::captures_ended();
         }
     }
 }

@@ -5,7 +5,9 @@ pub(crate) mod arena;
 pub(crate) mod buffer;
 pub(crate) mod capturing;
 pub(crate) mod config;
+pub(crate) mod deferred;
 pub(crate) mod device;
+pub(crate) mod fence;
 pub(crate) mod ledger;
 #[cfg(feature = "cuda")]
 pub(crate) mod lent;
@@ -13,6 +15,7 @@ pub(crate) mod pinned;
 #[cfg(feature = "cuda")]
 pub(crate) mod pitched;
 pub(crate) mod record;
+pub(crate) mod replay;
 pub(crate) mod scope;
 pub(crate) mod sink;
 pub(crate) mod stack;

@@ -68,10 +68,11 @@ use cudarc::driver::{CudaContext, result, sys};
 
 use crate::backend::cuda::{ContextGuard, driver_error};
 use crate::capturing::{self, ThreadCapture};
+use crate::core::replay::{self, ReplayHook};
 use crate::error::CaptureError;
 use crate::error::PoolError;
 use crate::stack::Block;
-use crate::stream::{SharedAccesses, SharedMemory, Stream};
+use crate::stream::Stream;
 
 pub use family::GraphFamily;
 
@@ -90,8 +91,9 @@ pub struct Graph<'a> {
     /// The stream's capture count when this graph's capture began: memory allocated before it
     /// may be used by the replays, and is kept when released until the graph is dropped.
     epoch: u64,
-    /// The shared memory the replays read or write: each replay is ordered as an access of it.
-    shared: SharedAccesses,
+    /// What features noted during the capture for each replay to do (SharedMat's accesses: each
+    /// replay is ordered as an access of the memory).
+    replays: Option<Box<dyn ReplayHook>>,
     /// The family whose region holds the replays' buffers, for a member of one (`reserved` is
     /// then `None`).
     family: Option<&'a family::Region>,
@@ -119,8 +121,8 @@ impl Graph<'_> {
         self.ready()?;
         // Each replay is an access of the shared memory its capture accessed: ordered after the
         // accesses it conflicts with, and before later ones.
-        let parts = [(self.stream, self.shared.accesses())];
-        SharedMemory::replay("Graph::launch", &parts, |_| self.queue()).map_err(|(_, e)| e)
+        let parts = [(self.stream, self.replays.as_deref())];
+        replay::replay("Graph::launch", &parts, &mut |_| self.queue()).map_err(|(_, e)| e)
     }
 
     /// Replays `graphs` in order, each on its stream, as one step for their shared memory: every
@@ -143,9 +145,9 @@ impl Graph<'_> {
         }
         let parts: Vec<_> = graphs
             .iter()
-            .map(|g| (g.stream, g.shared.accesses()))
+            .map(|g| (g.stream, g.replays.as_deref()))
             .collect();
-        SharedMemory::replay("RankGraphs::launch", &parts, |i| graphs[i].queue())
+        replay::replay("RankGraphs::launch", &parts, &mut |i| graphs[i].queue())
     }
 
     /// What must hold before a replay is queued.
@@ -339,8 +341,8 @@ struct Capturing<'s> {
     peak: usize,
     /// Marks the capture on this thread until it ends.
     thread: Option<ThreadCapture>,
-    /// The shared memory the capture accessed, taken from the stream when it ends.
-    shared: SharedAccesses,
+    /// What features noted for the replays, taken from the stream when the capture ends.
+    replays: Option<Box<dyn ReplayHook>>,
     /// The family region the capture packs its buffers in (instead of `fence`), lowered to its
     /// base while the capture is under way.
     family: Option<&'s family::Region>,
@@ -377,7 +379,7 @@ impl Capturing<'_> {
         // SAFETY: the origin stream is live and capturing; `graph` receives the graph or null.
         let ended = unsafe { sys::cuStreamEndCapture(self.origin.stream, &mut graph) }.result();
         self.stream.set_own_capture(false);
-        self.shared = self.stream.take_shared_accesses();
+        self.replays = self.stream.take_replay_hook();
         self.thread = None;
         if let Some(before) = self.high_water.take() {
             self.peak = self.stream.end_high_water(before);
@@ -450,7 +452,7 @@ impl<'s> Capturing<'s> {
             exec,
             reserved,
             epoch: self.epoch,
-            shared: std::mem::take(&mut self.shared),
+            replays: self.replays.take(),
             family,
             _captures: PhantomData,
         })
@@ -469,13 +471,13 @@ impl Drop for Capturing<'_> {
         if let Some(fence) = self.fence.take() {
             self.stream.release_reserved(fence);
             // No graph: what releases kept for it can go.
-            self.stream.free_kept_now();
+            self.stream.drain_deferred();
         }
         if let Some(region) = self.family.take() {
             // No new member: the region goes back up to what the members have (or, under a
             // buffer kept from the capture, when that is released: their launches check).
             let _ = region.cover(self.stream);
-            self.stream.free_kept_now();
+            self.stream.drain_deferred();
         }
         // The captured buffers' memory is the graph's fence's now, or no graph's.
         self.stream.hold_stack_for_capture(false);
@@ -652,7 +654,7 @@ impl Stream {
             return Err(e);
         }
         // Memory released before the capture is freed before it (unless a graph still needs it).
-        self.free_kept_now();
+        self.drain_deferred();
         let epoch = self.capture_begun();
         let mut capturing = Capturing {
             stream: self,
@@ -664,7 +666,7 @@ impl Stream {
             high_water: Some(self.start_high_water(fence_end)),
             peak: fence_end,
             thread: None,
-            shared: SharedAccesses::default(),
+            replays: None,
             family,
         };
         capturing.begin()?;

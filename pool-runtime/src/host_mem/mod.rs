@@ -366,7 +366,7 @@ impl<T: Pod> Drop for HostMem<T> {
         let ptr = PinnedPtr(self.bytes());
         // Recording an event may join a capture and freeing is a driver call: inside a capture on
         // this thread either would break it, so both come after the captures (the memory stays).
-        capturing::after_captures(Box::new(move || {
+        crate::core::deferred::after_captures(Box::new(move || {
             let marked = if lost {
                 Err(lost_error(device.id()))
             } else {

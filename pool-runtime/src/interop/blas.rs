@@ -193,7 +193,7 @@ impl Workspace {
             .extract_if(.., |w| Arc::strong_count(&w.stream) == 1)
             .collect();
         for w in orphans {
-            capturing::after_captures(Box::new(move || {
+            crate::core::deferred::after_captures(Box::new(move || {
                 if let Err(e) = w.stream.synchronize() {
                     // Work queued on it may still run: leaking the memory is the safe outcome.
                     tracing::error!(error = ?e, "waiting for a cuBLAS workspace's stream failed; the workspace is leaked");

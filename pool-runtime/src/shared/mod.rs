@@ -52,6 +52,8 @@
 //! access stays open until an eager access that conflicts with it (a write, for an open read)
 //! waits for its stream and closes it.
 
+mod memory;
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -63,8 +65,10 @@ use crate::device::Device;
 use crate::error::CaptureError;
 use crate::error::PoolError;
 use crate::layout::Layout;
-use crate::stream::{Access, SharedMemory, Stream};
+use crate::stream::Stream;
+
 use crate::view::{GpuView, GpuViewMut, Keeper, Window};
+use memory::{Access, SharedMemory};
 
 /// A shared array's memory is a driver allocation of its own, aligned as the driver aligns it: no
 /// stack block, so no packing to choose.

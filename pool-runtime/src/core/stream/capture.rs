@@ -1,84 +1,25 @@
-//! What CUDA graph capture (`graph.rs`) needs of a stream: whether its own capture is under way,
-//! a fence on its stack that grows to what the captured buffers used, the high-water mark the captured buffers reached, and
-//! the fallback and driver memory kept while a graph may still use it.
+//! A stream's capture state: whether its own capture is under way, the epochs of its captures and
+//! live graphs (what memory `core/deferred.rs` keeps for them), and what features noted for the
+//! replays (`core/replay.rs`). The stack fences a graph reserves are `core/fence.rs`.
 
+use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::sync::Arc;
 
-use crate::allocator::Allocation;
-use crate::backend::DevPtr;
-use crate::capturing;
-use crate::error::CaptureError;
-#[cfg(feature = "cuda")]
-use crate::error::PoolError;
-#[cfg(feature = "cuda")]
-use crate::stack::{Block, Release, Stack};
+use crate::core::replay::ReplayHook;
 
 use super::Stream;
-use super::sharing::{Access, SharedMemory, SharedUse};
 
-/// A stream's graph state.
+/// A stream's capture state (one field of `Stream`).
 #[derive(Default)]
-pub(super) struct Graphs {
+pub(super) struct CaptureState {
     /// The stream's own capture is under way: nothing may reach the driver's allocator.
     capturing: Cell<bool>,
     /// Captures begun on this stream: the epoch a fallback or driver allocation is stamped with.
     captures_begun: Cell<u64>,
     /// The epochs of this stream's live graphs (each its capture's count when it began).
     live: RefCell<Vec<u64>>,
-    /// Fallback and driver memory released while a capture was under way on this thread, or
-    /// while a graph that may use it lived: kept until neither is true.
-    kept: RefCell<Vec<Kept>>,
-    /// Shared memory the capture under way accessed: its graph's replays are ordered as accesses.
-    shared: RefCell<Vec<SharedUse>>,
-}
-
-/// Memory of a released buffer that could not be freed yet: a capture was under way, or a graph
-/// whose capture began after the memory was allocated (so its replays may use it) still lives.
-///
-/// Made only from what a lease gave up (`lease.rs`; the constructors are `unsafe` and say so), and
-/// neither `Copy` nor `Clone`: it owns its memory alone, so freeing it needs nothing of the caller.
-#[derive(Debug)]
-pub(super) struct Kept {
-    memory: Memory,
-    /// The stream's capture count when the memory was allocated: graphs of later captures may
-    /// use it, graphs of earlier ones cannot.
-    epoch: u64,
-}
-
-/// Where kept memory came from, and so how it is freed.
-#[derive(Debug)]
-enum Memory {
-    /// From the stream's fallback allocator.
-    Fallback(Allocation),
-    /// From `cuMemAlloc`/`cuMemAllocPitch` ([`GpuMat::new`](crate::compat::opencv::GpuMat::new)).
-    Driver(DevPtr),
-}
-
-impl Kept {
-    /// What a fallback lease held.
-    ///
-    /// # Safety
-    /// `allocation` came from this stream's allocator, its lease gave it up, and no other `Kept`
-    /// is made of it: the `Kept` owns it alone.
-    pub(super) unsafe fn fallback(allocation: Allocation, epoch: u64) -> Kept {
-        Kept {
-            memory: Memory::Fallback(allocation),
-            epoch,
-        }
-    }
-
-    /// What a driver lease held.
-    ///
-    /// # Safety
-    /// As for [`Kept::fallback`]: `ptr` came from `take_from_driver` on this stream, its lease gave
-    /// it up, and no other `Kept` is made of it.
-    pub(super) unsafe fn driver(ptr: DevPtr, epoch: u64) -> Kept {
-        Kept {
-            memory: Memory::Driver(ptr),
-            epoch,
-        }
-    }
+    /// What features noted for the replays of the capture under way (SharedMat's accesses).
+    replay: RefCell<Option<Box<dyn ReplayHook>>>,
 }
 
 impl Stream {
@@ -86,93 +27,34 @@ impl Stream {
     /// driver records its CUDA stream: `Backend::is_capturing` says that).
     #[inline]
     pub(crate) fn in_own_capture(&self) -> bool {
-        self.graphs.capturing.get()
+        self.capture.capturing.get()
     }
 
     /// The epoch memory allocated now is stamped with.
     pub(super) fn capture_epoch(&self) -> u64 {
-        self.graphs.captures_begun.get()
+        self.capture.captures_begun.get()
     }
 
-    /// Frees released memory, or keeps it while something may still use it: a capture under way
-    /// on this thread (whose work may use it, and which a driver free would break), a live graph
-    /// whose capture began after it was allocated, or a capture of the stream begun elsewhere.
-    #[cold]
-    pub(super) fn free_or_keep(&self, kept: Kept) -> Result<(), crate::error::PoolError> {
-        if self.must_keep(kept.epoch) {
-            self.graphs.kept.borrow_mut().push(kept);
-            return Ok(());
-        }
-        self.free_kept_now();
-        self.free_kept(kept)
-    }
-
-    /// Frees kept memory now. Its work is queued on this stream, which the allocator's free is
-    /// ordered after (the driver's free synchronizes).
-    pub(super) fn free_kept(&self, kept: Kept) -> Result<(), crate::error::PoolError> {
-        match kept.memory {
-            // SAFETY: a `Kept` owns its memory alone (its constructors' contract): the allocation
-            // came from this stream's allocator, and `kept` is consumed here, so it is freed once.
-            Memory::Fallback(allocation) => unsafe {
-                self.allocator.deallocate(&self.alloc_context(), allocation)
-            },
-            // SAFETY: as above; `ptr` came from `take_from_driver` on this stream's device.
-            Memory::Driver(ptr) => unsafe {
-                self.device.storage().free(ptr, Some(self.counters()))
-            },
-        }
-    }
-
-    /// Whether memory allocated at `epoch` must be kept rather than freed now.
-    fn must_keep(&self, epoch: u64) -> bool {
-        capturing::on_this_thread()
-            || self.graphs.live.borrow().iter().any(|&graph| graph > epoch)
-            || (!self.in_own_capture()
-                && self
-                    .device
-                    .storage()
-                    .backend
-                    .is_capturing(&self.raw)
-                    .unwrap_or(true))
-    }
-
-    /// Frees the kept memory that nothing may use any more.
-    #[cold]
-    pub(crate) fn free_kept_now(&self) {
-        if self.graphs.kept.borrow().is_empty() {
-            return;
-        }
-        let kept = std::mem::take(&mut *self.graphs.kept.borrow_mut());
-        for k in kept {
-            if self.must_keep(k.epoch) {
-                self.graphs.kept.borrow_mut().push(k);
-                continue;
-            }
-            if let Err(e) = self.free_kept(k) {
-                tracing::error!(stream = self.id(), error = %e, "freeing memory kept for a graph failed");
-            }
-        }
-    }
-
-    /// The capture under way accessed `memory`: each replay of its graph will be such an access.
-    pub(super) fn note_shared_access(&self, memory: &Arc<SharedMemory>, access: Access) {
-        let mut shared = self.graphs.shared.borrow_mut();
-        if !shared
+    /// Whether a live graph of this stream began its capture after `epoch`: its replays may use
+    /// memory allocated then.
+    pub(crate) fn graph_newer_than(&self, epoch: u64) -> bool {
+        self.capture
+            .live
+            .borrow()
             .iter()
-            .any(|(m, a)| Arc::ptr_eq(m, memory) && *a == access)
-        {
-            shared.push((Arc::clone(memory), access));
+            .any(|&graph| graph > epoch)
+    }
+
+    /// Notes, in the hook of type `H` this stream's own capture holds (made on the first note),
+    /// what its graph's replays must do. One feature notes (SharedMat): a hook of another type
+    /// in the slot is a bug, and the note is dropped, said so.
+    pub(crate) fn note_for_replay<H: ReplayHook + Default>(&self, note: impl FnOnce(&mut H)) {
+        let mut slot = self.capture.replay.borrow_mut();
+        let hook: &mut dyn Any = &mut **slot.get_or_insert_with(|| Box::new(H::default()));
+        match hook.downcast_mut::<H>() {
+            Some(hook) => note(hook),
+            None => debug_assert!(false, "one replay hook type a capture"),
         }
-    }
-
-    /// The kept memory, taken out for a dropped stream to free or leak.
-    pub(super) fn take_kept(&self) -> Vec<Kept> {
-        std::mem::take(&mut *self.graphs.kept.borrow_mut())
-    }
-
-    /// Whether memory is kept.
-    pub(super) fn keeps_memory(&self) -> bool {
-        !self.graphs.kept.borrow().is_empty()
     }
 }
 
@@ -180,201 +62,40 @@ impl Stream {
 impl Stream {
     /// This stream's own capture begins: nothing it takes may reach the driver's allocator.
     pub(crate) fn set_own_capture(&self, on: bool) {
-        self.graphs.capturing.set(on);
+        self.capture.capturing.set(on);
         if on {
             // What a failed capture noted: its work never runs.
-            self.graphs.shared.borrow_mut().clear();
+            self.capture.replay.borrow_mut().take();
         }
     }
 
-    /// Marks the stream's own capture under way (`true`) or finished, its graph made or not
-    /// (`false`): meanwhile no give-back unmaps the stack above its top, where the captured
-    /// buffers were (the graph's fence covers them only once it is made).
-    pub(crate) fn hold_stack_for_capture(&self, on: bool) {
-        if let Some(stack) = self.stack.get() {
-            stack.set_capturing(on);
-        }
-    }
-
-    /// The shared memory the capture that just ended accessed, for its graph's replays to access
-    /// in turn.
-    pub(crate) fn take_shared_accesses(&self) -> SharedAccesses {
-        let mut accesses = std::mem::take(&mut *self.graphs.shared.borrow_mut());
-        // One access a memory, the stronger where the capture both read and wrote it.
-        accesses.sort_by_key(|(m, a)| (Arc::as_ptr(m), std::cmp::Reverse(*a)));
-        accesses.dedup_by(|later, first| Arc::ptr_eq(&later.0, &first.0));
-        SharedAccesses(accesses)
+    /// What features noted for the replays of the capture that just ended, for its graph to hold.
+    pub(crate) fn take_replay_hook(&self) -> Option<Box<dyn ReplayHook>> {
+        let mut hook = self.capture.replay.borrow_mut().take()?;
+        hook.capture_ended();
+        Some(hook)
     }
 
     /// A capture begins: allocations from now on are of a later epoch than its graph's.
     pub(crate) fn capture_begun(&self) -> u64 {
-        let epoch = self.graphs.captures_begun.get() + 1;
-        self.graphs.captures_begun.set(epoch);
+        let epoch = self.capture.captures_begun.get() + 1;
+        self.capture.captures_begun.set(epoch);
         epoch
     }
 
     /// A graph of the capture begun at `epoch` was made: memory allocated before that capture is
     /// kept, when released, until the graph is dropped.
     pub(crate) fn graph_made(&self, epoch: u64) {
-        self.graphs.live.borrow_mut().push(epoch);
+        self.capture.live.borrow_mut().push(epoch);
     }
 
     /// The graph of `epoch` was dropped: what only it held is freed.
     pub(crate) fn graph_dropped(&self, epoch: u64) {
-        let mut live = self.graphs.live.borrow_mut();
+        let mut live = self.capture.live.borrow_mut();
         if let Some(i) = live.iter().position(|&e| e == epoch) {
             live.swap_remove(i);
         }
         drop(live);
-        self.free_kept_now();
-    }
-
-    /// The stack's top, if the stream holds a stack.
-    pub(crate) fn stack_top(&self) -> Option<usize> {
-        self.stack.get().map(Stack::top)
-    }
-
-    /// Takes one byte of the stack as a fence: stack memory below it cannot be reclaimed, nor
-    /// reused, until the fence is released (what a graph's replays need of the memory above it).
-    pub(crate) fn reserve_fence(&self) -> Result<Block, PoolError> {
-        let stack = match self.stack.get() {
-            Some(stack) => Some(stack),
-            None => self.claim_stack()?,
-        };
-        let taken = stack.and_then(|s| {
-            s.take(1)
-                .or_else(|| self.grow_and_take(s, 1, s.align()))
-                .map(|(_, block)| (s, block))
-        });
-        let Some((stack, fence)) = taken else {
-            return Err(PoolError::Capture(CaptureError::NeedsStack {
-                requested: 1,
-                available: stack.map_or(0, Stack::free_bytes),
-                context: None,
-            }));
-        };
-        self.counters().stack_in_use.set(stack.top() as u64);
-        Ok(fence)
-    }
-
-    /// Grows `fence`, the topmost block, up to `end`: what a capture's buffers used above it.
-    pub(crate) fn reserve_up_to(&self, fence: &mut Block, end: usize) -> Result<(), PoolError> {
-        let Some(stack) = self.stack.get() else {
-            return Ok(());
-        };
-        // The same bytes the capture's buffers had: they fitted then, and the top is where it was.
-        // A growable stack may have been trimmed below them since (a family's lowered region):
-        // map them again first, outside any capture.
-        let available = stack.free_bytes();
-        let may_map = !self.in_own_capture() && !capturing::on_this_thread();
-        let storage = self.device.storage();
-        if !stack.grow_mapped(fence, end, may_map, storage, self.counters())? {
-            return Err(PoolError::Capture(CaptureError::NeedsStack {
-                requested: end.saturating_sub(fence.end()),
-                available,
-                context: None,
-            }));
-        }
-        self.counters().stack_in_use.set(stack.top() as u64);
-        Ok(())
-    }
-
-    /// Shrinks `fence`, the topmost block, back to `end`: a graph family's region, lowered to its
-    /// base for the capture of a member. `false` if something taken after it is still live.
-    pub(crate) fn shrink_reserved(&self, fence: &mut Block, end: usize) -> bool {
-        let Some(stack) = self.stack.get() else {
-            return false;
-        };
-        let shrunk = stack.shrink(fence, end);
-        if shrunk {
-            self.counters().stack_in_use.set(stack.top() as u64);
-        }
-        shrunk
-    }
-
-    /// Gives back a block of [`reserve_fence`](Self::reserve_fence).
-    pub(crate) fn release_reserved(&self, block: Block) {
-        if let Some(stack) = self.stack.get() {
-            let prev_top = block.prev_top();
-            let release = stack.release(&block);
-            self.counters().stack_in_use.set(stack.top() as u64);
-            if release == Release::OutOfOrder {
-                // Reclaimed later, as any out-of-order block; counted and logged, never an error.
-                let _ = self.lifo_violation(prev_top as u64);
-            }
-        }
-    }
-
-    /// Starts measuring the stack's high-water mark from `floor`; returns the mark so far.
-    pub(crate) fn start_high_water(&self, floor: usize) -> u64 {
-        let before = self.counters().stack_high_water.get();
-        self.counters().stack_high_water.set(floor as u64);
-        before
-    }
-
-    /// The mark reached since [`start_high_water`](Self::start_high_water), after which the
-    /// stream's own mark is what it would have been without the measurement.
-    pub(crate) fn end_high_water(&self, before: u64) -> usize {
-        let peak = self.counters().stack_high_water.get();
-        self.counters().stack_high_water.set(before.max(peak));
-        peak as usize
-    }
-}
-
-/// The shared memory a graph's replays access: each replay is an access, ordered on the graph's
-/// stream like one outside a capture ([`SharedMemory::replay`]).
-#[cfg(feature = "cuda")]
-#[derive(Default)]
-pub(crate) struct SharedAccesses(Vec<SharedUse>);
-
-#[cfg(feature = "cuda")]
-impl SharedAccesses {
-    /// The accesses, for [`SharedMemory::replay`].
-    pub(crate) fn accesses(&self) -> &[SharedUse] {
-        &self.0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// What a CUDA graph capture does to a stream's stack (`graph.rs`), on the host: a fence, packed
-    /// buffers above it, and a reservation of what they reached; buffers taken while the graph lives
-    /// never get memory its replays write.
-    #[cfg(feature = "cuda")]
-    #[test]
-    fn a_capture_reserves_what_its_packed_buffers_used() -> Result<(), crate::PoolError> {
-        use crate::GpuRead;
-        let device = crate::Device::private_host();
-        let stream = crate::Stream::new(&device)?;
-        let pool = crate::compat::opencv::BufferPool::new(&stream);
-        let before = pool.get_buffer_1d::<u8>(64)?; // the top is not texture-aligned
-        let mut fence = stream.reserve_fence()?;
-        assert_eq!((fence.prev_top(), fence.end()), (64, 513));
-        let high_water = stream.start_high_water(fence.end());
-        let captured = [
-            pool.get_buffer_1d::<u8>(64)?.device_ptr(),
-            pool.get_buffer_1d::<u8>(100)?.device_ptr(),
-        ];
-        let base = stream.stack_range().expect("a stack").start;
-        assert_eq!(
-            captured.map(|p| p - base),
-            [768, 1024],
-            "above the fence, each on 256 bytes"
-        );
-        let peak = stream.end_high_water(high_water);
-        assert_eq!(peak, 1152);
-        stream.reserve_up_to(&mut fence, peak)?;
-        assert_eq!((fence.prev_top(), fence.end()), (64, 1152));
-        let after = pool.get_buffer_1d::<u8>(64)?;
-        assert!(
-            after.device_ptr() - base >= 1152,
-            "nothing a replay writes is handed out"
-        );
-        drop(after);
-        stream.release_reserved(fence);
-        drop(before);
-        assert_eq!(stream.stats().stack_in_use, 0);
-        assert_eq!(stream.stats().lifo_violations, 0);
-        Ok(())
+        self.drain_deferred();
     }
 }

@@ -20,8 +20,8 @@ use crate::source::{CallSite, FallbackReason, Source};
 use crate::stack::{Block, Release, Stack};
 
 use super::Stream;
-use super::capture::Kept;
 use super::sizing::DemandBlock;
+use crate::core::deferred::Kept;
 
 /// Memory a buffer holds and how it goes back: its address, shape and pitch, where it came from,
 /// and the stream it goes back to.
@@ -326,7 +326,7 @@ impl Stream {
             })
             .at(context));
         }
-        self.free_kept_now();
+        self.drain_deferred();
         let request = AllocRequest {
             rows: layout.rows,
             cols: layout.cols,
@@ -391,7 +391,7 @@ impl Stream {
             })
             .at(context));
         }
-        self.free_kept_now();
+        self.drain_deferred();
         let storage = self.device.storage();
         let allocate = || {
             if layout.is_pitched() {
@@ -422,7 +422,7 @@ impl Stream {
     }
 
     /// The counted driver operations this stream's allocator may use.
-    pub(super) fn alloc_context(&self) -> AllocContext<'_> {
+    pub(crate) fn alloc_context(&self) -> AllocContext<'_> {
         AllocContext {
             storage: self.device.storage(),
             stream: &self.raw,
@@ -503,7 +503,7 @@ impl Stream {
     /// A stack release with waits to issue first or an event to record after.
     #[cold]
     fn give_back_hooked(&self, ptr: DevPtr, block: &Block) -> Result<(), PoolError> {
-        if self.waits.any() {
+        if self.deferred.any_waits() {
             // If the waits cannot be issued, the memory is not given back (the block stays held
             // until the stream goes): reused, it could race the other streams' work.
             self.issue_deferred_waits()?;
@@ -523,7 +523,7 @@ impl Stream {
     /// Gives back what a lease at `ptr` held besides a stack block.
     #[cold]
     fn give_back_other(&self, ptr: DevPtr, held: Held) -> Result<(), PoolError> {
-        if self.waits.any() {
+        if self.deferred.any_waits() {
             // As for a stack block: without the waits the memory is not reused (it leaks).
             self.issue_deferred_waits()?;
         }
@@ -553,13 +553,13 @@ impl Stream {
                 // SAFETY: the allocation came from this stream's allocator (`take_fallback`), and
                 // its lease gave it up by value: this is its one `Kept`.
                 let kept = unsafe { Kept::fallback(allocation, epoch) };
-                self.free_or_keep(kept)
+                self.give_back_after(kept)
             }
             Held::Driver { epoch } => {
                 // SAFETY: `ptr` came from `take_from_driver` on this stream, and its lease gave it
                 // up by value: this is its one `Kept`.
                 let kept = unsafe { Kept::driver(ptr, epoch) };
-                self.free_or_keep(kept)
+                self.give_back_after(kept)
             }
         }
     }

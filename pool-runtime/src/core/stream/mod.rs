@@ -9,7 +9,6 @@
 mod capture;
 mod clock;
 mod lease;
-mod sharing;
 mod sizing;
 mod work;
 
@@ -19,9 +18,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 
 use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
-use crate::backend::{DevPtr, RawStream};
+use crate::backend::{DevPtr, RawEvent, RawStream};
 use crate::capturing;
 use crate::config::{self, DeviceConfig, Fallback, Stacks};
+use crate::core::deferred::{self, Deferred};
 use crate::core::sink::{Op, Sink};
 use crate::counters::StreamCounters;
 use crate::device::Device;
@@ -34,15 +34,11 @@ use crate::stack::{LayoutTrace, Stack};
 use crate::stats::StreamStats;
 use crate::storage::IdleMemory;
 
-use capture::Graphs;
-#[cfg(feature = "cuda")]
-pub(crate) use capture::SharedAccesses;
+use capture::CaptureState;
 pub(crate) use clock::SyncClock;
 pub(crate) use lease::Lease;
-pub(crate) use sharing::{Access, SharedMemory};
 pub(crate) use sizing::Demand;
 pub use sizing::Sizing;
-use work::Waits;
 
 /// A stream of work on a device, with the stack that its temporary buffers come from.
 ///
@@ -78,10 +74,12 @@ pub struct Stream {
     no_stack_memory: Cell<bool>,
     /// What watches the takes and releases: the recording and the sizing of demand.
     sink: Sink,
-    /// `waits.any() || sink.wants_releases()`: whether a release has more to do than release.
+    /// `deferred.any_waits() || sink.wants_releases()`: whether a release has more to do than
+    /// release.
     release_hooks: Cell<bool>,
-    waits: Waits,
-    graphs: Graphs,
+    /// What is given back later: kept memory, record_stream's waits (`core/deferred.rs`).
+    deferred: Deferred,
+    capture: CaptureState,
     /// Tickets of the host copies queued here, and which are done (`HostMem`).
     clock: Arc<SyncClock>,
     /// This pool stream's claim on its CUDA stream: no other pool stream may wrap it.
@@ -228,12 +226,35 @@ impl Stream {
             no_stack_memory: Cell::new(false),
             sink: Sink::new(record),
             release_hooks: Cell::new(record > 0),
-            waits: Waits::default(),
-            graphs: Graphs::default(),
+            deferred: Deferred::default(),
+            capture: CaptureState::default(),
             clock: Arc::default(),
             #[cfg(feature = "cuda")]
             _wrapped: wrapped,
         })
+    }
+
+    /// The stack this stream holds, if any.
+    #[inline]
+    pub(crate) fn stack(&self) -> Option<&Stack> {
+        self.stack.get()
+    }
+
+    /// The stream's deferred give-backs (`core/deferred.rs`).
+    pub(crate) fn deferred(&self) -> &Deferred {
+        &self.deferred
+    }
+
+    /// Sets the release path's one flag from what it gates: pending waits, or a sink that wants
+    /// releases.
+    pub(crate) fn set_release_hooks(&self) {
+        self.release_hooks
+            .set(self.deferred.any_waits() || self.sink.wants_releases());
+    }
+
+    /// The backend stream, which features order their own work on (SharedMat's events).
+    pub(crate) fn raw(&self) -> &RawStream {
+        &self.raw
     }
 
     /// The stream's device.
@@ -448,13 +469,13 @@ impl Stream {
     }
 
     #[inline]
-    fn counters(&self) -> &StreamCounters {
+    pub(crate) fn counters(&self) -> &StreamCounters {
         &self.ledger.counters
     }
 
     /// Takes a stack if pooling is on and one is free; returns it.
     #[cold]
-    fn claim_stack(&self) -> Result<Option<&Stack>, PoolError> {
+    pub(crate) fn claim_stack(&self) -> Result<Option<&Stack>, PoolError> {
         if self.custom_allocator || self.no_stack_memory.get() || !config::buffer_pool_usage()? {
             return Ok(None);
         }
@@ -553,7 +574,7 @@ impl Stream {
     /// Counts a release out of LIFO order (of the block at `offset`), logged once per device; an
     /// error in strict mode.
     #[cold]
-    fn lifo_violation(&self, offset: u64) -> Result<(), PoolError> {
+    pub(crate) fn lifo_violation(&self, offset: u64) -> Result<(), PoolError> {
         self.counters().lifo_violations.add(1);
         let error = PoolError::LifoViolation {
             device: self.device.id(),
@@ -571,17 +592,32 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.waits.any()
+        if self.deferred.any_waits()
             && let Err(e) = self.issue_deferred_waits()
         {
             tracing::error!(stream = self.id(), error = %e, "waiting for recorded uses failed");
         }
-        // Queued work may still use the stack and kept memory: the next stream to take the stack,
-        // and the allocator, must not race it. A capture on this thread refuses a wait (and would
-        // break): there the stack goes back with an event its next stream waits for, and kept
-        // memory, which no event can guard, is leaked, and said so.
-        let holds = self.stack.get().is_some() || self.keeps_memory();
-        let waited = if !holds {
+        let waited = self.wait_or_record();
+        let idle = matches!(waited, Ok(None));
+        self.hand_stack_back(waited);
+        self.drain_deferred_for_drop(idle && !capturing::on_this_thread());
+        self.device
+            .inner
+            .retire_stream(&self.ledger, self.wants_stack.get());
+        let raw = std::mem::replace(&mut self.raw, RawStream::Host);
+        self.device.backend().drop_stream(raw);
+    }
+}
+
+/// A dropped stream's last steps.
+impl Stream {
+    /// Queued work may still use the stack and kept memory: the next stream to take the stack,
+    /// and the allocator, must not race it. Waits for the stream (`Ok(None)`: its work is done),
+    /// or, under a capture on this thread, which refuses a wait (and would break), records the
+    /// event the stack's next stream waits for (kept memory, which no event can guard, is then
+    /// leaked, and said so).
+    fn wait_or_record(&self) -> Result<Option<RawEvent>, PoolError> {
+        if self.stack.get().is_none() && !self.deferred.keeps_memory() {
             Ok(None)
         } else if capturing::on_this_thread() {
             let backend = self.device.backend();
@@ -594,8 +630,12 @@ impl Drop for Stream {
             })
         } else {
             self.synchronize().map(|()| None)
-        };
-        let idle = matches!(waited, Ok(None));
+        }
+    }
+
+    /// Hands the stack back to the device, after `waited` (the event its next stream waits for,
+    /// if any); kept out of use where the stream's work could be neither waited for nor marked.
+    fn hand_stack_back(&mut self, waited: Result<Option<RawEvent>, PoolError>) {
         if let Some(stack) = self.stack.get() {
             // No give-back from another thread waits for this stream, nor unmaps, from here on.
             stack.retire();
@@ -605,7 +645,7 @@ impl Drop for Stream {
                 Some(stack) if stack.is_growable() => {
                     // Unmapping is a driver call a capture on this thread must not see.
                     let device = self.device.clone();
-                    capturing::after_captures(Box::new(move || {
+                    deferred::after_captures(Box::new(move || {
                         device.inner.release_growable(stack, after);
                     }));
                 }
@@ -616,27 +656,6 @@ impl Drop for Stream {
                 tracing::error!(stream = self.id(), error = %e, "a stream dropped with work nobody can wait for: its stack is kept out of use")
             }
         }
-        let kept = self.take_kept();
-        if idle && !capturing::on_this_thread() {
-            // The stream's work is done (waited for above), and no graph of it is left (graphs
-            // borrow their stream).
-            for k in kept {
-                if let Err(e) = self.free_kept(k) {
-                    tracing::error!(stream = self.id(), error = %e, "freeing kept memory failed");
-                }
-            }
-        } else if !kept.is_empty() {
-            tracing::error!(
-                stream = self.id(),
-                blocks = kept.len(),
-                "a stream dropped with work nobody could wait for: its kept fallback memory is leaked"
-            );
-        }
-        self.device
-            .inner
-            .retire_stream(&self.ledger, self.wants_stack.get());
-        let raw = std::mem::replace(&mut self.raw, RawStream::Host);
-        self.device.backend().drop_stream(raw);
     }
 }
 

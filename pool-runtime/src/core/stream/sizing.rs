@@ -124,8 +124,7 @@ impl Stream {
         self.sink.demand.release(block.0);
         if self.sink.demand.top().is_none() {
             self.sink.demand.update_hooked();
-            self.release_hooks
-                .set(self.waits.any() || self.sink.wants_releases());
+            self.set_release_hooks();
         }
         self.note_demand_over_top();
     }

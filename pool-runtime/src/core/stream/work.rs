@@ -2,29 +2,11 @@
 //! that memory crossing them needs: the checks that keep that work out of a foreign capture, and
 //! the waits a release must issue for other streams' use of the memory (`record_stream`).
 
-use std::cell::{Cell, RefCell};
-
 use crate::backend::{RawEvent, RawStream, Region};
 use crate::error::CaptureError;
 use crate::error::PoolError;
 
 use super::Stream;
-
-/// Other streams' work that released memory must wait for ([`GpuMat::record_stream`]).
-///
-/// [`GpuMat::record_stream`]: crate::compat::opencv::GpuMat::record_stream
-#[derive(Default)]
-pub(super) struct Waits {
-    events: RefCell<Vec<RawEvent>>,
-    /// Whether `events` is non-empty, read by every release that has hooks.
-    any: Cell<bool>,
-}
-
-impl Waits {
-    pub(super) fn any(&self) -> bool {
-        self.any.get()
-    }
-}
 
 impl Stream {
     /// The backend stream for pool work named `what`: `CaptureError::Elsewhere` if the
@@ -161,25 +143,8 @@ impl Stream {
     pub(crate) fn defer_wait_for(&self, user: &Stream) -> Result<(), PoolError> {
         self.check_cross_stream(user, "record_stream")?;
         if let Some(event) = self.device.backend().record_event(&user.raw)? {
-            self.waits.events.borrow_mut().push(event);
-            self.waits.any.set(true);
-            self.release_hooks.set(true);
+            self.before_reuse(event);
         }
         Ok(())
-    }
-
-    /// Makes this stream wait for every recorded use, so memory released now is reused (in this
-    /// stream's order) only after that work.
-    #[cold]
-    pub(crate) fn issue_deferred_waits(&self) -> Result<(), PoolError> {
-        let waits = std::mem::take(&mut *self.waits.events.borrow_mut());
-        self.waits.any.set(false);
-        self.release_hooks.set(self.sink.wants_releases());
-        let mut result = Ok(());
-        for event in waits {
-            let waited = self.device.backend().wait_event(&self.raw, event);
-            result = result.and(waited);
-        }
-        result
     }
 }

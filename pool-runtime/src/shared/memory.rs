@@ -18,14 +18,12 @@
 use std::sync::Arc;
 
 use crate::backend::{DevPtr, RawEvent, RawStream};
-use crate::capturing;
+use crate::core::replay::ReplayHook;
 use crate::device::Device;
 use crate::error::CaptureError;
 use crate::error::PoolError;
+use crate::stream::{Stream, SyncClock};
 use crate::sync::{Mutex, lock};
-
-use super::Stream;
-use super::clock::SyncClock;
 
 /// Reads of this many streams since the last write: the finished ones are dropped.
 const PRUNE_AT: usize = 8;
@@ -54,6 +52,66 @@ impl Access {
 
 /// One memory a graph accesses, and how.
 pub(crate) type SharedUse = (Arc<SharedMemory>, Access);
+
+/// The shared memory a graph's replays access, noted by its capture: each replay is an access,
+/// ordered on the graph's stream like one outside a capture ([`SharedMemory::replay`]). The graph
+/// holds it as the [`ReplayHook`] of its capture, without knowing it is SharedMat's.
+#[derive(Default)]
+pub(crate) struct SharedAccesses(Vec<SharedUse>);
+
+impl SharedAccesses {
+    /// `stream`'s own capture accessed `memory`: each replay of its graph will be such an access.
+    fn note(stream: &Stream, memory: &Arc<SharedMemory>, access: Access) {
+        stream.note_for_replay(|notes: &mut SharedAccesses| {
+            if !notes
+                .0
+                .iter()
+                .any(|(m, a)| Arc::ptr_eq(m, memory) && *a == access)
+            {
+                notes.0.push((Arc::clone(memory), access));
+            }
+        });
+    }
+}
+
+impl ReplayHook for SharedAccesses {
+    fn capture_ended(&mut self) {
+        // One access a memory, the stronger where the capture both read and wrote it.
+        self.0
+            .sort_by_key(|(m, a)| (Arc::as_ptr(m), std::cmp::Reverse(*a)));
+        self.0
+            .dedup_by(|later, first| Arc::ptr_eq(&later.0, &first.0));
+    }
+
+    #[cfg(feature = "cuda")]
+    fn replay(
+        &self,
+        what: &'static str,
+        parts: &[(&Stream, Option<&dyn ReplayHook>)],
+        launch: &mut dyn FnMut(usize) -> Result<(), PoolError>,
+    ) -> Result<(), (usize, PoolError)> {
+        let parts: Vec<(&Stream, &[SharedUse])> = parts
+            .iter()
+            .map(|&(stream, hook)| {
+                let hook: Option<&dyn std::any::Any> = hook.map(|h| h as &dyn std::any::Any);
+                let accesses = hook.and_then(|h| h.downcast_ref::<SharedAccesses>());
+                (stream, accesses.map_or(&[][..], |a| &a.0[..]))
+            })
+            .collect();
+        SharedMemory::replay(what, &parts, launch)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn replay(
+        &self,
+        _what: &'static str,
+        parts: &[(&Stream, Option<&dyn ReplayHook>)],
+        launch: &mut dyn FnMut(usize) -> Result<(), PoolError>,
+    ) -> Result<(), (usize, PoolError)> {
+        // No graphs without CUDA: nothing was noted, nothing to order.
+        (0..parts.len()).try_for_each(|i| launch(i).map_err(|e| (i, e)))
+    }
+}
 
 /// A device allocation that no stream owns, and the events that order the work on it.
 ///
@@ -224,7 +282,7 @@ impl SharedMemory {
             Some(open) => open.count += 1,
             None => uses.open.push(Open {
                 stream: me,
-                raw: stream.raw.clone(),
+                raw: stream.raw().clone(),
                 access,
                 in_capture: capturing,
                 count: 1,
@@ -232,7 +290,7 @@ impl SharedMemory {
         }
         drop(uses);
         if capturing {
-            stream.note_shared_access(self, access);
+            SharedAccesses::note(stream, self, access);
         }
         Ok(())
     }
@@ -255,7 +313,7 @@ impl SharedMemory {
     pub(crate) fn replay(
         what: &'static str,
         parts: &[(&Stream, &[SharedUse])],
-        mut launch: impl FnMut(usize) -> Result<(), PoolError>,
+        launch: &mut dyn FnMut(usize) -> Result<(), PoolError>,
     ) -> Result<(), (usize, PoolError)> {
         if parts.iter().all(|(_, accesses)| accesses.is_empty()) {
             // Graphs of stream-owned memory only: nothing to order, nothing to allocate.
@@ -298,7 +356,7 @@ impl SharedMemory {
         for (i, (stream, accesses)) in parts.iter().enumerate() {
             if !eager(stream) {
                 for (memory, access) in *accesses {
-                    stream.note_shared_access(memory, *access);
+                    SharedAccesses::note(stream, memory, *access);
                 }
                 if let Err(e) = launch(i) {
                     outcome = Err((i, e));
@@ -323,7 +381,7 @@ impl SharedMemory {
                         tracing::error!(stream = stream.id(), error = %e, "marking the end of a graph replay on shared memory failed; it stays open");
                         uses.open.push(Open {
                             stream: stream.id(),
-                            raw: stream.raw.clone(),
+                            raw: stream.raw().clone(),
                             access: *access,
                             in_capture: false,
                             count: 1,
@@ -348,7 +406,7 @@ impl SharedMemory {
         access: Access,
         host: bool,
     ) -> Result<(), PoolError> {
-        let backend = stream.device.backend();
+        let backend = stream.device().backend();
         let me = stream.id();
         if let Some((on, event)) = &uses.write
             && *on != me
@@ -357,7 +415,7 @@ impl SharedMemory {
             if host {
                 backend.wait_host(event)?;
             } else {
-                backend.wait_for(&stream.raw, event)?;
+                backend.wait_for(stream.raw(), event)?;
                 if uses.write_waited.len() == WAITED_KEPT {
                     // The longest remembered goes (streams come and go): the live ones wait once
                     // more and are remembered again, rather than wait at every read.
@@ -369,7 +427,7 @@ impl SharedMemory {
         if access == Access::Write {
             for (on, end) in uses.reads.iter().filter(|(on, _)| *on != me) {
                 match end {
-                    ReadEnd::Event(event) if !host => backend.wait_for(&stream.raw, event)?,
+                    ReadEnd::Event(event) if !host => backend.wait_for(stream.raw(), event)?,
                     _ if end.is_done() => {}
                     _ => {
                         if matches!(end, ReadEnd::Ticket { .. }) {
@@ -393,7 +451,7 @@ impl SharedMemory {
     pub(crate) fn end(self: &Arc<Self>, stream: &Stream, access: Access) -> Result<(), PoolError> {
         let own_capture = stream.in_own_capture();
         let backend = self.device.backend();
-        if !own_capture && backend.is_capturing(&stream.raw)? {
+        if !own_capture && backend.is_capturing(stream.raw())? {
             // Captured by someone else (cudarc): an event recorded now would join that capture.
             // The access stays open, and the next conflicting one waits for the stream.
             return Ok(());
@@ -407,13 +465,13 @@ impl SharedMemory {
         let mut stale = Vec::new();
         if own_capture {
             // The capture's work is ordered at each replay of its graph.
-            stream.note_shared_access(self, access);
+            SharedAccesses::note(stream, self, access);
         } else {
             match self.mark_end(&mut uses, stream, access) {
                 Ok(done) => stale = done,
                 // No event marks the work: the host waits for it, still under the lock, or the
                 // access stays open for later ones to treat as forgotten.
-                Err(e) => backend.synchronize(&stream.raw).map_err(|_| e)?,
+                Err(e) => backend.synchronize(stream.raw()).map_err(|_| e)?,
             }
         }
         if let Some(i) = open {
@@ -447,10 +505,10 @@ impl SharedMemory {
                 // The last write's event is recorded again (no event made or destroyed a write).
                 match &mut uses.write {
                     Some((on, event)) => {
-                        backend.rerecord(event, &stream.raw)?;
+                        backend.rerecord(event, stream.raw())?;
                         *on = me;
                     }
-                    None => uses.write = backend.record_event(&stream.raw)?.map(|e| (me, e)),
+                    None => uses.write = backend.record_event(stream.raw())?.map(|e| (me, e)),
                 }
                 uses.write_waited.clear();
                 // Every read since the last write was waited for when this write began: none was
@@ -464,7 +522,7 @@ impl SharedMemory {
                     // A later ticket of the stream covers its earlier reads.
                     let ticket = ReadEnd::Ticket {
                         clock: Arc::clone(stream.clock()),
-                        raw: stream.raw.clone(),
+                        raw: stream.raw().clone(),
                         ticket: stream.clock().ticket(),
                     };
                     match mine {
@@ -478,10 +536,10 @@ impl SharedMemory {
                 }
                 if let Some((_, ReadEnd::Event(event))) = mine {
                     // This stream's read event, recorded again: it covers its earlier reads.
-                    backend.rerecord(event, &stream.raw)?;
+                    backend.rerecord(event, stream.raw())?;
                     return Ok(stale);
                 }
-                let Some(event) = backend.record_event(&stream.raw)? else {
+                let Some(event) = backend.record_event(stream.raw())? else {
                     return Ok(stale);
                 };
                 match uses.reads.iter_mut().find(|(on, _)| *on == me) {
@@ -521,7 +579,7 @@ impl Drop for SharedMemory {
         let uses = std::mem::take(&mut *lock(&self.uses));
         let (device, ptr) = (self.device.clone(), self.ptr);
         // Not inside a capture on this thread, where a driver free would break it.
-        capturing::after_captures(Box::new(move || free(&device, ptr, uses)));
+        crate::core::deferred::after_captures(Box::new(move || free(&device, ptr, uses)));
     }
 }
 
