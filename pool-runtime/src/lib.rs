@@ -62,28 +62,17 @@ mod storage;
 #[path = "observe/testing.rs"]
 pub mod testing;
 
-// The paths the modules used before they moved into layer folders; removed once every `use` names
-// the layer.
-use self::core::{
-    access, arena, buffer, capturing, device, ledger, pinned, record, scope, stack, stats, stream,
-    symmetric, view,
-};
-use allocators as allocator;
-use allocators::caching;
-use base::{counters, error, holders, id, layout, source, sync, unique};
-use storage::backend;
-
 // The core, at the root: what every use of the pool names.
-pub use access::{GpuRead, GpuWrite, PinnedHost};
-pub use buffer::{DeviceMat, Temp};
-pub use device::Device;
-pub use error::{CaptureError, Cause, PoolError, RequestContext};
+pub use self::core::access::{GpuRead, GpuWrite, PinnedHost};
+pub use self::core::buffer::{DeviceMat, Temp};
+pub use self::core::device::Device;
+pub use self::core::scope::{AsStream, Element, Pooled};
+pub use self::core::stream::Stream;
+pub use self::core::view::{GpuView, GpuViewMut};
+pub use base::error::{CaptureError, Cause, PoolError, RequestContext};
+pub use base::id::DeviceId;
+pub use base::source::{CallSite, FallbackReason, Source};
 pub use host_mem::HostMem;
-pub use id::DeviceId;
-pub use scope::{AsStream, Element, Pooled};
-pub use source::{CallSite, FallbackReason, Source};
-pub use stream::Stream;
-pub use view::{GpuView, GpuViewMut};
 
 /// Settings: the stacks' size and count, the fallback, the packing, the `GPU_POOL_CONF`
 /// environment variable, and what a shape takes of a stack.
@@ -92,20 +81,20 @@ pub mod config {
         DeviceConfig, ENV_VAR, EnvConfig, Fallback, Packing, PoolConfig, Stacks, env_config,
     };
     // OpenCV's process-wide switch is public in `compat::opencv`; the crate reads it here.
+    pub use crate::base::layout::{Footprint, MAX_ELEMENT_ALIGN};
     #[allow(unused_imports)]
     pub(crate) use crate::core::config::*;
-    pub use crate::layout::{Footprint, MAX_ELEMENT_ALIGN};
 }
 
 /// Where memory comes from when a stack cannot serve a request: the [`GpuAllocator`](alloc::GpuAllocator) API, the
 /// allocators it ships with, the [`CachingPool`](alloc::CachingPool), and the idle memory the pool can reclaim.
 pub mod alloc {
-    pub use crate::allocator::{
+    pub use crate::allocators::caching::{CachingPool, CachingStats};
+    pub use crate::allocators::{
         AllocContext, AllocRequest, Allocation, DriverAllocator, GpuAllocator, NoFallback,
         StreamOrderedAllocator,
     };
-    pub use crate::caching::{CachingPool, CachingStats};
-    pub use crate::holders::{IdleHolding, Reclaimed, ReclaimedFrom};
+    pub use crate::base::holders::{IdleHolding, Reclaimed, ReclaimedFrom};
 }
 
 /// The crate README's example, compiled and run as a doctest so it stays true.
@@ -128,5 +117,5 @@ pub mod __features {
 /// What the DSL's expansion calls; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::scope::{handle, scope, take, take_1d, take_packed};
+    pub use crate::core::scope::{handle, scope, take, take_1d, take_packed};
 }

@@ -12,13 +12,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::allocator::{AllocContext, AllocRequest, Allocation, GpuAllocator};
-use crate::backend::{DevPtr, RawEvent};
-use crate::error::PoolError;
-use crate::holders::GaveBack;
-use crate::id::DeviceId;
+use crate::allocators::{AllocContext, AllocRequest, Allocation, GpuAllocator};
+use crate::base::error::PoolError;
+use crate::base::holders::GaveBack;
+use crate::base::id::DeviceId;
 use crate::storage::IdleMemory;
 use crate::storage::Storage;
+use crate::storage::backend::{DevPtr, RawEvent};
 
 /// Counters of a [`CachingPool`].
 ///
@@ -276,7 +276,7 @@ impl CachingPool {
 impl Cache {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // Every update below leaves the state consistent before any step that can panic.
-        crate::sync::lock(&self.state)
+        crate::base::sync::lock(&self.state)
     }
 
     /// Frees every held block (`cuMemFree`, which waits for the device) and returns the bytes
@@ -504,7 +504,7 @@ mod tests {
         let host = |id| {
             crate::Device::from_backend(
                 id,
-                Box::new(crate::backend::host::HostBackend::new(id, None)),
+                Box::new(crate::storage::backend::host::HostBackend::new(id, None)),
             )
         };
         let (a, b) = (host(same), host(same));
@@ -562,10 +562,10 @@ mod tests {
     fn a_request_of_zero_bytes_gets_a_one_byte_block() -> Result<(), PoolError> {
         let device = crate::Device::private_host();
         let cache = CachingPool::new(&device);
-        let counters = crate::counters::StreamCounters::default();
+        let counters = crate::base::counters::StreamCounters::default();
         let ctx = AllocContext {
             storage: device.storage(),
-            stream: &crate::backend::RawStream::Host,
+            stream: &crate::storage::backend::RawStream::Host,
             stream_id: 1,
             counters: &counters,
         };

@@ -9,13 +9,13 @@ pub(crate) mod caching;
 
 use std::fmt;
 
-use crate::backend::{DevPtr, RawStream};
-use crate::counters::StreamCounters;
-use crate::error::PoolError;
-use crate::id::DeviceId;
-use crate::layout::is_aligned;
-use crate::source::FallbackReason;
+use crate::base::counters::StreamCounters;
+use crate::base::error::PoolError;
+use crate::base::id::DeviceId;
+use crate::base::layout::is_aligned;
+use crate::base::source::FallbackReason;
 use crate::storage::Storage;
+use crate::storage::backend::{DevPtr, RawStream};
 
 /// What a buffer request needs: what a [`GpuAllocator`] is asked for. Made by the pool only; later
 /// versions may add fields.

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::source::FallbackReason;
+use crate::base::source::FallbackReason;
 
 /// One counter with a single writer: a relaxed load and store, no read-modify-write.
 #[derive(Debug, Default)]

@@ -20,9 +20,9 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use crate::holders::Reclaimed;
-use crate::id::DeviceId;
-use crate::source::{CallSite, FallbackReason};
+use crate::base::holders::Reclaimed;
+use crate::base::id::DeviceId;
+use crate::base::source::{CallSite, FallbackReason};
 
 /// Everything that can go wrong in gpu-pool.
 ///
@@ -988,8 +988,8 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn a_buffer_refused_in_a_capture_carries_its_request() -> Result<(), crate::PoolError> {
+        use crate::base::error::CaptureError;
         use crate::compat::opencv::{BufferPool, GpuMat, set_buffer_pool_config};
-        use crate::error::CaptureError;
         use crate::{Device, PoolError, Stream};
 
         let device = Device::private_host();
@@ -997,7 +997,7 @@ mod tests {
         let stream = Stream::new(&device)?;
         let pool = BufferPool::new(&stream);
         let live = pool.get_buffer_1d::<u8>(4096)?; // the stream holds its stack
-        let capture = crate::capturing::ThreadCapture::begin();
+        let capture = crate::core::capturing::ThreadCapture::begin();
 
         let (line, err) = (line!(), pool.get_buffer_1d::<u8>(2 << 20).unwrap_err());
         assert!(

@@ -4,12 +4,12 @@
 //! OpenCV's `MemoryStack::requestMemory` hands out `tip` and moves it by the block's size, so blocks
 //! follow each other with no gap: 64-byte multiples for rows and columns, pitch x rows for 2D. Here
 //! the sizes are OpenCV's, but a row or column block starts where the previous block ended, rounded
-//! up to the device's [`Packing`](crate::config::Packing): 256 bytes by default (`cudaMalloc`'s and RMM's
+//! up to the device's [`Packing`](crate::core::config::Packing): 256 bytes by default (`cudaMalloc`'s and RMM's
 //! guarantee, which vectorized loads and TMA descriptors assume), or 64 as in OpenCV with
 //! `Packing::OpenCv` (ten 64-byte rows then take 640 bytes), and to `align_of::<T>()` where that is
 //! more. A 2D block starts on the texture alignment, as its rows do, which OpenCV leaves to chance.
 
-use crate::error::PoolError;
+use crate::base::error::PoolError;
 
 /// What the size of a single-row or single-column buffer is rounded up to (OpenCV's 64).
 pub(crate) const CONTIGUOUS_ALIGN: usize = 64;
@@ -28,7 +28,7 @@ pub const MAX_ELEMENT_ALIGN: usize = 256;
 ///
 /// A stack holding several buffers needs, for each, `bytes` plus up to `align - 1` bytes of
 /// padding before it (blocks start on `align`: 256 bytes for rows and columns, or 64 as OpenCV packs
-/// them with [`Packing::OpenCv`](crate::config::Packing::OpenCv)).
+/// them with [`Packing::OpenCv`](crate::core::config::Packing::OpenCv)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Footprint {

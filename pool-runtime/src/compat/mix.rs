@@ -12,12 +12,12 @@
 
 use bytemuck::Pod;
 
-use crate::backend::{DevPtr, RawStream, Region};
-use crate::device::Device;
-use crate::error::PoolError;
+use crate::base::error::PoolError;
+use crate::core::device::Device;
+use crate::core::stream::Stream;
+use crate::core::view::{GpuView, GpuViewMut, Keeper, Window};
 use crate::host_mem::HostMem;
-use crate::stream::Stream;
-use crate::view::{GpuView, GpuViewMut, Keeper, Window};
+use crate::storage::backend::{DevPtr, RawStream, Region};
 
 enum Host<'a> {
     None,

@@ -29,14 +29,14 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::allocator::GpuAllocator;
-use crate::buffer::{DeviceMat, Temp, lease_buffer};
-use crate::error::PoolError;
-use crate::source::CallSite;
-use crate::stream::{Lease, Stream};
+use crate::allocators::GpuAllocator;
+use crate::base::error::PoolError;
+use crate::base::source::CallSite;
+use crate::core::buffer::{DeviceMat, Temp, lease_buffer};
+use crate::core::stream::{Lease, Stream};
 
 pub use crate::core::config::{buffer_pool_usage, set_buffer_pool_usage};
-pub use crate::device::set_buffer_pool_config;
+pub use crate::core::device::set_buffer_pool_config;
 
 /// Hands out buffers from a stream's stack (OpenCV's `cv::cuda::BufferPool`): [`Stream::temp`]'s
 /// temporaries, as OpenCV's [`GpuMat`].

@@ -39,13 +39,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::backend::DevPtr;
-use crate::device::Device;
-use crate::error::PoolError;
-pub use crate::error::PplError;
-use crate::id::DeviceId;
-use crate::layout::align_up;
-use crate::unique::Counter;
+use crate::base::error::PoolError;
+pub use crate::base::error::PplError;
+use crate::base::id::DeviceId;
+use crate::base::layout::align_up;
+use crate::base::unique::Counter;
+use crate::core::device::Device;
+use crate::storage::backend::DevPtr;
 
 /// ppl.cv's `PITCH_GRANULARITY`: block starts and 2D pitches are multiples of it.
 pub const PITCH_GRANULARITY: usize = 512;
@@ -289,7 +289,7 @@ impl PplPool {
 
     fn lock(&self) -> MutexGuard<'_, Blocks> {
         // Each critical section updates the maps in one step after its checks.
-        crate::sync::lock(&self.blocks)
+        crate::base::sync::lock(&self.blocks)
     }
 
     fn place(&self, size: usize, pitch: usize) -> Result<Placed, PoolError> {
@@ -439,7 +439,7 @@ static BLOCK_IDS: Counter = Counter::new();
 
 fn lock() -> MutexGuard<'static, Option<PplPool>> {
     // Each critical section below updates the map or the option in one step after its checks.
-    crate::sync::lock(&POOL)
+    crate::base::sync::lock(&POOL)
 }
 
 fn not_active() -> PoolError {

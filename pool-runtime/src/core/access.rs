@@ -32,15 +32,15 @@ use std::ops::Range;
 
 use bytemuck::Pod;
 
-use crate::buffer::Temp;
+use crate::base::error::PoolError;
+use crate::core::buffer::Temp;
+use crate::core::scope::Pooled;
+use crate::core::view::{GpuView, GpuViewMut};
 #[cfg(feature = "cuda")]
 use crate::core::{
     lent::{LentSlice, LentSliceMut},
     pitched::{Pitched, PitchedMut},
 };
-use crate::error::PoolError;
-use crate::scope::Pooled;
-use crate::view::{GpuView, GpuViewMut};
 
 /// Page-locked host memory an asynchronous copy reads or writes
 /// ([`download_async`](GpuRead::download_async), [`upload_async`](GpuWrite::upload_async)):

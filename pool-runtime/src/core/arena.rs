@@ -7,11 +7,11 @@
 
 use std::sync::Arc;
 
-use crate::backend::{DevPtr, RawEvent};
-use crate::config::PoolConfig;
-use crate::error::PoolError;
-use crate::stack::Stack;
+use crate::base::error::PoolError;
+use crate::core::config::PoolConfig;
+use crate::core::stack::Stack;
 use crate::storage::Storage;
+use crate::storage::backend::{DevPtr, RawEvent};
 
 /// Where a device's stack memory comes from when not from `cuMemAlloc`: an allocator whose memory a
 /// library can do more with (NCCL's `ncclMemAlloc`, which NCCL can register for zero-copy

@@ -6,9 +6,9 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use crate::error::PoolError;
-use crate::source::CallSite;
-use crate::stream::{Lease, Stream};
+use crate::base::error::PoolError;
+use crate::base::source::CallSite;
+use crate::core::stream::{Lease, Stream};
 
 /// The API every buffer type over a `Lease` shares (`Temp`, `DeviceMat`, OpenCV's `GpuMat`):
 /// its shape and source, its views, `record_stream`, `Debug`, and [`GpuRead`](crate::GpuRead) /
@@ -20,7 +20,7 @@ macro_rules! lease_buffer {
         impl<'s, T> $name<'s, T> {
             /// The buffer of `lease`, which a take for `T` made.
             #[inline(always)]
-            pub(crate) fn on(lease: $crate::stream::Lease<'s>) -> $name<'s, T> {
+            pub(crate) fn on(lease: $crate::core::stream::Lease<'s>) -> $name<'s, T> {
                 $name {
                     lease,
                     _elem: ::std::marker::PhantomData,
@@ -30,7 +30,7 @@ macro_rules! lease_buffer {
             /// The lease, for another buffer type over the same memory.
             #[inline(always)]
             #[allow(dead_code, reason = "not every buffer type converts into another")]
-            pub(crate) fn into_lease(self) -> $crate::stream::Lease<'s> {
+            pub(crate) fn into_lease(self) -> $crate::core::stream::Lease<'s> {
                 self.lease
             }
 
@@ -50,13 +50,13 @@ macro_rules! lease_buffer {
 
             /// Where the memory came from.
             #[must_use]
-            pub fn source(&self) -> $crate::source::Source {
+            pub fn source(&self) -> $crate::base::source::Source {
                 self.lease.source()
             }
 
             /// The stream the buffer belongs to; its operations run there.
             #[must_use]
-            pub fn stream(&self) -> &'s $crate::stream::Stream {
+            pub fn stream(&self) -> &'s $crate::core::stream::Stream {
                 self.lease.stream()
             }
 
@@ -67,13 +67,13 @@ macro_rules! lease_buffer {
             /// stream's order only.
             pub fn record_stream(
                 &self,
-                user: &$crate::stream::Stream,
-            ) -> Result<(), $crate::error::PoolError> {
-                $crate::buffer::record_stream(self.stream(), user)
+                user: &$crate::core::stream::Stream,
+            ) -> Result<(), $crate::base::error::PoolError> {
+                $crate::core::buffer::record_stream(self.stream(), user)
             }
 
-            fn window(&self) -> $crate::view::Window {
-                $crate::view::Window {
+            fn window(&self) -> $crate::core::view::Window {
+                $crate::core::view::Window {
                     ptr: self.lease.ptr(),
                     rows: self.lease.rows(),
                     cols: self.lease.cols(),
@@ -83,37 +83,37 @@ macro_rules! lease_buffer {
             }
 
             /// A read-only view of the whole buffer: [`GpuRead::view`](crate::GpuRead::view).
-            pub(crate) fn whole(&self) -> $crate::view::GpuView<'_, T> {
-                $crate::view::GpuView::new(
+            pub(crate) fn whole(&self) -> $crate::core::view::GpuView<'_, T> {
+                $crate::core::view::GpuView::new(
                     self.window(),
                     self.stream().device().id(),
-                    $crate::view::Keeper::Stream(self.stream()),
+                    $crate::core::view::Keeper::Stream(self.stream()),
                 )
             }
 
             /// A writable view of the whole buffer:
             /// [`GpuWrite::view_mut`](crate::GpuWrite::view_mut).
-            pub(crate) fn whole_mut(&mut self) -> $crate::view::GpuViewMut<'_, T> {
-                $crate::view::GpuViewMut::new(
+            pub(crate) fn whole_mut(&mut self) -> $crate::core::view::GpuViewMut<'_, T> {
+                $crate::core::view::GpuViewMut::new(
                     self.window(),
                     self.stream().device().id(),
-                    $crate::view::Keeper::Stream(self.stream()),
+                    $crate::core::view::Keeper::Stream(self.stream()),
                 )
             }
         }
 
-        impl<T: ::bytemuck::Pod> $crate::access::GpuRead<T> for $name<'_, T> {
+        impl<T: ::bytemuck::Pod> $crate::core::access::GpuRead<T> for $name<'_, T> {
             fn addr_ref(&self) -> &u64 {
                 self.ptr_field()
             }
 
-            fn view(&self) -> $crate::view::GpuView<'_, T> {
+            fn view(&self) -> $crate::core::view::GpuView<'_, T> {
                 $name::whole(self)
             }
         }
 
-        impl<T: ::bytemuck::Pod> $crate::access::GpuWrite<T> for $name<'_, T> {
-            fn view_mut(&mut self) -> $crate::view::GpuViewMut<'_, T> {
+        impl<T: ::bytemuck::Pod> $crate::core::access::GpuWrite<T> for $name<'_, T> {
+            fn view_mut(&mut self) -> $crate::core::view::GpuViewMut<'_, T> {
                 $name::whole_mut(self)
             }
         }
@@ -246,7 +246,7 @@ impl<'s, T: Pod> DeviceMat<'s, T> {
         rows: usize,
         cols: usize,
     ) -> Result<DeviceMat<'s, T>, PoolError> {
-        let len = crate::layout::packed_len::<T>(rows, cols)?;
+        let len = crate::base::layout::packed_len::<T>(rows, cols)?;
         let lease = stream.take_from_driver::<T>(1, len, CallSite::here(""))?;
         Ok(DeviceMat::on(lease.packed(rows, cols, size_of::<T>())))
     }
@@ -351,7 +351,7 @@ impl Stream {
         cols: usize,
         site: CallSite,
     ) -> Result<Temp<'_, T>, PoolError> {
-        let len = crate::layout::packed_len::<T>(rows, cols)?;
+        let len = crate::base::layout::packed_len::<T>(rows, cols)?;
         let lease = self.take::<T>(1, len, site)?;
         Ok(Temp::on(lease.packed(rows, cols, size_of::<T>())))
     }

@@ -72,9 +72,9 @@ pub(crate) use wrapped::Wrapped;
 mod wrapped {
     use std::sync::Mutex;
 
-    use crate::backend::RawStream;
-    use crate::error::PoolError;
-    use crate::sync::lock;
+    use crate::base::error::PoolError;
+    use crate::base::sync::lock;
+    use crate::storage::backend::RawStream;
 
     /// `(context, stream, pool stream id)` of every CUDA stream a pool stream wraps.
     static WRAPPED: Mutex<Vec<(usize, usize, u64)>> = Mutex::new(Vec::new());

@@ -11,8 +11,8 @@ use std::fmt;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::error::PoolError;
-use crate::layout::align_up;
+use crate::base::error::PoolError;
+use crate::base::layout::align_up;
 
 /// The environment variable read at first use, e.g.
 /// `GPU_POOL_CONF="stack_size=64MiB,stack_count=2,fallback=stream_ordered"`.

@@ -18,11 +18,11 @@
 
 use std::cell::{Cell, RefCell};
 
-use crate::allocator::Allocation;
-use crate::backend::{DevPtr, RawEvent};
-use crate::capturing;
-use crate::error::PoolError;
-use crate::stream::Stream;
+use crate::allocators::Allocation;
+use crate::base::error::PoolError;
+use crate::core::capturing;
+use crate::core::stream::Stream;
+use crate::storage::backend::{DevPtr, RawEvent};
 
 /// What a deferred give-back waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,26 +7,26 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::arena::{Arena, StackMemory};
-use crate::backend::host::HostBackend;
-use crate::backend::{Backend, DevPtr, RawEvent, RawStream};
-use crate::caching::CachingPool;
-use crate::capturing;
-use crate::config::{self, DeviceConfig, Fallback, Packing, PoolConfig, Stacks};
+use crate::allocators::caching::CachingPool;
+use crate::base::counters::DevicePeak;
+use crate::base::error::PoolError;
+use crate::base::holders::Reclaimed;
+use crate::base::id::DeviceId;
+use crate::base::layout::{Footprint, Layout};
+use crate::base::sync;
+use crate::base::unique::Counter;
+use crate::core::arena::{Arena, StackMemory};
+use crate::core::capturing;
+use crate::core::config::{self, DeviceConfig, Fallback, Packing, PoolConfig, Stacks};
+use crate::core::ledger::Ledger;
+use crate::core::pinned::DeferredFrees;
+use crate::core::record::StreamRecording;
 use crate::core::sink::DeviceSink;
-use crate::counters::DevicePeak;
-use crate::error::PoolError;
-use crate::holders::Reclaimed;
-use crate::id::DeviceId;
-use crate::layout::{Footprint, Layout};
-use crate::ledger::Ledger;
-use crate::pinned::DeferredFrees;
-use crate::record::StreamRecording;
-use crate::stack::Stack;
-use crate::stats::{DeviceStats, Retired, StreamStats, sum_streams};
+use crate::core::stack::Stack;
+use crate::core::stats::{DeviceStats, Retired, StreamStats, sum_streams};
 use crate::storage::Storage;
-use crate::sync;
-use crate::unique::Counter;
+use crate::storage::backend::host::HostBackend;
+use crate::storage::backend::{Backend, DevPtr, RawEvent, RawStream};
 
 /// A device: the host backend or a CUDA GPU. Cheap to clone; clones share one pool.
 ///
@@ -220,7 +220,7 @@ impl Device {
             if let Some(d) = devices.iter().find(|d| d.id() == DeviceId::Cuda(ordinal)) {
                 return Ok(d.clone());
             }
-            let backend = crate::backend::cuda::CudaBackend::new(ordinal)?;
+            let backend = crate::storage::backend::cuda::CudaBackend::new(ordinal)?;
             let device = Device::from_backend(DeviceId::Cuda(ordinal), Box::new(backend));
             // Growable stacks by default where the device can map memory (unless GPU_POOL_CONF
             // sets a stack size or count): the same take (BENCHMARKS.md, section M), no guess to
@@ -242,7 +242,7 @@ impl Device {
     /// How many CUDA devices there are; `PoolError::NoCudaDriver` without a driver.
     pub fn cuda_device_count() -> Result<usize, PoolError> {
         #[cfg(feature = "cuda")]
-        return crate::backend::cuda::device_count();
+        return crate::storage::backend::cuda::device_count();
         #[cfg(not(feature = "cuda"))]
         Err(PoolError::NoCudaDriver {
             detail: "gpu-pool was built without the `cuda` feature".into(),

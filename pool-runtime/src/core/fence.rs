@@ -4,15 +4,15 @@
 //! goes on being used above it. The stack's high-water mark, measured from the fence, says how far
 //! the captured buffers reached. Clients: `graph` (a graph's reserved block, a family's region).
 
+use crate::base::error::CaptureError;
 #[cfg(feature = "cuda")]
-use crate::capturing;
-use crate::error::CaptureError;
+use crate::base::error::PoolError;
 #[cfg(feature = "cuda")]
-use crate::error::PoolError;
+use crate::core::capturing;
 #[cfg(feature = "cuda")]
-use crate::stack::{Block, Release, Stack};
+use crate::core::stack::{Block, Release, Stack};
 #[cfg(feature = "cuda")]
-use crate::stream::Stream;
+use crate::core::stream::Stream;
 
 #[cfg(feature = "cuda")]
 impl Stream {

@@ -6,16 +6,16 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::capturing;
-use crate::counters::StreamCounters;
-use crate::holders::GaveBack;
-use crate::id::DeviceId;
-use crate::record::{RecordEntry, Ring};
-use crate::source::{CallSite, FallbackReason};
-use crate::stack::Bounds;
-use crate::stats::{SiteFallbacks, StreamStats};
+use crate::base::counters::StreamCounters;
+use crate::base::holders::GaveBack;
+use crate::base::id::DeviceId;
+use crate::base::source::{CallSite, FallbackReason};
+use crate::base::sync;
+use crate::core::capturing;
+use crate::core::record::{RecordEntry, Ring};
+use crate::core::stack::Bounds;
+use crate::core::stats::{SiteFallbacks, StreamStats};
 use crate::storage::{IdleMemory, Storage};
-use crate::sync;
 
 /// A stream's counters and what else it shares with its device for reports: read by the device
 /// (stats, recordings) while the stream's thread writes it.

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cudarc::driver::CudaStream;
 
-use crate::error::PoolError;
-use crate::id::DeviceId;
-use crate::stream::Stream;
-use crate::view::{GpuView, GpuViewMut, Window};
+use crate::base::error::PoolError;
+use crate::base::id::DeviceId;
+use crate::core::stream::Stream;
+use crate::core::view::{GpuView, GpuViewMut, Window};
 
 /// A pool buffer or region lent to cudarc for reading: a `DeviceSlice` + `DevicePtr`, as cudarc's
 /// own `CudaView`, made by [`GpuRead::as_cudarc`](crate::GpuRead::as_cudarc) and

@@ -6,9 +6,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::backend::{Backend, RawEvent};
-use crate::capturing;
-use crate::sync;
+use crate::base::sync;
+use crate::core::capturing;
+use crate::storage::backend::{Backend, RawEvent};
 
 /// The address of memory being freed, moved into the deferred free.
 pub(crate) struct PinnedPtr(pub(crate) *mut u8);

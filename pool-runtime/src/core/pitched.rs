@@ -6,7 +6,7 @@
 
 use std::marker::PhantomData;
 
-use crate::view::{GpuView, GpuViewMut, Window};
+use crate::core::view::{GpuView, GpuViewMut, Window};
 
 /// The fields of [`Pitched`] and [`PitchedMut`], in the order of the header's `Pitched<T>`.
 #[repr(C)]
@@ -169,7 +169,7 @@ impl<'a, T> GpuViewMut<'a, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::PoolError;
+    use crate::base::error::PoolError;
     use crate::{GpuRead, GpuWrite};
 
     #[test]

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use crate::id::DeviceId;
-use crate::source::{CallSite, Source};
+use crate::base::id::DeviceId;
+use crate::base::source::{CallSite, Source};
 
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

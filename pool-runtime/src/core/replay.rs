@@ -6,8 +6,8 @@
 
 use std::any::Any;
 
-use crate::error::PoolError;
-use crate::stream::Stream;
+use crate::base::error::PoolError;
+use crate::core::stream::Stream;
 
 /// What a feature noted during a capture, for its graph's replays: each launch goes through
 /// [`replay`](ReplayHook::replay), which queues the replays (with `launch`) ordered as the

@@ -25,10 +25,10 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::buffer::Temp;
-use crate::error::PoolError;
-use crate::source::CallSite;
-use crate::stream::Stream;
+use crate::base::error::PoolError;
+use crate::base::source::CallSite;
+use crate::core::buffer::Temp;
+use crate::core::stream::Stream;
 
 /// Something that names a [`Stream`]: what `#[pooled(EXPR)]` and `gpu_scope!(EXPR, ..)` accept.
 #[diagnostic::on_unimplemented(

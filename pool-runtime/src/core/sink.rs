@@ -11,10 +11,10 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use crate::record::{RecordKind, StreamRecording};
-use crate::source::{CallSite, Source};
-use crate::stream::Demand;
-use crate::sync;
+use crate::base::source::{CallSite, Source};
+use crate::base::sync;
+use crate::core::record::{RecordKind, StreamRecording};
+use crate::core::stream::Demand;
 
 /// A stream's side of the seam.
 #[derive(Debug, Default)]

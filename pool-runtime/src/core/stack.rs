@@ -11,12 +11,12 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{self, Acquire, Relaxed, SeqCst};
 
-use crate::backend::{DevPtr, RawStream};
-use crate::counters::StreamCounters;
-use crate::error::PoolError;
-use crate::layout::MAX_ELEMENT_ALIGN;
+use crate::base::counters::StreamCounters;
+use crate::base::error::PoolError;
+use crate::base::layout::MAX_ELEMENT_ALIGN;
+use crate::base::sync::{self, AtomicUsize, Mutex, fence};
 use crate::storage::Storage;
-use crate::sync::{self, AtomicUsize, Mutex, fence};
+use crate::storage::backend::{DevPtr, RawStream};
 
 /// A block of a stack, held by whoever took it until it is given back.
 ///

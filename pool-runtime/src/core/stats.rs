@@ -1,12 +1,12 @@
 //! The snapshots of a stream's counters (`base/counters.rs`) that streams and devices hand out,
 //! readable from any thread (the device and [`report`] read them while the stream lives).
 
-use crate::config::{PoolConfig, Stacks};
-use crate::counters::{Counter, StreamCounters};
-use crate::error::PoolError;
-use crate::holders::IdleHolding;
-use crate::id::DeviceId;
-use crate::source::{CallSite, FallbackReason};
+use crate::base::counters::{Counter, StreamCounters};
+use crate::base::error::PoolError;
+use crate::base::holders::IdleHolding;
+use crate::base::id::DeviceId;
+use crate::base::source::{CallSite, FallbackReason};
+use crate::core::config::{PoolConfig, Stacks};
 
 impl StreamCounters {
     pub(crate) fn snapshot(&self, id: u64, device: DeviceId, stack: Option<usize>) -> StreamStats {
@@ -179,7 +179,7 @@ pub struct DeviceStats {
     /// Its stack config (the one in force, or the one the next allocation will use); the
     /// `GPU_POOL_CONF` error where that variable is malformed and nothing explicit overrides it.
     pub config: Result<PoolConfig, PoolError>,
-    /// The stacks streams made now get ([`DeviceConfig::stacks`](crate::config::DeviceConfig::stacks)):
+    /// The stacks streams made now get ([`DeviceConfig::stacks`](crate::core::config::DeviceConfig::stacks)):
     /// growable ones, or fixed ones of [`config`](Self::config); the `GPU_POOL_CONF` error as
     /// for `config`.
     pub stacks: Result<Stacks, PoolError>,

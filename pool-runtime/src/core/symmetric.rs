@@ -7,9 +7,9 @@
 //! collective uses; this check turns "should be" into "is", in debug builds, where a rank that
 //! took one more buffer (a branch on rank-local data) shows up before NCCL reads the wrong bytes.
 
-use crate::error::PoolError;
-use crate::stack::LayoutTrace;
-use crate::stream::Stream;
+use crate::base::error::PoolError;
+use crate::core::stack::LayoutTrace;
+use crate::core::stream::Stream;
 
 /// Checks that `streams` (one per rank, rank `i` at `streams[i]`) laid their stacks out alike:
 /// the same blocks, at the same offsets, in the same order, with the same top now.

@@ -23,10 +23,10 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
-use crate::backend::{DevPtr, Region};
-use crate::error::PoolError;
-use crate::id::DeviceId;
-use crate::stream::Stream;
+use crate::base::error::PoolError;
+use crate::base::id::DeviceId;
+use crate::core::stream::Stream;
+use crate::storage::backend::{DevPtr, Region};
 
 /// Where a view's elements are: the shape and step of a buffer or of a region of one.
 #[derive(Clone, Copy, Debug)]

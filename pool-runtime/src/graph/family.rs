@@ -11,9 +11,9 @@
 
 use std::cell::{Cell, RefCell};
 
-use crate::error::PoolError;
-use crate::stack::Block;
-use crate::stream::Stream;
+use crate::base::error::PoolError;
+use crate::core::stack::Block;
+use crate::core::stream::Stream;
 
 use super::Graph;
 

@@ -66,13 +66,13 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, result, sys};
 
-use crate::backend::cuda::{ContextGuard, driver_error};
-use crate::capturing::{self, ThreadCapture};
+use crate::base::error::CaptureError;
+use crate::base::error::PoolError;
+use crate::core::capturing::{self, ThreadCapture};
 use crate::core::replay::{self, ReplayHook};
-use crate::error::CaptureError;
-use crate::error::PoolError;
-use crate::stack::Block;
-use crate::stream::Stream;
+use crate::core::stack::Block;
+use crate::core::stream::Stream;
+use crate::storage::backend::cuda::{ContextGuard, driver_error};
 
 pub use family::GraphFamily;
 

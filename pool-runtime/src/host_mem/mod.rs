@@ -31,15 +31,15 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::backend::{Backend, RawEvent, RawStream};
-use crate::capturing;
-use crate::device::Device;
-use crate::error::CaptureError;
-use crate::error::PoolError;
-use crate::layout::MAX_ELEMENT_ALIGN;
-use crate::pinned::{DeferredFree, PinnedPtr};
-use crate::stream::{Stream, SyncClock};
-use crate::view::{GpuView, GpuViewMut};
+use crate::base::error::CaptureError;
+use crate::base::error::PoolError;
+use crate::base::layout::MAX_ELEMENT_ALIGN;
+use crate::core::capturing;
+use crate::core::device::Device;
+use crate::core::pinned::{DeferredFree, PinnedPtr};
+use crate::core::stream::{Stream, SyncClock};
+use crate::core::view::{GpuView, GpuViewMut};
+use crate::storage::backend::{Backend, RawEvent, RawStream};
 
 /// Page-locked host memory of `len` elements for asynchronous uploads and downloads
 /// ([`GpuWrite::upload_async`](crate::GpuWrite::upload_async),
@@ -508,14 +508,14 @@ fn wait_for_copies(device: &Device, in_flight: &mut Vec<InFlight>) -> Result<boo
 
 /// Gives a copy's event, or the stream handle its ticket holds, back to the backend: the last
 /// handle of a CUDA stream binds its context to destroy it, and the caller's must stay current.
-fn release_mark(backend: &dyn crate::backend::Backend, entry: InFlight) {
+fn release_mark(backend: &dyn crate::storage::backend::Backend, entry: InFlight) {
     match entry.mark {
         Mark::Event(event) => backend.drop_event(event),
         Mark::Ticket { raw, .. } => backend.drop_stream(raw),
     }
 }
 
-fn lost_error(device: crate::id::DeviceId) -> PoolError {
+fn lost_error(device: crate::base::id::DeviceId) -> PoolError {
     PoolError::Unsupported {
         device,
         what: "host memory with a copy in flight that could not be tracked (see the error of the \
@@ -528,7 +528,7 @@ fn lost_error(device: crate::id::DeviceId) -> PoolError {
 /// and no capture on this thread would record the copy.
 fn copy_stream<'a, T: Pod>(
     keeper: Option<&'a Stream>,
-    device: crate::id::DeviceId,
+    device: crate::base::id::DeviceId,
     len: usize,
     mem: &HostMem<T>,
     prefix: bool,
@@ -633,9 +633,9 @@ impl<T: Pod> GpuView<'_, T> {
     }
 }
 
-impl<T: Pod> crate::access::sealed::Sealed for HostMem<T> {}
+impl<T: Pod> crate::core::access::sealed::Sealed for HostMem<T> {}
 
-impl<T: Pod> crate::access::PinnedHost<T> for HostMem<T> {
+impl<T: Pod> crate::core::access::PinnedHost<T> for HostMem<T> {
     fn download_from(&mut self, view: &GpuView<'_, T>) -> Result<(), PoolError> {
         view.download_async(self)
     }

@@ -7,15 +7,15 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaStream;
 
-use crate::backend::DevPtr;
-use crate::backend::cuda::ContextGuard;
-use crate::capturing;
-use crate::error::CaptureError;
-use crate::error::PoolError;
+use crate::base::error::CaptureError;
+use crate::base::error::PoolError;
+use crate::base::sync::lock;
+use crate::core::capturing;
+use crate::core::stream::Stream;
+use crate::core::view::{GpuViewMut, Keeper};
 use crate::storage::Storage;
-use crate::stream::Stream;
-use crate::sync::lock;
-use crate::view::{GpuViewMut, Keeper};
+use crate::storage::backend::DevPtr;
+use crate::storage::backend::cuda::ContextGuard;
 
 /// Whether `libcublas` can be loaded. cudarc panics on the first cuBLAS call when it cannot, so
 /// [`Stream::cublas`] asks this first.

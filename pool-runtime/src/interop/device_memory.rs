@@ -46,7 +46,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, result, sys};
 
 use crate::core::lent::{LentSlice, LentSliceMut};
-use crate::stream::Stream;
+use crate::core::stream::Stream;
 
 /// The address for work queued on `user`, ordered against the memory's own stream `own` (the pool
 /// stream `pool`'s cudarc stream).
@@ -129,7 +129,7 @@ fn refuse(user: &CudaStream, own: &CudaStream) {
             let _ = unsafe { sys::cuStreamQuery(s.cu_stream()) };
         }
     }
-    crate::capturing::note_refused();
+    crate::core::capturing::note_refused();
 }
 
 /// cudarc's `DeviceSlice` and `DevicePtr`, alike on both lent kinds. Only `LentSliceMut` adds

@@ -59,14 +59,14 @@ use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use bytemuck::Pod;
 
-use crate::access::{GpuRead, GpuWrite};
+use crate::base::error::PoolError;
+use crate::core::access::{GpuRead, GpuWrite};
 use crate::core::pitched::{Pitched, PitchedMut};
-use crate::error::PoolError;
 
-use crate::buffer::{DeviceMat, Temp};
-use crate::scope::Pooled;
+use crate::core::buffer::{DeviceMat, Temp};
+use crate::core::scope::Pooled;
+use crate::core::view::{GpuView, GpuViewMut};
 use crate::shared::{SharedRead, SharedWrite};
-use crate::view::{GpuView, GpuViewMut};
 
 macro_rules! push_address {
     ($($ty:ty => |$buffer:ident| $address:expr),* $(,)?) => {$(

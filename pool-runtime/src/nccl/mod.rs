@@ -43,7 +43,7 @@
 //! `PoolError::NoCudaLibrary`, never cudarc's panic.
 //!
 //! Symmetric stacks: ranks that run the same pooled work take the same offsets
-//! ([`check_symmetric`](crate::symmetric::check_symmetric) proves it in debug builds). With
+//! ([`check_symmetric`](crate::core::symmetric::check_symmetric) proves it in debug builds). With
 //! [`use_nccl_memory`] a device's stacks come from `ncclMemAlloc`, and
 //! [`Communicators::register_stacks`] registers every rank's stacks with its communicator, as
 //! NCCL buffers or as one symmetric window, so collectives on `buffer!` temporaries can skip
@@ -76,17 +76,17 @@ use bytemuck::Pod;
 use cudarc::driver::{CudaContext, DevicePtr, DevicePtrMut, DeviceSlice};
 use cudarc::nccl::{result, sys};
 
-use crate::access::{GpuRead, GpuWrite};
-use crate::arena::StackMemory;
-use crate::backend::DevPtr;
-use crate::backend::cuda::ContextGuard;
-use crate::device::Device;
-use crate::device::StackPin;
-use crate::error::PoolError;
-pub use crate::error::{NcclError, NcclFailure};
+use crate::base::error::PoolError;
+pub use crate::base::error::{NcclError, NcclFailure};
+use crate::core::access::{GpuRead, GpuWrite};
+use crate::core::arena::StackMemory;
+use crate::core::device::Device;
+use crate::core::device::StackPin;
+use crate::core::stream::Stream;
+use crate::core::view::{GpuView, GpuViewMut};
 use crate::graph::{Graph, GraphNodes};
-use crate::stream::Stream;
-use crate::view::{GpuView, GpuViewMut};
+use crate::storage::backend::DevPtr;
+use crate::storage::backend::cuda::ContextGuard;
 
 mod sealed {
     pub trait Sealed {}
@@ -472,7 +472,7 @@ impl<'s> Communicators<'s> {
         }
         if streams.is_empty() {
             return Err(PoolError::Unsupported {
-                device: crate::id::DeviceId::Host(0),
+                device: crate::base::id::DeviceId::Host(0),
                 what: "a communicator of no ranks",
             });
         }
@@ -583,7 +583,7 @@ impl<'s> Communicators<'s> {
         let bytes = SLOT * (world + 1);
         // SAFETY: an allocation of `bytes` on the bound device, freed in `Drop`.
         let scratch = unsafe { cudarc::driver::result::malloc_sync(bytes) }
-            .map_err(|e| crate::backend::cuda::driver_error("cuMemAlloc", e))?;
+            .map_err(|e| crate::storage::backend::cuda::driver_error("cuMemAlloc", e))?;
         let remote = Remote {
             timeout: Cell::new(timeout),
             aborted: Cell::new(false),
@@ -680,7 +680,7 @@ impl<'s> Communicators<'s> {
     }
 
     /// Checks that every rank's stream laid its stack out alike (see
-    /// [`check_symmetric`](crate::symmetric::check_symmetric)), in every process: each rank all-gathers its
+    /// [`check_symmetric`](crate::core::symmetric::check_symmetric)), in every process: each rank all-gathers its
     /// [`Stream::layout_trace`] through NCCL and compares every rank's with rank 0's, so every
     /// process gets the same answer. Call it on every rank at the same point of the program, as
     /// a collective, outside any capture. A debug check: in builds without debug assertions it
@@ -694,11 +694,11 @@ impl<'s> Communicators<'s> {
         }
         if self.remote.is_none() {
             let streams: Vec<&Stream> = self.ranks.iter().map(|r| r.stream).collect();
-            return crate::symmetric::check_symmetric(&streams);
+            return crate::core::symmetric::check_symmetric(&streams);
         }
         self.refuse_aborted()?;
         self.refuse_capture("Communicators::check_symmetric")?;
-        let nothing = crate::stack::LayoutTrace::from_bytes([0; 24]);
+        let nothing = crate::core::stack::LayoutTrace::from_bytes([0; 24]);
         let mine: Vec<[u8; SLOT]> = self
             .ranks
             .iter()
@@ -793,7 +793,7 @@ impl<'s> Communicators<'s> {
                     CUresult::CUDA_SUCCESS => break,
                     CUresult::CUDA_ERROR_NOT_READY => {}
                     e => {
-                        return Err(crate::backend::cuda::driver_error(
+                        return Err(crate::storage::backend::cuda::driver_error(
                             "cuStreamQuery",
                             cudarc::driver::DriverError(e),
                         ));
@@ -900,7 +900,7 @@ impl<'s> Communicators<'s> {
             .remote
             .as_ref()
             .expect("exchange is for ranks in other processes");
-        let driver = crate::backend::cuda::driver_error;
+        let driver = crate::storage::backend::cuda::driver_error;
         let _restore = ContextGuard::keep_current()?;
         for ((rank, slot), (ctx, scratch)) in self.ranks.iter().zip(mine).zip(&remote.scratch) {
             let _bound = ContextGuard::bind(ctx)?;
@@ -1097,7 +1097,9 @@ impl<'s> Communicators<'s> {
             let cuda = rank.cuda()?;
             // SAFETY: a live stream; the query changes nothing.
             let status = unsafe { cudarc::driver::result::stream::is_capturing(cuda.cu_stream()) }
-                .map_err(|e| crate::backend::cuda::driver_error("cuStreamIsCapturing", e))?;
+                .map_err(|e| {
+                    crate::storage::backend::cuda::driver_error("cuStreamIsCapturing", e)
+                })?;
             let driver =
                 status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             if driver {
@@ -1447,7 +1449,7 @@ impl Communicators<'_> {
             };
             // SAFETY: our allocation; every kernel that used it is done (above), freed once.
             if let Err(e) = unsafe { cudarc::driver::result::free_sync(*scratch) } {
-                tracing::error!(error = %crate::backend::cuda::driver_error("cuMemFree", e), "freeing NCCL check memory failed");
+                tracing::error!(error = %crate::storage::backend::cuda::driver_error("cuMemFree", e), "freeing NCCL check memory failed");
             }
         }
     }
@@ -1653,7 +1655,7 @@ impl<'b> Group<'b> {
         &self,
         rank: usize,
         stream: Option<&Stream>,
-        device: crate::id::DeviceId,
+        device: crate::base::id::DeviceId,
     ) -> Result<usize, PoolError> {
         let Some(local) = self.ranks.iter().position(|r| r.rank == rank) else {
             return Err(PoolError::Nccl(NcclError::Group {

@@ -7,10 +7,10 @@ pub(crate) mod report;
 #[cfg(feature = "timeline")]
 pub mod timeline;
 
-pub use crate::backend::calls::DriverCalls;
-pub use crate::record::{RecordEntry, RecordKind, StreamRecording};
-pub use crate::stack::LayoutTrace;
-pub use crate::stats::{DeviceStats, FallbackCounts, SiteFallbacks, StreamStats};
-pub use crate::stream::Sizing;
-pub use crate::symmetric::check_symmetric;
+pub use crate::core::record::{RecordEntry, RecordKind, StreamRecording};
+pub use crate::core::stack::LayoutTrace;
+pub use crate::core::stats::{DeviceStats, FallbackCounts, SiteFallbacks, StreamStats};
+pub use crate::core::stream::Sizing;
+pub use crate::core::symmetric::check_symmetric;
+pub use crate::storage::backend::calls::DriverCalls;
 pub use report::{Report, report};

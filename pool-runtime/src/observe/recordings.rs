@@ -1,8 +1,8 @@
 //! The reader of recordings: what each stream's sink recorded (`core/sink.rs`), live and dropped.
 
-use crate::device::Device;
-use crate::record::StreamRecording;
-use crate::sync;
+use crate::base::sync;
+use crate::core::device::Device;
+use crate::core::record::StreamRecording;
 
 impl Device {
     /// The data: the recordings of this device's live streams and of its last dropped ones, oldest

@@ -2,10 +2,10 @@
 
 use std::fmt;
 
-use crate::config::{PoolConfig, Stacks};
-use crate::device::all_devices;
-use crate::source::FallbackReason;
-use crate::stats::{DeviceStats, SiteFallbacks};
+use crate::base::source::FallbackReason;
+use crate::core::config::{PoolConfig, Stacks};
+use crate::core::device::all_devices;
+use crate::core::stats::{DeviceStats, SiteFallbacks};
 
 /// Devices' stats, which display as the sizing report: per device and per live stream, stack
 /// use, fallbacks and driver calls, and the config that would have avoided every fallback.

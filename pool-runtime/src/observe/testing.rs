@@ -17,7 +17,7 @@
 //! # Ok::<(), PoolError>(())
 //! ```
 
-use crate::device::Device;
+use crate::core::device::Device;
 use crate::host_mem::HostMem;
 
 /// A private host device whose allocation call number `fail_at` (1-based, every kind of

@@ -25,10 +25,10 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde_json::{Value, json};
 
-use crate::device::all_devices;
-use crate::error::PoolError;
-use crate::record::{RecordKind, StreamRecording};
-use crate::source::Source;
+use crate::base::error::PoolError;
+use crate::base::source::Source;
+use crate::core::device::all_devices;
+use crate::core::record::{RecordKind, StreamRecording};
 
 /// Every live device's recordings (live streams and the last dropped ones).
 #[must_use]

@@ -17,13 +17,13 @@
 
 use std::sync::Arc;
 
-use crate::backend::{DevPtr, RawEvent, RawStream};
+use crate::base::error::CaptureError;
+use crate::base::error::PoolError;
+use crate::base::sync::{Mutex, lock};
+use crate::core::device::Device;
 use crate::core::replay::ReplayHook;
-use crate::device::Device;
-use crate::error::CaptureError;
-use crate::error::PoolError;
-use crate::stream::{Stream, SyncClock};
-use crate::sync::{Mutex, lock};
+use crate::core::stream::{Stream, SyncClock};
+use crate::storage::backend::{DevPtr, RawEvent, RawStream};
 
 /// Reads of this many streams since the last write: the finished ones are dropped.
 const PRUNE_AT: usize = 8;
@@ -171,7 +171,7 @@ impl ReadEnd {
     /// capture), which a later attempt, after the capture, gets past.
     fn wait_host(
         &self,
-        backend: &dyn crate::backend::Backend,
+        backend: &dyn crate::storage::backend::Backend,
         stream: u64,
     ) -> Result<(), PoolError> {
         match self {

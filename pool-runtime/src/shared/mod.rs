@@ -60,19 +60,19 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::capturing;
-use crate::device::Device;
-use crate::error::CaptureError;
-use crate::error::PoolError;
-use crate::layout::Layout;
-use crate::stream::Stream;
+use crate::base::error::CaptureError;
+use crate::base::error::PoolError;
+use crate::base::layout::Layout;
+use crate::core::capturing;
+use crate::core::device::Device;
+use crate::core::stream::Stream;
 
-use crate::view::{GpuView, GpuViewMut, Keeper, Window};
+use crate::core::view::{GpuView, GpuViewMut, Keeper, Window};
 use memory::{Access, SharedMemory};
 
 /// A shared array's memory is a driver allocation of its own, aligned as the driver aligns it: no
 /// stack block, so no packing to choose.
-const DRIVER: usize = crate::config::Packing::Cuda.block_align();
+const DRIVER: usize = crate::core::config::Packing::Cuda.block_align();
 
 /// A 2D array of `T` in device memory that no stream owns: `Send + Sync`, read from any stream on
 /// any thread through [`read`](Self::read), written through [`write`](Self::write) (`&mut`), with
@@ -110,7 +110,7 @@ impl<T: Pod> SharedMat<T> {
         rows: usize,
         cols: usize,
     ) -> Result<SharedMat<T>, PoolError> {
-        let len = crate::layout::packed_len::<T>(rows, cols)?;
+        let len = crate::base::layout::packed_len::<T>(rows, cols)?;
         let layout = Layout::of::<T>(1, len, device.backend().texture_alignment(), DRIVER)?;
         let (memory, _) = allocate(device, &layout)?;
         Ok(SharedMat::with(memory, rows, cols, cols * size_of::<T>()))
@@ -357,7 +357,7 @@ macro_rules! guard_debug {
 }
 guard_debug!(SharedRead, SharedWrite);
 
-impl<T: Pod> crate::access::GpuRead<T> for SharedRead<'_, T> {
+impl<T: Pod> crate::core::access::GpuRead<T> for SharedRead<'_, T> {
     fn addr_ref(&self) -> &u64 {
         self.ptr_field()
     }
@@ -367,7 +367,7 @@ impl<T: Pod> crate::access::GpuRead<T> for SharedRead<'_, T> {
     }
 }
 
-impl<T: Pod> crate::access::GpuRead<T> for SharedWrite<'_, T> {
+impl<T: Pod> crate::core::access::GpuRead<T> for SharedWrite<'_, T> {
     fn addr_ref(&self) -> &u64 {
         self.ptr_field()
     }
@@ -377,7 +377,7 @@ impl<T: Pod> crate::access::GpuRead<T> for SharedWrite<'_, T> {
     }
 }
 
-impl<T: Pod> crate::access::GpuWrite<T> for SharedWrite<'_, T> {
+impl<T: Pod> crate::core::access::GpuWrite<T> for SharedWrite<'_, T> {
     fn view_mut(&mut self) -> GpuViewMut<'_, T> {
         SharedWrite::whole_mut(self)
     }

@@ -24,12 +24,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::backend::{Backend, DevPtr, RawStream};
-use crate::counters::StreamCounters;
-use crate::error::PoolError;
-use crate::holders::{GaveBack, IdleHolding, Reclaimed, ReclaimedFrom};
-use crate::id::DeviceId;
-use crate::sync;
+use crate::base::counters::StreamCounters;
+use crate::base::error::PoolError;
+use crate::base::holders::{GaveBack, IdleHolding, Reclaimed, ReclaimedFrom};
+use crate::base::id::DeviceId;
+use crate::base::sync;
+use crate::storage::backend::{Backend, DevPtr, RawStream};
 
 /// Something that keeps memory of a device idle (mapped or allocated, used by no buffer).
 pub(crate) trait IdleMemory: Send + Sync {

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{Backend, RawStream};
-use crate::error::CaptureError;
-use crate::error::PoolError;
+use crate::base::error::CaptureError;
+use crate::base::error::PoolError;
+use crate::storage::backend::{Backend, RawStream};
 
 use super::Stream;
 

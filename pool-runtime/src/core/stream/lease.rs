@@ -9,15 +9,15 @@
 use std::fmt;
 use std::mem::ManuallyDrop;
 
-use crate::allocator::{self, AllocContext, AllocRequest, Allocation};
-use crate::backend::DevPtr;
-use crate::capturing;
+use crate::allocators::{self as allocator, AllocContext, AllocRequest, Allocation};
+use crate::base::error::CaptureError;
+use crate::base::error::{PoolError, RequestContext};
+use crate::base::layout::Layout;
+use crate::base::source::{CallSite, FallbackReason, Source};
+use crate::core::capturing;
 use crate::core::sink::Op;
-use crate::error::CaptureError;
-use crate::error::{PoolError, RequestContext};
-use crate::layout::Layout;
-use crate::source::{CallSite, FallbackReason, Source};
-use crate::stack::{Block, Release, Stack};
+use crate::core::stack::{Block, Release, Stack};
+use crate::storage::backend::DevPtr;
 
 use super::Stream;
 use super::sizing::DemandBlock;

@@ -17,22 +17,22 @@ use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 
-use crate::allocator::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
-use crate::backend::{DevPtr, RawEvent, RawStream};
-use crate::capturing;
-use crate::config::{self, DeviceConfig, Fallback, Stacks};
+use crate::allocators::{DriverAllocator, GpuAllocator, NoFallback, StreamOrderedAllocator};
+use crate::base::counters::StreamCounters;
+use crate::base::error::CaptureError;
+use crate::base::error::PoolError;
+use crate::base::holders::ReclaimedFrom;
+use crate::core::capturing;
+use crate::core::config::{self, DeviceConfig, Fallback, Stacks};
 use crate::core::deferred::{self, Deferred};
+use crate::core::device::Device;
+use crate::core::ledger::Ledger;
+use crate::core::record::RecordEntry;
 use crate::core::sink::{Op, Sink};
-use crate::counters::StreamCounters;
-use crate::device::Device;
-use crate::error::CaptureError;
-use crate::error::PoolError;
-use crate::holders::ReclaimedFrom;
-use crate::ledger::Ledger;
-use crate::record::RecordEntry;
-use crate::stack::{LayoutTrace, Stack};
-use crate::stats::StreamStats;
+use crate::core::stack::{LayoutTrace, Stack};
+use crate::core::stats::StreamStats;
 use crate::storage::IdleMemory;
+use crate::storage::backend::{DevPtr, RawEvent, RawStream};
 
 use capture::CaptureState;
 pub(crate) use clock::SyncClock;
@@ -60,7 +60,7 @@ pub struct Stream {
     raw: RawStream,
     /// The device's texture alignment, kept here so the hot path makes no virtual call.
     texture_alignment: usize,
-    /// The device's [`Packing`](crate::config::Packing) when the stream was made, as a block alignment.
+    /// The device's [`Packing`](crate::core::config::Packing) when the stream was made, as a block alignment.
     packing: usize,
     ledger: Arc<Ledger>,
     stack: OnceCell<Stack>,
@@ -147,7 +147,7 @@ impl Stream {
         if ours != Some(stream.context().cu_ctx()) {
             return Err(PoolError::DeviceMismatch {
                 expected: device.id(),
-                actual: crate::id::DeviceId::Cuda(stream.context().ordinal()),
+                actual: crate::base::id::DeviceId::Cuda(stream.context().ordinal()),
             });
         }
         let config = device.config()?;
@@ -202,7 +202,7 @@ impl Stream {
         custom_allocator: bool,
     ) -> Result<Stream, PoolError> {
         config::env_config()?;
-        static STREAM_IDS: crate::unique::Counter = crate::unique::Counter::new();
+        static STREAM_IDS: crate::base::unique::Counter = crate::base::unique::Counter::new();
         let record = config.record;
         let id = STREAM_IDS.next();
         #[cfg(feature = "cuda")]
@@ -560,7 +560,7 @@ impl Stream {
     #[cold]
     fn emit(&self, op: Op) {
         self.ledger.record(RecordEntry {
-            t_ns: crate::record::now_ns(),
+            t_ns: crate::core::record::now_ns(),
             kind: op.kind,
             source: op.source,
             offset: op.offset,

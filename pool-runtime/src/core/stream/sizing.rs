@@ -2,9 +2,9 @@
 
 use std::cell::{Cell, RefCell};
 
-use crate::counters::StreamCounters;
-use crate::layout::Layout;
-use crate::stack::{Block, Stack};
+use crate::base::counters::StreamCounters;
+use crate::base::layout::Layout;
+use crate::core::stack::{Block, Stack};
 
 use super::Stream;
 

@@ -2,9 +2,9 @@
 //! that memory crossing them needs: the checks that keep that work out of a foreign capture, and
 //! the waits a release must issue for other streams' use of the memory (`record_stream`).
 
-use crate::backend::{RawEvent, RawStream, Region};
-use crate::error::CaptureError;
-use crate::error::PoolError;
+use crate::base::error::CaptureError;
+use crate::base::error::PoolError;
+use crate::storage::backend::{RawEvent, RawStream, Region};
 
 use super::Stream;
 

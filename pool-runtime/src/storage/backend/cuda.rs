@@ -16,8 +16,8 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUmemorytype};
 
 use super::calls::{Call, count};
 use super::{Backend, DevPtr, RawEvent, RawStream, Region};
-use crate::error::PoolError;
-use crate::id::DeviceId;
+use crate::base::error::PoolError;
+use crate::base::id::DeviceId;
 
 /// A driver error as a `PoolError`, the error kept as its source.
 pub(crate) fn driver_error(call: &'static str, e: DriverError) -> PoolError {

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::{Backend, DevPtr, RawEvent, RawStream, Region};
-use crate::error::PoolError;
-use crate::id::DeviceId;
+use crate::base::error::PoolError;
+use crate::base::id::DeviceId;
 
 /// The texture alignment of the H100, used on the host too so layouts match.
 pub(crate) const HOST_TEXTURE_ALIGNMENT: usize = 512;
@@ -104,7 +104,7 @@ impl HostBackend {
     fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
         // A panic while the lock was held cannot leave `Live` half-updated: each update is one
         // insert or remove plus one addition, done after every fallible step.
-        crate::sync::lock(&self.live)
+        crate::base::sync::lock(&self.live)
     }
 
     /// Counts an allocation call; `Err` if it is the one chosen to fail.
@@ -347,8 +347,8 @@ impl Backend for HostBackend {
 
     fn alloc_pitch(&self, width: usize, rows: usize) -> Result<(DevPtr, usize), PoolError> {
         let overflow = || self.oom(usize::MAX);
-        let pitch =
-            crate::layout::align_up(width.max(1), HOST_TEXTURE_ALIGNMENT).ok_or_else(overflow)?;
+        let pitch = crate::base::layout::align_up(width.max(1), HOST_TEXTURE_ALIGNMENT)
+            .ok_or_else(overflow)?;
         let bytes = pitch.checked_mul(rows).ok_or_else(overflow)?;
         Ok((self.alloc(bytes)?, pitch))
     }

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::error::PoolError;
+use crate::base::error::PoolError;
 
 pub(crate) mod calls;
 pub(crate) mod host;
