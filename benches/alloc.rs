@@ -3,8 +3,8 @@
 //!
 //! `cargo bench --bench alloc` prints a markdown table of medians and ratios at the end.
 //!
-//! `alloc loop N hand|dsl` (the bench binary, run directly) instead calls the two-buffer function
-//! N times and nothing else, for instruction counts that do not depend on the machine's load:
+//! `alloc loop N hand|dsl|child` (the bench binary, run directly) instead calls the two-buffer
+//! function N times and nothing else, for instruction counts that do not depend on the machine's load:
 //! under `valgrind --tool=callgrind` at two values of N, the difference of the counts over the
 //! difference of N is the instructions per call (BENCHMARKS.md, G).
 
@@ -12,6 +12,7 @@ mod support;
 
 use std::cell::Cell;
 use std::hint::black_box;
+use std::marker::PhantomData;
 
 use criterion::BatchSize;
 use gpu_pool::compat::opencv::BufferPool;
@@ -64,14 +65,93 @@ fn by_hand(stream: &Stream, n: usize) -> Result<u64, PoolError> {
     Ok(a.device_ptr() ^ b.device_ptr())
 }
 
-/// `loop N hand|dsl [growable]`: the two-buffer function `N` times, for callgrind, on a fixed
+/// A prototype of bump-scope's child scope (issue 31, item 1), on the public runtime API only:
+/// LIFO as a property of types. A scope borrows its stream; [`child`](Scope::child) borrows the
+/// parent `&mut`, so the parent cannot take (or open another child) while the child lives; a
+/// buffer taken through a scope borrows that scope, so it cannot outlive it.
+///
+/// ```text
+/// let mut outer = Scope::new(&stream);
+/// let inner = outer.child();
+/// let a = outer.temp_1d::<u8>(16)?; // error[E0502]: `outer` is borrowed mutably by `inner`
+/// drop(inner);                      //                 for as long as `inner` lives
+/// ```
+///
+/// What it cannot do on the public API: reset the stack's top to a checkpoint. Each buffer here
+/// still owns its `Temp` and releases itself (in reverse order, locals' drop order), which is the
+/// release a guard would make; the scope's `Drop` has nothing left to do. A real implementation
+/// needs from the core a `Checkpoint` (the stack's top when the scope opens, `stack_top` in
+/// core/fence.rs, today crate-private) and a `reset_to(checkpoint)` on the stack seam that drops
+/// the top back in one store, with the fence rule of `release_reserved` (never below a graph's
+/// fence or a capture's hold); buffers would then carry no `Drop` of their own.
+struct Scope<'s> {
+    stream: &'s Stream,
+}
+
+/// A buffer taken through a [`Scope`]: it borrows the scope for `'a`.
+struct ScopedTemp<'a, 's, T: gpu_pool::Element> {
+    temp: Temp<'s, T>,
+    _scope: PhantomData<&'a Scope<'s>>,
+}
+
+impl<'s> Scope<'s> {
+    #[inline(always)]
+    fn new(stream: &'s Stream) -> Self {
+        Scope { stream }
+    }
+
+    /// A child scope: the parent is borrowed mutably until the child is dropped.
+    #[inline(always)]
+    fn child(&mut self) -> Scope<'_> {
+        Scope {
+            stream: self.stream,
+        }
+    }
+
+    #[inline(always)]
+    #[track_caller]
+    fn temp<T: gpu_pool::Element>(
+        &self,
+        rows: usize,
+        cols: usize,
+    ) -> Result<ScopedTemp<'_, 's, T>, PoolError> {
+        Ok(ScopedTemp {
+            temp: self.stream.temp(rows, cols)?,
+            _scope: PhantomData,
+        })
+    }
+
+    #[inline(always)]
+    #[track_caller]
+    fn temp_1d<T: gpu_pool::Element>(
+        &self,
+        len: usize,
+    ) -> Result<ScopedTemp<'_, 's, T>, PoolError> {
+        Ok(ScopedTemp {
+            temp: self.stream.temp_1d(len)?,
+            _scope: PhantomData,
+        })
+    }
+}
+
+/// The same two buffers, taken through a child of the caller's scope.
+#[inline(never)]
+fn child_scope(scope: &mut Scope<'_>, n: usize) -> Result<u64, PoolError> {
+    let child = scope.child();
+    let a = child.temp::<f32>(n, n)?;
+    let b = child.temp_1d::<u8>(n)?;
+    // let c = scope.temp_1d::<u8>(n)?; // E0502: `*scope` is borrowed mutably by `child`
+    Ok(a.temp.device_ptr() ^ b.temp.device_ptr())
+}
+
+/// `loop N hand|dsl|child [growable]`: the two-buffer function `N` times, for callgrind, on a fixed
 /// stack or a growable one (mapped by the first call).
 fn instruction_loop(mut args: impl Iterator<Item = String>) {
     let iterations: usize = args
         .next()
         .and_then(|a| a.parse().ok())
-        .expect("loop N hand|dsl [growable]");
-    let dsl = args.next().is_some_and(|a| a == "dsl");
+        .expect("loop N hand|dsl|child [growable]");
+    let variant = args.next().unwrap_or_default();
     let device = Device::private_host();
     if args.next().is_some_and(|a| a == "growable") {
         device
@@ -79,12 +159,13 @@ fn instruction_loop(mut args: impl Iterator<Item = String>) {
             .expect("the host models growable stacks");
     }
     let stream = Stream::new(&device).expect("host stream");
+    let mut scope = Scope::new(&stream);
     let mut x = 0;
     for _ in 0..iterations {
-        x ^= if dsl {
-            with_dsl(&stream, black_box(16))
-        } else {
-            by_hand(&stream, black_box(16))
+        x ^= match variant.as_str() {
+            "dsl" => with_dsl(&stream, black_box(16)),
+            "child" => child_scope(&mut scope, black_box(16)),
+            _ => by_hand(&stream, black_box(16)),
         }
         .expect("fits");
     }
