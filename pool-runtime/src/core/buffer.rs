@@ -35,7 +35,6 @@ macro_rules! lease_buffer {
             }
 
             /// The address field kernel arguments point at.
-            #[cfg(feature = "cuda")]
             pub(crate) fn ptr_field(&self) -> &u64 {
                 self.lease.ptr_field()
             }

@@ -4,6 +4,7 @@
 //! goes on being used above it. The stack's high-water mark, measured from the fence, says how far
 //! the captured buffers reached. Clients: `graph` (a graph's reserved block, a family's region).
 
+#[cfg(feature = "cuda")]
 use crate::base::error::CaptureError;
 #[cfg(feature = "cuda")]
 use crate::base::error::PoolError;

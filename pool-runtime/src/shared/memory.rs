@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "cuda")]
 use crate::base::error::CaptureError;
 use crate::base::error::PoolError;
 use crate::base::sync::{Mutex, lock};
