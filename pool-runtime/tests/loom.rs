@@ -7,7 +7,8 @@
 #![cfg(loom)]
 
 use gpu_pool_runtime::{
-    BufferPool, Device, GpuRead, GpuWrite, Source, Stream, set_buffer_pool_config,
+    Device, GpuRead, GpuWrite, Source, Stream,
+    compat::opencv::{BufferPool, set_buffer_pool_config},
 };
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
