@@ -33,7 +33,7 @@
 //! - One module per feature: [`config`], [`alloc`], `graph`, [`shared`], `nccl`, [`observe`],
 //!   [`interop`] (cudarc, cuBLAS, kernel arguments), [`compat`] (the seed APIs), `testing`.
 
-pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
+pub use gpu_pool_macros::{GraphKey, buffer, gpu_scope, pooled};
 
 // The core, at the root: every item is at one path (and the common ones in the prelude too).
 pub use gpu_pool_runtime::{
@@ -74,7 +74,9 @@ pub use gpu_pool_runtime::__private;
 /// ```
 pub mod prelude {
     #[doc(no_inline)]
-    pub use gpu_pool_macros::{buffer, gpu_scope, pooled};
+    pub use gpu_pool_macros::{GraphKey, buffer, gpu_scope, pooled};
+    #[doc(no_inline)]
+    pub use gpu_pool_runtime::graph::GraphKey;
     #[cfg(feature = "cuda")]
     #[doc(no_inline)]
     pub use gpu_pool_runtime::interop::{LaunchArgsExt, Pitched, grid_2d};

@@ -171,6 +171,7 @@ extern "C" __global__ void slow_copy(const unsigned char* src, unsigned char* ds
 }
 "#;
 
+#[derive(gpu_pool::GraphKey)]
 pub struct Kernels {
     pub fill_pattern: CudaFunction,
     pub invert: CudaFunction,

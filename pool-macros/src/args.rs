@@ -14,8 +14,24 @@ pub(crate) struct StreamArg {
     pub(crate) root: Ident,
 }
 
-impl StreamArg {
-    pub(crate) fn parse_attr(args: TokenStream) -> syn::Result<StreamArg> {
+/// `#[pooled(STREAM)]`, `#[pooled(STREAM, graph)]` or `#[pooled(STREAM, graph(cap = N))]`.
+pub(crate) struct PooledArgs {
+    pub(crate) stream: StreamArg,
+    /// `graph`: the function replays a graph per key.
+    pub(crate) graph: Option<GraphArg>,
+}
+
+/// `graph` or `graph(cap = N)`.
+pub(crate) struct GraphArg {
+    pub(crate) word: Ident,
+    /// Graphs kept per stream.
+    pub(crate) cap: Option<syn::LitInt>,
+}
+
+const GRAPH_FORMS: &str = "`#[pooled(stream, graph)]` or `#[pooled(stream, graph(cap = 16))]`";
+
+impl PooledArgs {
+    pub(crate) fn parse_attr(args: TokenStream) -> syn::Result<PooledArgs> {
         if args.is_empty() {
             return Err(syn::Error::new(
                 proc_macro2::Span::call_site(),
@@ -23,7 +39,64 @@ impl StreamArg {
                  (or `#[pooled(self.stream)]` for a field)",
             ));
         }
-        let expr: Expr = syn::parse2(args)?;
+        syn::parse::Parser::parse2(
+            |input: ParseStream<'_>| {
+                let expr: Expr = input.parse()?;
+                let stream = StreamArg::from_expr(expr)?;
+                if input.is_empty() {
+                    return Ok(PooledArgs {
+                        stream,
+                        graph: None,
+                    });
+                }
+                input.parse::<Token![,]>()?;
+                let word: Ident = input.parse()?;
+                if word != "graph" {
+                    return Err(syn::Error::new_spanned(
+                        &word,
+                        format!(
+                            "unknown option `{word}`; the one option is `graph`: {GRAPH_FORMS}"
+                        ),
+                    ));
+                }
+                let cap = if input.peek(syn::token::Paren) {
+                    let inner;
+                    syn::parenthesized!(inner in input);
+                    let key: Ident = inner.parse()?;
+                    if key != "cap" {
+                        return Err(syn::Error::new_spanned(
+                            &key,
+                            format!("unknown graph option `{key}`: {GRAPH_FORMS}"),
+                        ));
+                    }
+                    inner.parse::<Token![=]>()?;
+                    let cap: syn::LitInt = inner.parse()?;
+                    if cap.base10_parse::<usize>()? == 0 {
+                        return Err(syn::Error::new_spanned(
+                            &cap,
+                            "a graphed function keeps at least one graph: `cap` must be 1 or more",
+                        ));
+                    }
+                    Some(cap)
+                } else {
+                    None
+                };
+                input.parse::<Option<Token![,]>>()?;
+                if !input.is_empty() {
+                    return Err(input.error(format!("unexpected tokens: {GRAPH_FORMS}")));
+                }
+                Ok(PooledArgs {
+                    stream,
+                    graph: Some(GraphArg { word, cap }),
+                })
+            },
+            args,
+        )
+    }
+}
+
+impl StreamArg {
+    fn from_expr(expr: Expr) -> syn::Result<StreamArg> {
         let root = root_of(&expr).ok_or_else(|| {
             syn::Error::new_spanned(
                 &expr,

@@ -11,7 +11,7 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{FnArg, Ident, ItemFn, Pat};
 
-use crate::args::{ScopeArgs, StreamArg};
+use crate::args::{GraphArg, PooledArgs, ScopeArgs};
 use crate::drops;
 use crate::error::{Errors, error_expr, to_compile_errors};
 use crate::rewrite::{Rewriter, find_await, scope_ident};
@@ -77,13 +77,16 @@ fn expand_fn(attr: TokenStream, function: &mut ItemFn) {
             "#[pooled] cannot be used on a `const fn`: buffers are taken at run time",
         );
     }
-    let stream = match StreamArg::parse_attr(attr) {
-        Ok(stream) => Some(stream),
+    let (stream, graph) = match PooledArgs::parse_attr(attr) {
+        Ok(args) => (Some(args.stream), args.graph),
         Err(e) => {
             refused.push(e);
-            None
+            (None, None)
         }
     };
+    if let Some(graph) = &graph {
+        check_graphed(sig, graph, &mut refused);
+    }
     if let Some(stream) = &stream
         && !parameters(sig).contains(&stream.root)
     {
@@ -109,7 +112,12 @@ fn expand_fn(attr: TokenStream, function: &mut ItemFn) {
     drops::check(&mut function.block);
     Rewriter::new().visit_block_mut(&mut function.block);
 
-    let open = match (refused.finish(), stream) {
+    let refusal = refused.finish();
+    let graphed = match (&refusal, &stream, &graph) {
+        (Ok(()), Some(stream), Some(graph)) => Some((stream.expr.clone(), graph)),
+        _ => None,
+    };
+    let open = match (refusal, stream) {
         (Err(e), _) => refused_scope(e),
         (Ok(()), Some(stream)) if is_shared_ref_param(&function.sig, &stream.expr) => {
             // `&*stream` reborrows for the caller's lifetime, not for a borrow of the local `stream`.
@@ -122,6 +130,90 @@ fn expand_fn(attr: TokenStream, function: &mut ItemFn) {
         (Ok(()), None) => unreachable!("a stream that does not parse is refused"),
     };
     prepend(&mut function.block, open);
+    if let Some((stream, graph)) = graphed {
+        graph_body(function, &stream, graph);
+    }
+}
+
+/// What a graphed function cannot be: a method taking `self` by value (a replay cannot give it
+/// back), and `async`/`const` are refused already.
+fn check_graphed(sig: &syn::Signature, graph: &GraphArg, refused: &mut Errors) {
+    if let Some(FnArg::Receiver(r)) = sig.inputs.first()
+        && r.reference.is_none()
+    {
+        refused.push_at(
+            &r.self_token,
+            "a graphed method takes `&self` or `&mut self`: its calls may run twice (a capture, \
+             then eagerly) and a replay runs none of its code",
+        );
+    }
+    if let syn::ReturnType::Default = sig.output {
+        refused.push_at(
+            &graph.word,
+            "a graphed function returns a `Result` (`Result<(), PoolError>`, or outputs taken in \
+             it): a capture can fail, and its call then runs eagerly",
+        );
+    }
+}
+
+/// Wraps the (already rewritten) body of a graphed function: its parameters' keys, then the call
+/// through `graphed`, which replays, captures, or runs the body as a closure.
+fn graph_body(function: &mut ItemFn, stream: &syn::Expr, graph: &GraphArg) {
+    let sig = &function.sig;
+    let name = sig.ident.to_string();
+    let cap = graph
+        .cap
+        .as_ref()
+        .map_or_else(|| quote!(16), ToTokens::to_token_stream);
+    let site = Ident::new("__GPU_POOL_GRAPH", proc_macro2::Span::mixed_site());
+    let keys = Ident::new("__gpu_pool_keys", proc_macro2::Span::mixed_site());
+    let generic = sig.generics.type_params().next().is_some()
+        || sig.inputs.iter().any(|i| match i {
+            FnArg::Typed(t) => t.ty.to_token_stream().to_string().contains("impl"),
+            FnArg::Receiver(_) => false,
+        });
+    let key_each = parameters(sig).into_iter().map(|p| {
+        let typed = generic.then(|| quote!(#keys.type_of(&#p);));
+        quote_spanned! {p.span()=>
+            #typed
+            ::gpu_pool::__private::GraphKey::graph_key(&#p, &mut #keys);
+        }
+    });
+    let by_value = is_by_value_param(sig, stream);
+    let stream_ref = if by_value {
+        quote_spanned!(stream.span()=> ::gpu_pool::__private::scope(&#stream))
+    } else {
+        quote_spanned!(stream.span()=> ::gpu_pool::__private::scope(&*#stream))
+    };
+    let ret = match &sig.output {
+        syn::ReturnType::Type(_, ty) if !ty.to_token_stream().to_string().contains("impl") => {
+            quote!(-> #ty)
+        }
+        _ => quote!(),
+    };
+    let body = &function.block;
+    let wrapped = quote! {{
+        static #site: ::gpu_pool::__private::GraphSite =
+            ::gpu_pool::__private::GraphSite::new(concat!(module_path!(), "::", #name), #cap);
+        let mut #keys = ::gpu_pool::__private::GraphKeys::default();
+        #(#key_each)*
+        ::gpu_pool::__private::graphed(&#site, #stream_ref, #keys, || #ret #body)
+    }};
+    function.block = Box::new(syn::parse2(wrapped).expect("a block"));
+}
+
+/// Whether the stream is a parameter taken by value (`stream: Stream`), which `&*` cannot reach.
+fn is_by_value_param(sig: &syn::Signature, expr: &syn::Expr) -> bool {
+    let syn::Expr::Path(path) = expr else {
+        return false;
+    };
+    sig.inputs.iter().any(|input| match input {
+        FnArg::Typed(t) => {
+            matches!(&*t.pat, Pat::Ident(p) if path.path.is_ident(&p.ident))
+                && matches!(&*t.ty, syn::Type::Path(_))
+        }
+        FnArg::Receiver(_) => false,
+    })
 }
 
 /// The scope's local bound to `error`, for a scope that cannot be opened.

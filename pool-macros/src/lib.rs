@@ -5,6 +5,7 @@
 //! `expand`, all on `proc_macro2` so they are unit-tested and snapshot-tested.
 
 mod args;
+mod derive;
 mod drops;
 mod error;
 mod expand;
@@ -177,4 +178,23 @@ pub fn gpu_scope(input: TokenStream) -> TokenStream {
 #[proc_macro]
 pub fn buffer(_input: TokenStream) -> TokenStream {
     expand::misplaced_buffer().into()
+}
+
+/// Derives [`GraphKey`](../gpu_pool/graph/trait.GraphKey.html) for a struct or enum of your own:
+/// its key is every field's key, in order, so a graphed method (`#[pooled(self.stream, graph)]`)
+/// replays only while every buffer, scalar and kernel in `self` is what its capture saw. Every
+/// field's type must be a `GraphKey`.
+///
+/// ```
+/// use gpu_pool::prelude::*;
+///
+/// #[derive(GraphKey)]
+/// struct Model {
+///     w: SharedMat<f32>,
+///     scale: f32,
+/// }
+/// ```
+#[proc_macro_derive(GraphKey)]
+pub fn derive_graph_key(input: TokenStream) -> TokenStream {
+    derive::graph_key(input.into()).into()
 }

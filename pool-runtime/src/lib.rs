@@ -51,6 +51,10 @@ pub mod compat;
 mod core;
 #[cfg(feature = "cuda")]
 pub mod graph;
+/// CUDA graphs; without CUDA only what graphed functions need, which then run eagerly.
+#[cfg(not(feature = "cuda"))]
+#[path = "graph/eager.rs"]
+pub mod graph;
 mod host_mem;
 pub mod interop;
 #[cfg(feature = "nccl")]
@@ -106,7 +110,6 @@ pub struct ReadmeDoctests;
 /// built with (its own features may be fewer: cargo unifies the runtime's); not part of the API.
 #[doc(hidden)]
 pub mod __features {
-    #[cfg(feature = "cuda")]
     pub use crate::graph;
     #[cfg(feature = "nccl")]
     pub use crate::nccl;
@@ -118,4 +121,5 @@ pub mod __features {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::core::scope::{handle, scope, take, take_1d, take_packed};
+    pub use crate::graph::{GraphKey, GraphKeys, GraphSite, graphed};
 }

@@ -16,6 +16,7 @@ mod dsl;
 mod errors;
 mod family;
 mod faults;
+mod graphed;
 mod growable;
 mod holders;
 mod host_mem;

@@ -183,6 +183,7 @@ fn step(
 
 /// A type whose read view is one thing and writable view another: an NCCL write must go where
 /// the writable view lends, never through the read view.
+#[derive(gpu_pool::GraphKey)]
 struct Sneaky<'v, 'm>(GpuView<'v, f32>, GpuMat<'m, f32>);
 
 impl GpuRead<f32> for Sneaky<'_, '_> {

@@ -67,7 +67,7 @@ pub(crate) mod sealed {
 ///
 /// Only [`view`](Self::view) is implemented by each type; every other method works on the view,
 /// so all of them behave alike.
-pub trait GpuRead<T: Pod> {
+pub trait GpuRead<T: Pod>: crate::core::graph_key::GraphKey {
     /// The memory as a read-only view, queued on its stream.
     fn view(&self) -> GpuView<'_, T>;
 

@@ -101,6 +101,14 @@ macro_rules! lease_buffer {
             }
         }
 
+        // SAFETY: a buffer is its memory (address, shape, step, element) and nothing else.
+        unsafe impl<T: ::bytemuck::Pod> $crate::core::graph_key::GraphKey for $name<'_, T> {
+            #[inline]
+            fn graph_key(&self, keys: &mut $crate::core::graph_key::GraphKeys) {
+                keys.buffer(self);
+            }
+        }
+
         impl<T: ::bytemuck::Pod> $crate::core::access::GpuRead<T> for $name<'_, T> {
             fn addr_ref(&self) -> &u64 {
                 self.ptr_field()

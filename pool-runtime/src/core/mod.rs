@@ -8,6 +8,7 @@ pub(crate) mod config;
 pub(crate) mod deferred;
 pub(crate) mod device;
 pub(crate) mod fence;
+pub(crate) mod graph_key;
 pub(crate) mod ledger;
 #[cfg(feature = "cuda")]
 pub(crate) mod lent;

@@ -60,6 +60,7 @@
 //! ```
 
 mod family;
+mod shapes;
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -75,6 +76,9 @@ use crate::core::stream::Stream;
 use crate::storage::backend::cuda::{ContextGuard, driver_error};
 
 pub use family::GraphFamily;
+pub use shapes::{EagerCalls, GraphKey, GraphKeys, Outputs, ShapeStats, shape_stats};
+#[doc(hidden)]
+pub use shapes::{GraphSite, OutputLayout, graphed};
 
 /// A captured CUDA graph of pooled work, replayed with [`launch`](Graph::launch) on the stream it
 /// was captured on. Dropping it gives back the stack memory its replays use.
@@ -168,11 +172,7 @@ impl Graph<'_> {
 
     /// Queues one replay.
     fn queue(&self) -> Result<(), PoolError> {
-        let _guard = ContextGuard::bind(&self.exec.ctx)?;
-        // SAFETY: `exec` is a live executable graph of this context (owned by `self`), and the
-        // stream is the graph's own, alive while it is borrowed.
-        unsafe { result::graph::launch(self.exec.exec, self.cu_stream) }
-            .map_err(|e| driver_error("cuGraphLaunch", e))
+        self.exec.launch(self.cu_stream)
     }
 
     /// What the graph is made of: its nodes counted by kind. A graph of pooled work has no
@@ -261,6 +261,22 @@ struct Exec {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
     ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the handles are the driver's, usable from any thread with their context bound (every
+// use binds `ctx`); `Exec` owns them alone, so moving it moves that ownership.
+unsafe impl Send for Exec {}
+
+impl Exec {
+    /// Queues one replay on `cu_stream`.
+    fn launch(&self, cu_stream: sys::CUstream) -> Result<(), PoolError> {
+        let _guard = ContextGuard::bind(&self.ctx)?;
+        // SAFETY: `exec` is a live executable graph of this context (owned by `self`); every
+        // caller passes the CUDA stream of the pool stream the graph was captured on, alive while
+        // that stream is borrowed.
+        unsafe { result::graph::launch(self.exec, cu_stream) }
+            .map_err(|e| driver_error("cuGraphLaunch", e))
+    }
 }
 
 impl Drop for Exec {
@@ -561,7 +577,7 @@ impl Stream {
     where
         E: From<PoolError>,
     {
-        let mut capturing = self.begin_capture(family)?;
+        let mut capturing = self.begin_capture(family, false)?;
         let worked = work(self);
         let ended = capturing.end();
         if let Err(e @ PoolError::Capture(CaptureError::CrossStream { .. })) = ended {
@@ -594,6 +610,7 @@ impl Stream {
     fn begin_capture<'a>(
         &'a self,
         family: Option<&'a family::Region>,
+        at_top: bool,
     ) -> Result<Capturing<'a>, PoolError> {
         let Some(cuda) = self.cuda_stream() else {
             return Err(PoolError::Unsupported {
@@ -622,6 +639,14 @@ impl Stream {
         // The fence may claim the stream's stack, and with it a wait for its last stream's work.
         // A family's region is the fence of its members, lowered to its base for the capture.
         let (fence, fence_end) = match family {
+            // Graphs by shape hold nothing between calls: the capture's buffers are packed from
+            // the top, where every replay of the same key finds the stack again.
+            None if at_top => {
+                if self.stack().is_none() {
+                    let _ = self.claim_stack();
+                }
+                (None, self.stack_top().unwrap_or(0))
+            }
             None => {
                 let fence = self
                     .reserve_fence()

@@ -131,6 +131,16 @@ pub struct Blas {
     workspace: Option<Workspace>,
 }
 
+// SAFETY: the handle and the workspace its kernels were captured with: the workspace stays with
+// the stream (a dropped handle leaves it to the next), and a replay queues only kernels that read
+// their operands from the call's keyed buffers and scratch from that workspace.
+unsafe impl crate::core::graph_key::GraphKey for Blas {
+    fn graph_key(&self, keys: &mut crate::core::graph_key::GraphKeys) {
+        keys.word(*self.handle.handle() as u64);
+        keys.word(self.workspace_ptr());
+    }
+}
+
 impl Blas {
     /// The address of the handle's own workspace.
     fn workspace_ptr(&self) -> DevPtr {

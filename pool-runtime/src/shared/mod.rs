@@ -65,6 +65,7 @@ use crate::base::error::PoolError;
 use crate::base::layout::Layout;
 use crate::core::capturing;
 use crate::core::device::Device;
+use crate::core::graph_key::{GraphKey, GraphKeys};
 use crate::core::stream::Stream;
 
 use crate::core::view::{GpuView, GpuViewMut, Keeper, Window};
@@ -356,6 +357,30 @@ macro_rules! guard_debug {
     )*};
 }
 guard_debug!(SharedRead, SharedWrite);
+
+macro_rules! key_guard {
+    ($($guard:ident),*) => {$(
+        // SAFETY: a guard lends its window (address, shape, step, element) and nothing else.
+        unsafe impl<T: Pod> GraphKey for $guard<'_, T> {
+            fn graph_key(&self, keys: &mut GraphKeys) {
+                keys.buffer(self);
+            }
+        }
+    )*};
+}
+key_guard!(SharedRead, SharedWrite);
+
+// SAFETY: its memory's address and its shape: what a replay's accesses of it reach (the accesses
+// themselves are ordered by the replay hook its capture noted).
+unsafe impl<T: Pod> GraphKey for SharedMat<T> {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        keys.word(self.memory.ptr());
+        keys.word(self.rows as u64);
+        keys.word(self.cols as u64);
+        keys.word(self.pitch as u64);
+        keys.word(size_of::<T>() as u64);
+    }
+}
 
 impl<T: Pod> crate::core::access::GpuRead<T> for SharedRead<'_, T> {
     fn addr_ref(&self) -> &u64 {

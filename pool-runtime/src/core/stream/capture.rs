@@ -20,6 +20,9 @@ pub(super) struct CaptureState {
     live: RefCell<Vec<u64>>,
     /// What features noted for the replays of the capture under way (SharedMat's accesses).
     replay: RefCell<Option<Box<dyn ReplayHook>>>,
+    /// The state of the feature that keeps graphs between calls (graphs by shape,
+    /// `graph/shapes.rs`), dropped with the stream.
+    kept_graphs: RefCell<Option<Box<dyn Any + Send>>>,
 }
 
 impl Stream {
@@ -28,6 +31,11 @@ impl Stream {
     #[inline]
     pub(crate) fn in_own_capture(&self) -> bool {
         self.capture.capturing.get()
+    }
+
+    /// The slot of the feature that keeps graphs between calls.
+    pub(crate) fn capture_slot(&self) -> &RefCell<Option<Box<dyn Any + Send>>> {
+        &self.capture.kept_graphs
     }
 
     /// The epoch memory allocated now is stamped with.

@@ -1,0 +1,326 @@
+//! What a graphed function's replay depends on: the seam between the graph feature's graphs by
+//! shape (`graph/shapes.rs`) and every type a graphed function can take. The graph feature keys a
+//! call by these words; a type says which words stand for it (its value, or a buffer's address and
+//! shape), wherever the type lives, without either side naming the other.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use crate::core::access::GpuRead;
+use crate::core::scope::Pooled;
+use crate::core::stream::Stream;
+use crate::core::view::{GpuView, GpuViewMut};
+
+/// What a replay of a graphed function (`#[pooled(stream, graph)]`) depends on, written as words
+/// into a [`GraphKeys`]: a call replays a graph only if its parameters write the same words as the
+/// call that captured it.
+///
+/// Implemented for numbers, `bool`, `char`, strings, references, `Box`/`Rc`/`Arc`, `Option`,
+/// tuples, arrays, slices and `Vec`s of keyed types, and for every gpu-pool buffer (its address and
+/// shape: a replay reads and writes the addresses it was captured with, so another buffer is
+/// another key). For a struct of your own (a model whose weights a method reads), derive it:
+/// `#[derive(GraphKey)]` keys every field.
+///
+/// # Safety
+/// The words must cover everything the graphed function's GPU work depends on through this value:
+/// every device address it reaches (a buffer's, a field's), every shape and every scalar that
+/// reaches a kernel or a copy. A replay queues the captured work unchanged, so a value whose words
+/// stayed the same while its device memory moved would have the replay write memory that is no
+/// longer its own. The derive and the implementations here keep that; a hand-written
+/// implementation must key every field.
+///
+/// ```
+/// use gpu_pool::graph::{GraphKey, GraphKeys};
+/// use gpu_pool::prelude::*;
+///
+/// #[derive(GraphKey)]
+/// struct Layer<'s> {
+///     weights: DeviceMat<'s, f32>,
+///     scale: f32,
+/// }
+///
+/// let stream = Stream::new(&Device::host())?;
+/// let layer = Layer { weights: DeviceMat::new(&stream, 4, 4)?, scale: 0.5 };
+/// let (mut a, mut b) = (GraphKeys::default(), GraphKeys::default());
+/// layer.graph_key(&mut a);
+/// Layer { scale: 0.25, ..layer }.graph_key(&mut b);
+/// assert_ne!(a, b); // another scalar: another graph
+/// # Ok::<(), PoolError>(())
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a graph key",
+    label = "a graphed function keys every parameter (`self` included) by what its replay depends on",
+    note = "derive it for a struct of your own: `#[derive(GraphKey)]` (every field must be a key); \
+            buffers, numbers, strings, options, tuples, slices, streams and kernels are keys already"
+)]
+pub unsafe trait GraphKey {
+    /// Writes the words that stand for `self`.
+    fn graph_key(&self, keys: &mut GraphKeys);
+}
+
+/// Words kept inline: the key of a call with a few buffers and scalars allocates nothing.
+const INLINE: usize = 24;
+
+/// The key of one call of a graphed function: the words its parameters wrote ([`GraphKey`]).
+#[derive(Clone)]
+pub struct GraphKeys {
+    inline: [u64; INLINE],
+    len: usize,
+    /// Every word, once there are more than fit inline.
+    spilled: Vec<u64>,
+    /// Kernels keyed by their handle, held while a graph of the key lives: their module stays
+    /// loaded, so no other kernel can get the handle a graph launches.
+    #[cfg(feature = "cuda")]
+    kernels: Vec<cudarc::driver::CudaFunction>,
+}
+
+impl Default for GraphKeys {
+    fn default() -> Self {
+        GraphKeys {
+            inline: [0; INLINE],
+            len: 0,
+            spilled: Vec::new(),
+            #[cfg(feature = "cuda")]
+            kernels: Vec::new(),
+        }
+    }
+}
+
+impl GraphKeys {
+    /// Adds one word.
+    #[inline]
+    pub fn word(&mut self, word: u64) {
+        if self.len < INLINE {
+            self.inline[self.len] = word;
+        } else {
+            if self.len == INLINE {
+                self.spilled.extend_from_slice(&self.inline);
+            }
+            self.spilled.push(word);
+        }
+        self.len += 1;
+    }
+
+    /// Adds what `value` writes.
+    #[inline]
+    pub fn key<K: GraphKey + ?Sized>(&mut self, value: &K) {
+        value.graph_key(self);
+    }
+
+    /// Adds a buffer: its address, shape, row step and element size.
+    #[inline]
+    pub fn buffer<T: Pod>(&mut self, buffer: &(impl GpuRead<T> + ?Sized)) {
+        self.word(buffer.device_ptr());
+        self.word(buffer.rows() as u64);
+        self.word(buffer.cols() as u64);
+        self.word(buffer.step() as u64);
+        self.word(size_of::<T>() as u64);
+    }
+
+    /// The words so far.
+    #[must_use]
+    pub fn words(&self) -> &[u64] {
+        if self.len <= INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+
+    /// Adds the type of `value` (for a generic function, whose instances share one cache):
+    /// its name's address and length.
+    #[doc(hidden)]
+    #[inline]
+    pub fn type_of<T: ?Sized>(&mut self, value: &T) {
+        let name = std::any::type_name_of_val(value);
+        self.word(name.as_ptr() as u64);
+        self.word(name.len() as u64);
+    }
+}
+
+impl PartialEq for GraphKeys {
+    fn eq(&self, other: &Self) -> bool {
+        self.words() == other.words()
+    }
+}
+
+impl Eq for GraphKeys {}
+
+impl std::fmt::Debug for GraphKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.words()).finish()
+    }
+}
+
+// SAFETY: the kernel's handle, with the kernel held (and so its module loaded) while a graph of
+// the key lives: the handle names this kernel for as long as a replay could launch it.
+#[cfg(feature = "cuda")]
+unsafe impl GraphKey for cudarc::driver::CudaFunction {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        keys.word(self.cu_function() as u64);
+        keys.kernels.push(self.clone());
+    }
+}
+
+macro_rules! key_as_u64 {
+    ($($t:ty),*) => {$(
+        // SAFETY: the value is the whole of what it is.
+        unsafe impl GraphKey for $t {
+            #[inline]
+            fn graph_key(&self, keys: &mut GraphKeys) {
+                keys.word(*self as u64);
+            }
+        }
+    )*};
+}
+key_as_u64!(
+    u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, bool, char
+);
+
+// SAFETY: the value, in two words.
+unsafe impl GraphKey for u128 {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        keys.word(*self as u64);
+        keys.word((*self >> 64) as u64);
+    }
+}
+
+// SAFETY: as `u128`.
+unsafe impl GraphKey for i128 {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        (*self as u128).graph_key(keys);
+    }
+}
+
+// SAFETY: the bits: a kernel given the float sees exactly these.
+unsafe impl GraphKey for f32 {
+    #[inline]
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        keys.word(u64::from(self.to_bits()));
+    }
+}
+
+// SAFETY: as `f32`.
+unsafe impl GraphKey for f64 {
+    #[inline]
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        keys.word(self.to_bits());
+    }
+}
+
+// SAFETY: nothing to depend on.
+unsafe impl GraphKey for () {
+    fn graph_key(&self, _: &mut GraphKeys) {}
+}
+
+// SAFETY: the length, then every byte.
+unsafe impl GraphKey for str {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        self.as_bytes().graph_key(keys);
+    }
+}
+
+// SAFETY: as `str`.
+unsafe impl GraphKey for String {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        self.as_str().graph_key(keys);
+    }
+}
+
+// SAFETY: the length, then every element's words.
+unsafe impl<K: GraphKey> GraphKey for [K] {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        keys.word(self.len() as u64);
+        self.iter().for_each(|k| k.graph_key(keys));
+    }
+}
+
+// SAFETY: as a slice.
+unsafe impl<K: GraphKey, const N: usize> GraphKey for [K; N] {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        self.as_slice().graph_key(keys);
+    }
+}
+
+// SAFETY: as a slice.
+unsafe impl<K: GraphKey> GraphKey for Vec<K> {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        self.as_slice().graph_key(keys);
+    }
+}
+
+// SAFETY: which variant, then its value.
+unsafe impl<K: GraphKey> GraphKey for Option<K> {
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        match self {
+            None => keys.word(0),
+            Some(k) => {
+                keys.word(1);
+                k.graph_key(keys);
+            }
+        }
+    }
+}
+
+macro_rules! key_through_pointer {
+    ($($ptr:ty),*) => {$(
+        // SAFETY: what it points at is all it is.
+        unsafe impl<K: GraphKey + ?Sized> GraphKey for $ptr {
+            #[inline]
+            fn graph_key(&self, keys: &mut GraphKeys) {
+                (**self).graph_key(keys);
+            }
+        }
+    )*};
+}
+key_through_pointer!(&K, &mut K, Box<K>, Rc<K>, Arc<K>);
+
+macro_rules! key_tuple {
+    ($($name:ident),+) => {
+        // SAFETY: every element's words, in order.
+        unsafe impl<$($name: GraphKey),+> GraphKey for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn graph_key(&self, keys: &mut GraphKeys) {
+                let ($($name,)+) = self;
+                $($name.graph_key(keys);)+
+            }
+        }
+    };
+}
+key_tuple!(A);
+key_tuple!(A, B);
+key_tuple!(A, B, C);
+key_tuple!(A, B, C, D);
+key_tuple!(A, B, C, D, E);
+key_tuple!(A, B, C, D, E, F);
+
+// SAFETY: a stream's work goes where its id says (ids are never reused).
+unsafe impl GraphKey for Stream {
+    #[inline]
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        keys.word(self.id());
+    }
+}
+
+macro_rules! key_buffer {
+    ($($buffer:ident),*) => {$(
+        // SAFETY: a buffer is its memory (address, shape, step, element) and nothing else.
+        unsafe impl<T: Pod> GraphKey for $buffer<'_, T> {
+            #[inline]
+            fn graph_key(&self, keys: &mut GraphKeys) {
+                keys.buffer(self);
+            }
+        }
+    )*};
+}
+key_buffer!(GpuView, GpuViewMut);
+
+// SAFETY: as the buffer it lends.
+unsafe impl<T: Pod> GraphKey for Pooled<'_, '_, T> {
+    #[inline]
+    fn graph_key(&self, keys: &mut GraphKeys) {
+        keys.buffer(self);
+    }
+}

@@ -1,0 +1,647 @@
+//! Graphs by shape: a `#[pooled(stream, graph)]` function captures itself the first time a call's
+//! key is seen and replays that graph on every later call with the same key (PyTorch's
+//! `reduce-overhead`).
+//!
+//! The key is everything a replay depends on ([`GraphKey`]): each parameter's words (a buffer's
+//! address and shape, a scalar's value, a model's fields) and the stream's stack top at the call.
+//! The capture packs its buffers from that top and reserves nothing: between calls the scratch is
+//! free stack, so every recorded shape shares the same memory (the largest shape's, not the sum),
+//! and a replay finds it again because its key says the top is where it was.
+//!
+//! Outputs are stack temporaries the function returns ([`Outputs`]): taken first, they are live
+//! when the capture ends and are taken again, at the same addresses, before each replay. They are
+//! the caller's own, so no later replay writes an output that is still live: a call made while it
+//! lives finds the top above it, which is another key.
+//!
+//! What cannot be captured runs eagerly, never wrongly: a call whose capture fails (a host wait, a
+//! pageable copy, a driver allocation, work on another stream, the host backend) runs the body
+//! again without capture, its key is remembered as eager, and the reason is counted
+//! ([`shape_stats`]) and logged once.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::base::error::PoolError;
+use crate::core::buffer::Temp;
+use crate::core::stream::Stream;
+
+pub use crate::core::graph_key::{GraphKey, GraphKeys};
+
+/// What a graphed function returns: `()`, a [`Temp`] (taken first in the body, with
+/// `stream.temp(..)`), or a tuple of them. A replay runs no host code, so it hands back exactly
+/// these: the same temporaries, taken again at the addresses the capture wrote.
+#[diagnostic::on_unimplemented(
+    message = "a graphed function cannot return `{Self}`",
+    label = "a replay runs no host code, so it cannot make this value",
+    note = "return `()`, a `Temp` taken first in the body (`stream.temp(..)`), or a tuple of them; \
+            read host values before the call or after it"
+)]
+pub trait Outputs<'s>: Sized {
+    /// Writes each output's layout into `into`.
+    #[doc(hidden)]
+    fn layouts(&self, into: &mut Vec<OutputLayout>);
+    /// Takes the outputs again from `stream`, in the order of `layouts`, from `at` on; `None`
+    /// (nothing left taken) where one lands elsewhere than its layout says.
+    #[doc(hidden)]
+    fn retake(
+        stream: &'s Stream,
+        layouts: &[OutputLayout],
+        at: &mut usize,
+    ) -> Result<Option<Self>, PoolError>;
+}
+
+/// Where and how an output was taken.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputLayout {
+    ptr: u64,
+    rows: usize,
+    cols: usize,
+    step: usize,
+}
+
+impl<'s> Outputs<'s> for () {
+    fn layouts(&self, _: &mut Vec<OutputLayout>) {}
+    fn retake(_: &'s Stream, _: &[OutputLayout], _: &mut usize) -> Result<Option<()>, PoolError> {
+        Ok(Some(()))
+    }
+}
+
+impl<'s, T: bytemuck::Pod> Outputs<'s> for Temp<'s, T> {
+    fn layouts(&self, into: &mut Vec<OutputLayout>) {
+        use crate::core::access::GpuRead;
+        into.push(OutputLayout {
+            ptr: self.device_ptr(),
+            rows: self.rows(),
+            cols: self.cols(),
+            step: self.step(),
+        });
+    }
+
+    fn retake(
+        stream: &'s Stream,
+        layouts: &[OutputLayout],
+        at: &mut usize,
+    ) -> Result<Option<Self>, PoolError> {
+        use crate::core::access::GpuRead;
+        let layout = layouts[*at];
+        *at += 1;
+        let site = crate::base::source::CallSite::here("graphed output");
+        let temp = if layout.step == layout.cols * size_of::<T>() {
+            stream.temp_packed_at::<T>(layout.rows, layout.cols, site)?
+        } else {
+            stream.temp_at::<T>(layout.rows, layout.cols, site)?
+        };
+        Ok((temp.device_ptr() == layout.ptr && temp.step() == layout.step).then_some(temp))
+    }
+}
+
+macro_rules! outputs_tuple {
+    ($($name:ident),+) => {
+        impl<'s, $($name: Outputs<'s>),+> Outputs<'s> for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn layouts(&self, into: &mut Vec<OutputLayout>) {
+                let ($($name,)+) = self;
+                $($name.layouts(into);)+
+            }
+            fn retake(
+                stream: &'s Stream,
+                layouts: &[OutputLayout],
+                at: &mut usize,
+            ) -> Result<Option<Self>, PoolError> {
+                // Those taken before one that moved are dropped on the way out, in reverse order.
+                Ok(Some(($(match $name::retake(stream, layouts, at)? {
+                    Some(taken) => taken,
+                    None => return Ok(None),
+                },)+)))
+            }
+        }
+    };
+}
+outputs_tuple!(A);
+outputs_tuple!(A, B);
+outputs_tuple!(A, B, C);
+outputs_tuple!(A, B, C, D);
+
+/// A graphed function: its name and how many graphs it keeps per stream. One `static` per
+/// function, made by `#[pooled(stream, graph)]`.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct GraphSite {
+    name: &'static str,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cap: usize,
+}
+
+impl GraphSite {
+    /// The site of the function `name`, keeping at most `cap` graphs per stream.
+    #[must_use]
+    pub const fn new(name: &'static str, cap: usize) -> GraphSite {
+        GraphSite { name, cap }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn id(&'static self) -> u64 {
+        std::ptr::from_ref(self) as u64
+    }
+}
+
+/// Calls that ran eagerly for one reason ([`ShapeStats::eager`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EagerCalls {
+    /// The graphed function.
+    pub function: &'static str,
+    /// Why its calls could not be captured.
+    pub reason: String,
+    /// How many calls ran eagerly for it.
+    pub calls: u64,
+}
+
+/// What graphs by shape did on a stream ([`shape_stats`]), or in the process
+/// ([`ShapeStats::process`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShapeStats {
+    /// Calls captured into a new graph.
+    pub captures: u64,
+    /// Calls replayed from a graph.
+    pub replays: u64,
+    /// Calls run eagerly: inside another capture, or for a reason in `eager`.
+    pub eager_calls: u64,
+    /// Graphs dropped to stay under a function's cap.
+    pub evictions: u64,
+    /// Graphs held now.
+    pub graphs: usize,
+    /// Stack bytes the largest held graph's replays use above its call's top (outputs
+    /// included): what all of them need, since they share it.
+    pub scratch_largest: usize,
+    /// Those bytes summed over the held graphs: what separate graphs would reserve.
+    pub scratch_sum: usize,
+    /// Why calls ran eagerly, by function.
+    pub eager: Vec<EagerCalls>,
+}
+
+impl ShapeStats {
+    /// Counts over every stream of the process since it started (`graphs` and the scratch sizes
+    /// are not kept process-wide: 0).
+    #[must_use]
+    pub fn process() -> ShapeStats {
+        ShapeStats {
+            captures: PROCESS.captures.load(Relaxed),
+            replays: PROCESS.replays.load(Relaxed),
+            eager_calls: PROCESS.eager_calls.load(Relaxed),
+            evictions: PROCESS.evictions.load(Relaxed),
+            eager: crate::base::sync::lock(&PROCESS.eager).clone(),
+            ..ShapeStats::default()
+        }
+    }
+}
+
+impl std::fmt::Display for ShapeStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "graphs by shape: {} captured, {} replayed, {} eager, {} evicted",
+            self.captures, self.replays, self.eager_calls, self.evictions
+        )?;
+        for e in &self.eager {
+            write!(
+                f,
+                "\n    {} ran eagerly {}x: {}",
+                e.function, e.calls, e.reason
+            )?;
+        }
+        Ok(())
+    }
+}
+
+struct Process {
+    captures: AtomicU64,
+    replays: AtomicU64,
+    eager_calls: AtomicU64,
+    evictions: AtomicU64,
+    eager: Mutex<Vec<EagerCalls>>,
+}
+
+static PROCESS: Process = Process {
+    captures: AtomicU64::new(0),
+    replays: AtomicU64::new(0),
+    eager_calls: AtomicU64::new(0),
+    evictions: AtomicU64::new(0),
+    eager: Mutex::new(Vec::new()),
+};
+
+/// Counts an eager call for `reason`, in `into` and process-wide; the first of each is logged.
+fn count_eager(into: &mut Vec<EagerCalls>, site: &'static GraphSite, reason: &str) {
+    for list in [into, &mut *crate::base::sync::lock(&PROCESS.eager)] {
+        match list
+            .iter_mut()
+            .find(|e| e.function == site.name && e.reason == reason)
+        {
+            Some(e) => e.calls += 1,
+            None => list.push(EagerCalls {
+                function: site.name,
+                reason: reason.to_owned(),
+                calls: 1,
+            }),
+        }
+    }
+}
+
+/// What graphs by shape did on `stream` so far.
+///
+/// ```
+/// use gpu_pool::prelude::*;
+///
+/// #[pooled(stream, graph)]
+/// fn scaled<'s>(stream: &'s Stream, x: &Temp<'_, f32>, by: f32) -> Result<Temp<'s, f32>, PoolError> {
+///     let mut y = stream.temp::<f32>(x.rows(), x.cols())?; // the output: taken first
+///     y.copy_from(x)?; // ... a kernel scaling by `by` ...
+///     Ok(y)
+/// }
+///
+/// let stream = Stream::new(&Device::host())?;
+/// let x = stream.temp::<f32>(4, 4)?;
+/// let y = scaled(&stream, &x, 2.0)?;
+/// drop(y);
+/// let stats = gpu_pool::graph::shape_stats(&stream);
+/// assert_eq!((stats.captures, stats.eager_calls), (0, 1)); // the host backend has no graphs
+/// assert_eq!(stats.eager[0].reason, "CUDA graphs need a CUDA device: the host backend runs the calls");
+/// # Ok::<(), PoolError>(())
+/// ```
+#[must_use]
+pub fn shape_stats(stream: &Stream) -> ShapeStats {
+    let slot = stream.capture_slot().borrow();
+    let Some(shapes) = slot.as_ref().and_then(|s| s.downcast_ref::<Shapes>()) else {
+        return ShapeStats::default();
+    };
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    let mut stats = shapes.stats.clone();
+    #[cfg(feature = "cuda")]
+    {
+        stats.graphs = shapes.entries.len();
+        let scratch = shapes.entries.iter().filter_map(|e| match &e.state {
+            State::Graph(g) => Some(g.peak - g.floor),
+            State::Eager(_) => None,
+        });
+        stats.scratch_largest = scratch.clone().max().unwrap_or(0);
+        stats.scratch_sum = scratch.sum();
+    }
+    stats
+}
+
+/// A stream's graphs by shape (held in its capture state, dropped with it).
+#[derive(Default)]
+struct Shapes {
+    stats: ShapeStats,
+    #[cfg(feature = "cuda")]
+    entries: Vec<Entry>,
+    /// Calls so far, for least-recently-used eviction.
+    #[cfg(feature = "cuda")]
+    clock: u64,
+}
+
+#[cfg(feature = "cuda")]
+struct Entry {
+    site: u64,
+    /// The stack's top at the call.
+    top: usize,
+    keys: GraphKeys,
+    last_use: u64,
+    state: State,
+}
+
+#[cfg(feature = "cuda")]
+enum State {
+    Graph(Recorded),
+    /// The key's calls run eagerly, for this reason.
+    Eager(String),
+}
+
+/// A capture at the stack's top: its graph, and where the stack stood.
+#[cfg(feature = "cuda")]
+struct Recorded {
+    exec: super::Exec,
+    replays: Option<Box<dyn crate::core::replay::ReplayHook>>,
+    /// The stack's top at the call (part of the key).
+    floor: usize,
+    /// The highest offset the captured buffers reached.
+    peak: usize,
+    /// The top once the outputs were taken.
+    top_after: usize,
+    outputs: Vec<OutputLayout>,
+}
+
+/// Calls the graphed function `body` on `stream`: a replay of its graph for this call's key, a
+/// capture of a new one, or, where neither can be, `body` itself. `keys` are the parameters'
+/// words. What `#[pooled(stream, graph)]` expands to.
+#[doc(hidden)]
+pub fn graphed<'s, R, E>(
+    site: &'static GraphSite,
+    stream: &'s Stream,
+    keys: GraphKeys,
+    mut body: impl FnMut() -> Result<R, E>,
+) -> Result<R, E>
+where
+    R: Outputs<'s>,
+    E: From<PoolError> + 'static,
+{
+    #[cfg(feature = "cuda")]
+    {
+        cuda::call(site, stream, keys, &mut body)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        drop(keys);
+        eager(site, stream, NO_CUDA, &mut body)
+    }
+}
+
+const NO_CUDA: &str = "CUDA graphs need a CUDA device: the host backend runs the calls";
+
+/// Runs `body` eagerly for `reason`, counted.
+fn eager<R, E>(
+    site: &'static GraphSite,
+    stream: &Stream,
+    reason: &str,
+    body: &mut impl FnMut() -> Result<R, E>,
+) -> Result<R, E> {
+    with_shapes(stream, |shapes| {
+        shapes.stats.eager_calls += 1;
+        count_eager(&mut shapes.stats.eager, site, reason);
+    });
+    PROCESS.eager_calls.fetch_add(1, Relaxed);
+    body()
+}
+
+/// `f` on the stream's graphs by shape (made on first use). No `f` runs user code, so none
+/// re-enters.
+fn with_shapes<T>(stream: &Stream, f: impl FnOnce(&mut Shapes) -> T) -> T {
+    let mut slot = stream.capture_slot().borrow_mut();
+    let any = slot.get_or_insert_with(|| Box::new(Shapes::default()));
+    match any.downcast_mut::<Shapes>() {
+        Some(shapes) => f(shapes),
+        // The slot holds only this feature's state.
+        None => unreachable!("the capture slot holds graphs by shape"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use crate::base::error::CaptureError;
+    use crate::core::capturing;
+    use crate::core::replay;
+
+    /// What a call does, decided under the slot's borrow and done after it.
+    enum Plan {
+        Replay,
+        Capture,
+        Eager(String),
+    }
+
+    pub(super) fn call<'s, R, E>(
+        site: &'static GraphSite,
+        stream: &'s Stream,
+        keys: GraphKeys,
+        body: &mut impl FnMut() -> Result<R, E>,
+    ) -> Result<R, E>
+    where
+        R: Outputs<'s>,
+        E: From<PoolError> + 'static,
+    {
+        let Ok(cuda) = stream.cudarc() else {
+            return eager(site, stream, NO_CUDA, body);
+        };
+        let cu_stream = cuda.cu_stream();
+        if stream.in_own_capture() || capturing::on_this_thread() {
+            // Inside a capture (an outer graphed call's, say) the body is captured into it.
+            with_shapes(stream, |s| s.stats.eager_calls += 1);
+            PROCESS.eager_calls.fetch_add(1, Relaxed);
+            return body();
+        }
+        let key = Key {
+            site: site.id(),
+            top: stream.stack_top().unwrap_or(0),
+            keys,
+        };
+        let plan = with_shapes(stream, |shapes| {
+            shapes.clock += 1;
+            let clock = shapes.clock;
+            match shapes.entries.iter_mut().find(|e| key.is(e)) {
+                Some(entry) => {
+                    entry.last_use = clock;
+                    match &entry.state {
+                        State::Graph(_) => Plan::Replay,
+                        State::Eager(reason) => Plan::Eager(reason.clone()),
+                    }
+                }
+                None => Plan::Capture,
+            }
+        });
+        match plan {
+            Plan::Replay => match replay(stream, &key, cu_stream) {
+                Ok(outputs) => Ok(outputs),
+                // The outputs moved (the device was configured since): capture this key again.
+                Err(None) => capture(site, stream, cu_stream, key, body),
+                Err(Some(e)) => Err(e.into()),
+            },
+            Plan::Capture => capture(site, stream, cu_stream, key, body),
+            Plan::Eager(reason) => eager(site, stream, &reason, body),
+        }
+    }
+
+    /// A call's key: the function, the stack's top and the parameters' words.
+    struct Key {
+        site: u64,
+        top: usize,
+        keys: GraphKeys,
+    }
+
+    impl Key {
+        fn is(&self, entry: &Entry) -> bool {
+            entry.site == self.site && entry.top == self.top && entry.keys == self.keys
+        }
+    }
+
+    /// Replays the graph of `key`. `Err(None)`: it no longer fits (and is dropped).
+    fn replay<'s, R: Outputs<'s>>(
+        stream: &'s Stream,
+        key: &Key,
+        cu_stream: cudarc::driver::sys::CUstream,
+    ) -> Result<R, Option<PoolError>> {
+        stream.work_stream("a graphed call").map_err(Some)?;
+        let slot = stream.capture_slot().borrow();
+        let Some(shapes) = slot.as_ref().and_then(|s| s.downcast_ref::<Shapes>()) else {
+            return Err(None);
+        };
+        let Some(State::Graph(rec)) = shapes.entries.iter().find(|e| key.is(e)).map(|e| &e.state)
+        else {
+            return Err(None);
+        };
+        let outputs = match R::retake(stream, &rec.outputs, &mut 0).map_err(Some)? {
+            Some(outputs) if stream.stack_top() == Some(rec.top_after) => outputs,
+            moved => {
+                // Taken elsewhere than captured (the device was configured since).
+                drop(moved);
+                drop(slot);
+                with_shapes(stream, |shapes| shapes.entries.retain(|e| !key.is(e)));
+                return Err(None);
+            }
+        };
+        // The scratch above the outputs is free stack: held (and, on a growable stack, mapped)
+        // until the replay is queued, so no give-back on another thread unmaps it first.
+        let cover = if rec.peak > rec.top_after && stream.stack().is_some_and(|s| s.is_growable()) {
+            let mut fence = stream.reserve_fence().map_err(Some)?;
+            if let Err(e) = stream.reserve_up_to(&mut fence, rec.peak) {
+                stream.release_reserved(fence);
+                return Err(Some(e));
+            }
+            Some(fence)
+        } else {
+            None
+        };
+        let parts = [(stream, rec.replays.as_deref())];
+        let queued = replay::replay("a graphed call", &parts, &mut |_| {
+            rec.exec.launch(cu_stream)
+        });
+        if let Some(fence) = cover {
+            stream.release_reserved(fence);
+        }
+        queued.map_err(|(_, e)| Some(e))?;
+        drop(slot);
+        with_shapes(stream, |s| s.stats.replays += 1);
+        PROCESS.replays.fetch_add(1, Relaxed);
+        Ok(outputs)
+    }
+
+    /// Captures the call at the stack's top; where that fails, runs it eagerly and remembers why.
+    fn capture<'s, R, E>(
+        site: &'static GraphSite,
+        stream: &'s Stream,
+        cu_stream: cudarc::driver::sys::CUstream,
+        key: Key,
+        body: &mut impl FnMut() -> Result<R, E>,
+    ) -> Result<R, E>
+    where
+        R: Outputs<'s>,
+        E: From<PoolError> + 'static,
+    {
+        let mut capturing = match stream.begin_capture(None, true) {
+            Ok(c) => c,
+            Err(e) => return remember_eager(site, stream, key, &e.to_string(), body),
+        };
+        let worked = body();
+        let ended = capturing.end();
+        let peak = capturing.peak;
+        let replays = capturing.replays.take();
+        drop(capturing);
+        let (outputs, exec) = match (worked, ended) {
+            (Ok(outputs), Ok(Some(exec))) => (outputs, exec),
+            (worked, ended) => {
+                // Why, in words: the pool's refusal, the body's own error, or the driver's.
+                let reason = match (&worked, ended) {
+                    (_, Err(e @ PoolError::Capture(CaptureError::CrossStream { .. }))) => {
+                        e.to_string()
+                    }
+                    (Err(e), _) => match (e as &dyn std::any::Any).downcast_ref::<PoolError>() {
+                        Some(e) => e.to_string(),
+                        None => "the function failed while captured".to_owned(),
+                    },
+                    (Ok(_), Err(e)) => e.to_string(),
+                    (Ok(_), Ok(_)) => "the driver made no graph of the call".to_owned(),
+                };
+                // Nothing captured ran: the outputs are released before the call runs for real.
+                drop(worked);
+                return remember_eager(site, stream, key, &reason, body);
+            }
+        };
+        let mut layouts = Vec::new();
+        outputs.layouts(&mut layouts);
+        let floor = key.top;
+        let top_after = stream.stack_top().unwrap_or(floor);
+        let base = stream.stack_range().map_or(0, |r| r.start);
+        let inside = layouts
+            .iter()
+            .all(|l| l.ptr >= base + floor as u64 && l.ptr < base + top_after as u64);
+        if !inside {
+            // An output that is no stack temporary of the capture (or a buffer kept past it)
+            // cannot be taken again at its address: the graph would write memory of others.
+            drop(outputs);
+            return remember_eager(
+                site,
+                stream,
+                key,
+                "its outputs must be temporaries taken in the call (`stream.temp(..)` first in \
+                 the body), and nothing else taken in it may outlive it",
+                body,
+            );
+        }
+        // The capture queued nothing: the call's work runs now, as its first replay.
+        let recorded = Recorded {
+            exec,
+            replays,
+            floor,
+            peak: peak.max(top_after),
+            top_after,
+            outputs: layouts,
+        };
+        let parts = [(stream, recorded.replays.as_deref())];
+        replay::replay("a graphed call", &parts, &mut |_| {
+            recorded.exec.launch(cu_stream)
+        })
+        .map_err(|(_, e)| E::from(e))?;
+        insert(stream, site, key, State::Graph(recorded));
+        with_shapes(stream, |s| s.stats.captures += 1);
+        PROCESS.captures.fetch_add(1, Relaxed);
+        Ok(outputs)
+    }
+
+    /// Keeps `state` for the key just built, dropping the least recently used graph of the
+    /// function if it has its cap.
+    fn insert(stream: &Stream, site: &'static GraphSite, key: Key, state: State) {
+        with_shapes(stream, |shapes| {
+            let mine = shapes.entries.iter().filter(|e| e.site == site.id());
+            if mine.clone().count() >= site.cap.max(1) {
+                let oldest = mine.min_by_key(|e| e.last_use).map(|e| e.last_use);
+                if let Some(oldest) = oldest {
+                    shapes
+                        .entries
+                        .retain(|e| !(e.site == site.id() && e.last_use == oldest));
+                    shapes.stats.evictions += 1;
+                    PROCESS.evictions.fetch_add(1, Relaxed);
+                }
+            }
+            shapes.entries.push(Entry {
+                site: key.site,
+                top: key.top,
+                keys: key.keys,
+                last_use: shapes.clock,
+                state,
+            });
+        });
+    }
+
+    /// Remembers the key as eager for `reason`, logs it once, and runs the call.
+    fn remember_eager<R, E>(
+        site: &'static GraphSite,
+        stream: &Stream,
+        key: Key,
+        reason: &str,
+        body: &mut impl FnMut() -> Result<R, E>,
+    ) -> Result<R, E> {
+        let first = with_shapes(stream, |shapes| {
+            !shapes
+                .stats
+                .eager
+                .iter()
+                .any(|e| e.function == site.name && e.reason == reason)
+        });
+        if first {
+            tracing::warn!(function = site.name, reason, "a graphed call runs eagerly");
+        }
+        insert(stream, site, key, State::Eager(reason.to_owned()));
+        eager(site, stream, reason, body)
+    }
+}
