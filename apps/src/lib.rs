@@ -11,4 +11,5 @@ pub mod frame;
 pub mod harness;
 pub mod mlp_eager;
 pub mod mlp_graph;
+pub mod mlp_shapes;
 pub mod two_threads;

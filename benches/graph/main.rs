@@ -3,6 +3,13 @@
 //!
 //! - `eager_stack`: the `#[pooled]` function called each time, temporaries from the stack;
 //! - `graph_replay`: the same function captured once with `Stream::capture`, then replayed;
+//! - `graphed`: the same function as a graphed function (`#[pooled(stream, graph)]`), called
+//!   each time: it captures itself on the first call and replays after (the key lookup, the
+//!   output check and the launch);
+//! - `cudarc_eager`: the six kernels on plain cudarc, its temporaries from `CudaStream::alloc`
+//!   (cuMemAllocAsync / cuMemFreeAsync) each run;
+//! - `cudarc_graph`: that function captured by hand with cudarc's `begin_capture` /
+//!   `end_capture` and replayed with `CudaGraph::launch`;
 //! - `eager_stream_ordered`: called each time on a stream whose temporaries come from
 //!   `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` (`StreamOrderedAllocator`: the backend's own
 //!   memory pool, release threshold raised).
@@ -25,6 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_pool::compat::opencv::GpuMat;
+use gpu_pool::interop::cudarc::driver::{CudaStream, DevicePtr, sys};
+use gpu_pool::interop::{Pitched, PitchedMut};
 use gpu_pool::prelude::*;
 use gpu_pool::{
     alloc::StreamOrderedAllocator, compat::opencv::set_buffer_pool_config, config::Fallback,
@@ -36,7 +45,55 @@ const GROUP: &str = "E_graph";
 const HOST: &str = "E_graph_host";
 const SIDE: usize = 512;
 const RUNS: u32 = 100;
-const IDS: [&str; 3] = ["graph_replay", "eager_stack", "eager_stream_ordered"];
+const IDS: [&str; 6] = [
+    "graph_replay",
+    "graphed",
+    "cudarc_graph",
+    "eager_stack",
+    "cudarc_eager",
+    "eager_stream_ordered",
+];
+
+/// The pipeline as a graphed function: captured on its first call, replayed after.
+#[pooled(stream, graph)]
+fn six_graphed(
+    stream: &Stream,
+    k: &kernels::Kernels,
+    src: &GpuMat<'_, [u8; 3]>,
+    out: &GpuMat<'_, u8>,
+) -> Result<(), PoolError> {
+    kernels::six_kernels(stream, k, src, out)
+}
+
+/// The pipeline on plain cudarc: three temporaries allocated on `s` each run, the same kernels.
+fn cudarc_six(
+    k: &kernels::Kernels,
+    s: &Arc<CudaStream>,
+    src: &GpuMat<'_, [u8; 3]>,
+    out: &GpuMat<'_, u8>,
+) -> Res<()> {
+    let n = SIDE * SIDE;
+    // SAFETY: every element is written by a kernel before it is read.
+    let (gray, inv, sums) = unsafe { (s.alloc::<u8>(n)?, s.alloc::<u8>(n)?, s.alloc::<f32>(n)?) };
+    let (g, _g) = gray.device_ptr(s);
+    let (i, _i) = inv.device_ptr(s);
+    let (m, _m) = sums.device_ptr(s);
+    // SAFETY: the slices are `n` elements, packed `SIDE x SIDE`, alive until the kernels queued
+    // on `s` ran (their frees are queued after them); `src` and `out` are `SIDE x SIDE` pool
+    // buffers nothing else uses meanwhile.
+    unsafe {
+        let px = |p| Pitched::<u8>::from_raw_parts(p, SIDE, SIDE, SIDE);
+        let px_mut = |p| PitchedMut::<u8>::from_raw_parts(p, SIDE, SIDE, SIDE);
+        let sums = PitchedMut::<f32>::from_raw_parts(m, SIDE * 4, SIDE, SIDE);
+        let out = PitchedMut::<u8>::from_raw_parts(out.device_ptr(), out.step(), SIDE, SIDE);
+        kernels::bgr_to_gray(k, s, src.pitched(), px_mut(g))?;
+        kernels::invert(k, s, px(g), px_mut(i))?;
+        kernels::box_passes(k, s, (px(i), sums), px_mut(g), 2, (0, 0))?;
+        kernels::threshold(k, s, px(g), px_mut(i), 100)?;
+        kernels::invert(k, s, px(i), out)?;
+    }
+    Ok(())
+}
 
 fn main() -> Res<()> {
     let device = match Device::cuda(0) {
@@ -48,6 +105,11 @@ fn main() -> Res<()> {
     };
     device.set_fallback(Fallback::Error); // the stack must serve the captured temporaries
     set_buffer_pool_config(&device, 64 << 20, 2)?;
+    let ctx = device.cudarc()?.clone();
+    // SAFETY: before any cudarc slice exists; the cudarc twin's slices are made, used (also by its
+    // graph) and freed on its one stream. The pool's memory does not use cudarc's events.
+    unsafe { ctx.disable_event_tracking() };
+    let plain = ctx.new_stream()?;
     let stream = Stream::new(&device)?;
     let ordered = Stream::with_allocator(&device, Arc::new(StreamOrderedAllocator))?;
     let k = kernels::Kernels::load(&device);
@@ -61,11 +123,20 @@ fn main() -> Res<()> {
     let expected = reference.to_vec()?;
 
     let graph = stream.capture(|s| kernels::six_kernels(s, &k, &src, &out))?;
+    stream.synchronize()?;
+    plain.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let worked = cudarc_six(&k, &plain, &src, &out);
+    let ended = plain.end_capture(sys::CUgraphInstantiate_flags(0));
+    worked?;
+    let plain_graph = ended?.ok_or("cudarc's capture made no graph")?;
     let allocs = device.stats().driver_alloc_calls;
     let run = |id: &str| -> Res<()> {
         match id {
             "graph_replay" => graph.launch()?,
+            "graphed" => six_graphed(&stream, &k, &src, &out)?,
             "eager_stack" => kernels::six_kernels(&stream, &k, &src, &out)?,
+            "cudarc_eager" => cudarc_six(&k, &plain, &src, &out)?,
+            "cudarc_graph" => plain_graph.launch()?,
             _ => kernels::six_kernels(&ordered, &k, &src, &out)?,
         }
         Ok(())
@@ -74,6 +145,7 @@ fn main() -> Res<()> {
         run(id)?;
         stream.synchronize()?;
         ordered.synchronize()?;
+        plain.synchronize()?;
         let wrong = out
             .to_vec()?
             .iter()
@@ -96,6 +168,16 @@ fn main() -> Res<()> {
         "stream-ordered eager run: {} driver allocation calls (3 per run)",
         graph_allocs - allocs
     );
+    let before = device.stats().driver_alloc_calls;
+    for _ in 0..1000 {
+        six_graphed(&stream, &k, &src, &out)?;
+    }
+    stream.synchronize()?;
+    println!(
+        "1000 graphed calls: {} driver allocation calls; {}",
+        device.stats().driver_alloc_calls - before,
+        gpu_pool::graph::shape_stats(&stream)
+    );
 
     let mut c = support::criterion();
     // One sample: `RUNS` pipelines queued, then the wait; the wait is timed in `GROUP` (the whole
@@ -108,6 +190,7 @@ fn main() -> Res<()> {
         let queued = start.elapsed();
         stream.synchronize().expect("synchronizes");
         ordered.synchronize().expect("synchronizes");
+        plain.synchronize().expect("synchronizes");
         let timed = if wait_timed { start.elapsed() } else { queued };
         timed / RUNS
     };
@@ -150,5 +233,6 @@ fn main() -> Res<()> {
     )?;
     println!("\nchart: {}", dir.join("E_graph.svg").display());
     drop(graph);
+    drop(plain_graph);
     Ok(())
 }

@@ -120,3 +120,268 @@ fn a_key_changes_with_every_scalar_buffer_and_field() -> Result<(), PoolError> {
     assert_eq!(key(&|k| long.graph_key(k)).words().len(), 101);
     Ok(())
 }
+
+/// What only a GPU shows: captures, replays, shared scratch, eager reasons.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::error::Error;
+
+    use gpu_pool::graph::shape_stats;
+    use gpu_pool::interop::cudarc::driver::PushKernelArg;
+    use gpu_pool::observe::DriverCalls;
+    use gpu_pool::prelude::*;
+
+    use crate::common::gpu;
+    use crate::common::kernels::{Kernels, affine_relu_of, line4};
+
+    type TestResult = Result<(), Box<dyn Error>>;
+
+    /// `y = relu(a * relu(a * x + b) + b)`, through a scratch buffer.
+    #[pooled(stream, graph)]
+    fn affine_twice<'s>(
+        stream: &'s Stream,
+        k: &Kernels,
+        x: &Temp<'_, f32>,
+        a: f32,
+        b: f32,
+    ) -> Result<Temp<'s, f32>, PoolError> {
+        let n = x.len();
+        let mut y = stream.temp_1d::<f32>(n)?;
+        let mut tmp = buffer!(n; f32)?;
+        let cuda = stream.cudarc()?;
+        let n32 = n as i32;
+        // SAFETY: `x`, `tmp` and `y` hold `n` floats of this stream, alive past the kernels.
+        unsafe {
+            cuda.launch_builder(&k.affine_relu)
+                .buf(x)
+                .buf_mut(&mut tmp)
+                .arg(&n32)
+                .arg(&a)
+                .arg(&b)
+                .launch(line4(n))?;
+            cuda.launch_builder(&k.affine_relu)
+                .buf(&tmp)
+                .buf_mut(&mut y)
+                .arg(&n32)
+                .arg(&a)
+                .arg(&b)
+                .launch(line4(n))?;
+        }
+        Ok(y)
+    }
+
+    fn expected(x: &[f32], a: f32, b: f32) -> Vec<f32> {
+        x.iter()
+            .map(|&v| affine_relu_of(affine_relu_of(v, a, b), a, b))
+            .collect()
+    }
+
+    fn input(n: usize, seed: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (i % 97) as f32 * 0.25 - 3.0 + seed)
+            .collect()
+    }
+
+    #[test]
+    fn a_key_is_captured_once_then_replayed_with_no_allocation() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_replays") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let mut x = stream.temp_1d::<f32>(4096)?;
+        let mut warm = None;
+        for call in 0..6 {
+            let data = input(4096, call as f32);
+            x.upload(&data)?;
+            let before = DriverCalls::on_this_thread();
+            let y = affine_twice(&stream, &k, &x, 1.5, -0.5)?;
+            let calls = DriverCalls::on_this_thread().since(before);
+            assert_eq!(y.to_vec()?, expected(&data, 1.5, -0.5), "call {call}");
+            if call > 0 {
+                warm.get_or_insert(calls);
+                assert_eq!(calls.memory, 0, "a replay allocates nothing: {calls:?}");
+            }
+        }
+        let stats = shape_stats(&stream);
+        println!("{stats}; a replay's driver calls: {warm:?}");
+        assert_eq!(
+            (stats.captures, stats.replays, stats.eager_calls),
+            (1, 5, 0),
+            "{stats}"
+        );
+        // Another scalar is another graph; the first is still replayed.
+        let y = affine_twice(&stream, &k, &x, 2.0, 0.0)?;
+        assert_eq!(y.to_vec()?, expected(&x.to_vec()?, 2.0, 0.0));
+        drop(y);
+        let _ = affine_twice(&stream, &k, &x, 1.5, -0.5)?;
+        let stats = shape_stats(&stream);
+        assert_eq!((stats.captures, stats.replays), (2, 6), "{stats}");
+        Ok(())
+    }
+
+    #[test]
+    fn every_shape_shares_one_scratch_and_other_buffers_give_their_results() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_shapes") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        for (call, n) in [1000, 64_000, 9000, 64_000, 1000, 9000]
+            .into_iter()
+            .enumerate()
+        {
+            // Each call's input is a stack temporary at the same place, whatever its size.
+            let mut x = stream.temp_1d::<f32>(n)?;
+            let data = input(n, call as f32);
+            x.upload(&data)?;
+            let y = affine_twice(&stream, &k, &x, 0.5, 1.0)?;
+            assert_eq!(y.to_vec()?, expected(&data, 0.5, 1.0), "n = {n}");
+        }
+        let stats = shape_stats(&stream);
+        println!(
+            "{stats}; scratch: largest {} B, sum {} B, stack high water {} B",
+            stats.scratch_largest,
+            stats.scratch_sum,
+            stream.stats().stack_high_water
+        );
+        assert_eq!((stats.captures, stats.replays), (3, 3), "{stats}");
+        assert!(stats.scratch_largest < stats.scratch_sum, "{stats:?}");
+        // The stack held the largest call, not the sum: its scratch is free between calls.
+        assert!(
+            (stream.stats().stack_high_water as usize) < stats.scratch_sum,
+            "{stats:?}"
+        );
+
+        // Two inputs at two addresses alternate: two graphs, each replayed with its own input.
+        let (mut a, mut b) = (stream.temp_1d::<f32>(2048)?, stream.temp_1d::<f32>(2048)?);
+        for call in 0..4 {
+            let (x, data) = if call % 2 == 0 {
+                (&mut a, input(2048, 1.0))
+            } else {
+                (&mut b, input(2048, -1.0))
+            };
+            x.upload(&data)?;
+            let y = affine_twice(&stream, &k, x, 1.0, 0.25)?;
+            assert_eq!(y.to_vec()?, expected(&data, 1.0, 0.25), "call {call}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn an_output_kept_across_a_call_is_not_overwritten() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_kept_output") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let mut x = stream.temp_1d::<f32>(1024)?;
+        x.upload(&input(1024, 0.0))?;
+        let first = affine_twice(&stream, &k, &x, 1.0, 0.0)?;
+        x.upload(&input(1024, 5.0))?;
+        let second = affine_twice(&stream, &k, &x, 1.0, 0.0)?; // `first` is live: another top
+        assert_eq!(first.to_vec()?, expected(&input(1024, 0.0), 1.0, 0.0));
+        assert_eq!(second.to_vec()?, expected(&input(1024, 5.0), 1.0, 0.0));
+        assert_ne!(first.device_ptr(), second.device_ptr());
+        Ok(())
+    }
+
+    /// Downloads inside: a pageable copy, which a capture refuses.
+    #[pooled(stream, graph)]
+    fn sum_on_host(stream: &Stream, x: &Temp<'_, f32>) -> Result<(), PoolError> {
+        let mut tmp = buffer!(x.len(); f32)?;
+        tmp.copy_from(x)?;
+        let host = tmp.to_vec()?;
+        assert_eq!(host.len(), x.len());
+        Ok(())
+    }
+
+    #[test]
+    fn what_cannot_be_captured_runs_eagerly_with_its_reason() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_eager") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        let x = stream.temp_1d::<f32>(256)?;
+        for _ in 0..3 {
+            sum_on_host(&stream, &x)?;
+        }
+        let stats = shape_stats(&stream);
+        println!("{stats}");
+        assert_eq!(
+            (stats.captures, stats.replays, stats.eager_calls),
+            (0, 0, 3),
+            "{stats}"
+        );
+        assert_eq!(stats.eager.len(), 1, "{stats}");
+        assert_eq!(
+            stats.eager[0].calls, 3,
+            "tried once, then eager for the key"
+        );
+        assert!(stats.eager[0].reason.contains("capture"), "{stats}");
+        assert_eq!(stream.stats().stack_in_use, 256 * 4);
+        Ok(())
+    }
+
+    /// `y = w` (a shared weight) through a scratch copy.
+    #[pooled(stream, graph)]
+    fn read_weights<'s>(
+        stream: &'s Stream,
+        w: &SharedMat<f32>,
+    ) -> Result<Temp<'s, f32>, PoolError> {
+        let w = w.read(stream)?;
+        let mut y = stream.temp_1d::<f32>(w.len())?;
+        let mut tmp = buffer!(w.len(); f32)?;
+        tmp.copy_from(&w)?;
+        y.copy_from(&tmp)?;
+        Ok(y)
+    }
+
+    #[test]
+    fn a_replay_after_a_weight_update_sees_the_new_weights() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_shared") else {
+            return Ok(());
+        };
+        let (stream, loader) = (Stream::new(&device)?, Stream::new(&device)?);
+        let mut w = SharedMat::<f32>::from_host(&loader, 1, 512, &[1.0; 512])?;
+        for round in 0..4 {
+            let value = round as f32 + 2.0;
+            w.write(&loader)?.upload(&[value; 512])?; // on another stream, ordered by the guard
+            let y = read_weights(&stream, &w)?;
+            assert_eq!(y.to_vec()?, vec![value; 512], "round {round}");
+        }
+        let stats = shape_stats(&stream);
+        assert_eq!((stats.captures, stats.replays), (1, 3), "{stats}");
+        Ok(())
+    }
+
+    #[test]
+    fn on_a_growable_stack_and_inside_a_capture() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_growable") else {
+            return Ok(());
+        };
+        device.set_growable_stacks(true)?;
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let mut x = stream.temp_1d::<f32>(300_000)?;
+        let data = input(300_000, 0.5);
+        x.upload(&data)?;
+        for _ in 0..3 {
+            let y = affine_twice(&stream, &k, &x, 1.0, 1.0)?;
+            // What the replay's scratch used above the top goes back while it waits.
+            stream.trim()?;
+            assert_eq!(y.to_vec()?, expected(&data, 1.0, 1.0));
+        }
+        assert_eq!(shape_stats(&stream).replays, 2);
+
+        // Inside a capture of its stream the call is captured into that graph, eagerly.
+        let out = std::cell::RefCell::new(DeviceMat::<f32>::new(&stream, 1, 300_000)?);
+        let graph = stream.capture(|s| {
+            let y = affine_twice(s, &k, &x, 1.0, 1.0)?;
+            out.borrow_mut().copy_from(&y)
+        })?;
+        graph.launch()?;
+        assert_eq!(out.borrow().to_vec()?, expected(&data, 1.0, 1.0));
+        Ok(())
+    }
+}

@@ -179,7 +179,7 @@ extern "C" __global__ void softmax(const float* z, float* p, int rows, int cols)
 "#;
 
 /// The compiled kernels of [`SOURCE`].
-#[derive(Debug)]
+#[derive(Debug, GraphKey)]
 pub struct Kernels {
     /// `bias_relu(m, b, rows, cols)`.
     pub bias_relu: CudaFunction,

@@ -64,7 +64,7 @@ impl Twin {
     }
 
     /// One step: `probs_out = softmax(relu(input W1 + b1) W2 + b2)`, `input` being `batch x IN`.
-    fn step(&self, k: &Kernels, input: &[f32], probs_out: &mut [f32]) -> Res<()> {
+    pub(crate) fn step(&self, k: &Kernels, input: &[f32], probs_out: &mut [f32]) -> Res<()> {
         let (s, batch) = (&self.stream, input.len() / IN);
         // SAFETY: `x` is written in full by the copy, `probs` by the softmax, before any read.
         let (mut x, mut probs) = unsafe {

@@ -8,7 +8,7 @@ use gpu_pool::prelude::*;
 use super::{CLASSES, HIDDEN, IN, Kernels, Weights, Work, host};
 
 /// The model on the device, packed: `w1` (`IN x HIDDEN`), `b1`, `w2` (`HIDDEN x CLASSES`), `b2`.
-#[derive(Debug)]
+#[derive(Debug, GraphKey)]
 pub struct Model {
     w1: SharedMat<f32>,
     b1: SharedMat<f32>,

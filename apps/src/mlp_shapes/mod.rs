@@ -1,0 +1,180 @@
+//! `mlp_shapes`: `mlp_eager`'s MLP (784-256-10, batch 1 to 64 a step, 500 steps) with its forward
+//! pass a graphed pooled function (`#[pooled(stream, graph)]`): captured the first time a batch
+//! is seen, replayed after. Four twins in one run, each on the same steps:
+//!
+//! - `graphed`: gpu-pool, the graphed forward pass (`pooled.rs`);
+//! - `pooled_eager`: gpu-pool, `mlp_eager`'s eager step;
+//! - `cudarc_graphs`: plain cudarc, one graph per batch captured by hand (`plain.rs`);
+//! - `cudarc_eager`: plain cudarc, `mlp_eager`'s cudarc twin.
+//!
+//! Two measures: a whole step (upload from a pageable `Vec`, forward, download, wait), and the
+//! forward pass alone (500 passes queued, then one wait: the host's time to queue one, and the
+//! time per pass with the wait, which is the GPU's where the host keeps ahead).
+
+mod plain;
+pub mod pooled;
+
+use std::error::Error;
+use std::time::{Duration, Instant};
+
+use gpu_pool::prelude::*;
+
+use crate::harness::{Samples, rounds_arg};
+use crate::mlp_eager::{self, CLASSES, Config, IN, Kernels, Work};
+
+const IDS: [&str; 4] = ["graphed", "cudarc_graphs", "pooled_eager", "cudarc_eager"];
+
+/// Checks the graphed twin on the host backend (eagerly there: no graphs without CUDA).
+pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> {
+    let stream = Stream::new(device)?;
+    let model = mlp_eager::pooled::Model::load(&stream, &work.weights)?;
+    let mut outputs = Vec::new();
+    mlp_eager::pooled::run(&stream, None, &model, work, |_, p| outputs.push(p.to_vec()))?;
+    Ok(mlp_eager::check(
+        "gpu-pool",
+        &mlp_eager::expected(work),
+        &outputs,
+    )?)
+}
+
+/// Runs the four twins (or, without CUDA, checks the graphed one eagerly).
+pub fn main() -> Result<(), Box<dyn Error>> {
+    let device = Device::cuda_or_host();
+    let Ok(ctx) = device.cudarc().cloned() else {
+        run_on_host(&device, &Work::new(&Config::HOST))?;
+        println!("host backend: checked eagerly, no graphs and no cudarc twin (need CUDA)");
+        return Ok(());
+    };
+    // SAFETY: before any cudarc slice exists; the cudarc twins' slices are made, used (also by
+    // their graphs) and freed on their one stream. gpu-pool's memory does not use cudarc's events.
+    unsafe { ctx.disable_event_tracking() };
+    crate::harness::keep_freed_pool_memory(&ctx)?;
+    ctx.bind_to_thread()?; // cuBLAS launches in the thread's current context
+    let kernels = Kernels::load(&ctx)?;
+    let work = Work::new(&Config::FULL);
+    let n = work.steps();
+
+    let stream = Stream::new(&device)?;
+    let blas = stream.cublas()?;
+    let model = mlp_eager::pooled::Model::load(&stream, &work.weights)?;
+    let twin = mlp_eager::plain::Twin::new(&ctx, &work.weights)?;
+    let mut by_hand = plain::ByBatch::default();
+    let mut out = vec![0.0; work.max_batch() * CLASSES];
+
+    // One step of twin `id`.
+    let mut step = |id: &str, i: usize, out: &mut [f32]| -> Result<(), Box<dyn Error>> {
+        let input = work.input(i);
+        match id {
+            "graphed" => pooled::step(&stream, (&blas, &kernels), &model, input, out)?,
+            "pooled_eager" => {
+                mlp_eager::pooled::step(&stream, Some((&blas, &kernels)), &model, input, out)?;
+            }
+            "cudarc_graphs" => by_hand.step(&twin, &kernels, input, out)?,
+            _ => twin.step(&kernels, input, out)?,
+        }
+        Ok(())
+    };
+
+    // The check pass, which is also the warm-up (every batch captured once).
+    let want = mlp_eager::expected(&work);
+    for id in IDS {
+        let mut got = Vec::new();
+        for i in 0..n {
+            let o = &mut out[..work.batches[i] * CLASSES];
+            step(id, i, o)?;
+            got.push(o.to_vec());
+        }
+        mlp_eager::check(id, &want, &got)?;
+    }
+    let shapes = gpu_pool::graph::shape_stats(&stream);
+    println!(
+        "graphed: {} graphs; scratch of the largest {} KiB, the sum over all \
+         {} KiB ({:.1}x); stack high water {} KiB",
+        shapes.graphs,
+        shapes.scratch_largest / 1024,
+        shapes.scratch_sum / 1024,
+        shapes.scratch_sum as f64 / shapes.scratch_largest.max(1) as f64,
+        stream.stats().stack_high_water / 1024
+    );
+
+    let rounds = rounds_arg(9);
+    let allocs = device.stats().driver_alloc_calls;
+    let mut steps = [(); 4].map(|()| Samples::default());
+    for round in 0..rounds {
+        for j in 0..IDS.len() {
+            let which = (j + round) % IDS.len();
+            let start = Instant::now();
+            for i in 0..n {
+                step(IDS[which], i, &mut out[..work.batches[i] * CLASSES])?;
+            }
+            steps[which].us.push(per(start.elapsed(), n));
+        }
+    }
+    println!(
+        "gpu-pool driver allocation calls during the timed steps: {}; {}; cudarc graphs by hand: {}",
+        device.stats().driver_alloc_calls - allocs,
+        gpu_pool::graph::shape_stats(&stream),
+        by_hand.len()
+    );
+
+    // The forward pass alone: queued for every step's batch, then one wait.
+    let xmax = twin.stream.alloc_zeros::<f32>(work.max_batch() * IN)?;
+    let mut pmax = twin.stream.alloc_zeros::<f32>(work.max_batch() * CLASSES)?;
+    let mut forward = |id: &str, batch: usize| -> Result<(), Box<dyn Error>> {
+        match id {
+            "graphed" => gpu_scope!(stream, {
+                let x = buffer!(batch, IN; f32, packed)?;
+                drop(pooled::forward(&stream, &blas, &kernels, &model, &x)?);
+            }),
+            "pooled_eager" => gpu_scope!(stream, {
+                let x = buffer!(batch, IN; f32, packed)?;
+                let mut p = buffer!(batch, CLASSES; f32, packed)?;
+                mlp_eager::pooled::forward(&stream, Some((&blas, &kernels)), &model, &x, &mut p)?;
+            }),
+            "cudarc_graphs" => by_hand.forward(&twin, &kernels, batch)?,
+            _ => twin.forward(&kernels, &xmax, &mut pmax, batch)?,
+        }
+        Ok(())
+    };
+    let mut queue = [(); 4].map(|()| Samples::default());
+    let mut whole = [(); 4].map(|()| Samples::default());
+    for round in 0..=rounds {
+        for j in 0..IDS.len() {
+            let which = (j + round) % IDS.len();
+            let start = Instant::now();
+            for &batch in &work.batches {
+                forward(IDS[which], batch)?;
+            }
+            let queued = start.elapsed();
+            stream.synchronize()?;
+            twin.stream.synchronize()?;
+            if round > 0 {
+                queue[which].us.push(per(queued, n));
+                whole[which].us.push(per(start.elapsed(), n));
+            }
+        }
+    }
+
+    println!(
+        "\nmlp_shapes on {} ({rounds} rounds, medians, ratio to cudarc_graphs):",
+        device.id()
+    );
+    println!(
+        "| twin | step µs | ratio | forward: host µs to queue | ratio | forward µs with the wait | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let base = |s: &[Samples; 4]| s[1].quantile(0.5);
+    for (i, id) in IDS.iter().enumerate() {
+        let cells =
+            [&steps, &queue, &whole].map(|s| (s[i].quantile(0.5), s[i].quantile(0.5) / base(s)));
+        println!(
+            "| {id} | {:.2} | {:.3}x | {:.2} | {:.3}x | {:.2} | {:.3}x |",
+            cells[0].0, cells[0].1, cells[1].0, cells[1].1, cells[2].0, cells[2].1
+        );
+    }
+    Ok(())
+}
+
+fn per(t: Duration, n: usize) -> f64 {
+    t.as_secs_f64() * 1e6 / n.max(1) as f64
+}
