@@ -247,9 +247,10 @@ mod gpu {
         );
         assert_eq!((stats.captures, stats.replays), (3, 3), "{stats}");
         assert!(stats.scratch_largest < stats.scratch_sum, "{stats:?}");
-        // The stack held the largest call, not the sum: its scratch is free between calls.
+        // The stack held the largest call (its input, then its graph's scratch), not the sum:
+        // every graph's scratch is free stack between calls.
         assert!(
-            (stream.stats().stack_high_water as usize) < stats.scratch_sum,
+            stream.stats().stack_high_water as usize <= 64_000 * 4 + stats.scratch_largest,
             "{stats:?}"
         );
 

@@ -136,6 +136,13 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         }
         Ok(())
     };
+    let counted = gpu_pool::observe::DriverCalls::on_this_thread();
+    for &batch in &work.batches {
+        forward("graphed", batch)?;
+    }
+    stream.synchronize()?;
+    let calls = gpu_pool::observe::DriverCalls::on_this_thread().since(counted);
+    println!("driver calls of {n} graphed forward passes (besides the launches): {calls:?}");
     let mut queue = [(); 4].map(|()| Samples::default());
     let mut whole = [(); 4].map(|()| Samples::default());
     for round in 0..=rounds {

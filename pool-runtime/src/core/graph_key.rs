@@ -70,11 +70,20 @@ pub struct GraphKeys {
     len: usize,
     /// Every word, once there are more than fit inline.
     spilled: Vec<u64>,
+    /// A hash of the words, compared before them.
+    hash: u64,
     /// Kernels keyed by their handle, held while a graph of the key lives: their module stays
-    /// loaded, so no other kernel can get the handle a graph launches.
+    /// loaded, so no other kernel can get the handle a graph launches. Inline up to a few, so a
+    /// call's key allocates nothing.
     #[cfg(feature = "cuda")]
-    kernels: Vec<cudarc::driver::CudaFunction>,
+    kernels: [Option<cudarc::driver::CudaFunction>; KERNELS],
+    #[cfg(feature = "cuda")]
+    more_kernels: Vec<cudarc::driver::CudaFunction>,
 }
+
+/// Kernels held inline.
+#[cfg(feature = "cuda")]
+const KERNELS: usize = 8;
 
 impl Default for GraphKeys {
     fn default() -> Self {
@@ -82,8 +91,11 @@ impl Default for GraphKeys {
             inline: [0; INLINE],
             len: 0,
             spilled: Vec::new(),
+            hash: 0,
             #[cfg(feature = "cuda")]
-            kernels: Vec::new(),
+            kernels: Default::default(),
+            #[cfg(feature = "cuda")]
+            more_kernels: Vec::new(),
         }
     }
 }
@@ -92,6 +104,8 @@ impl GraphKeys {
     /// Adds one word.
     #[inline]
     pub fn word(&mut self, word: u64) {
+        // FxHash's step: a multiply and a rotate a word.
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
         if self.len < INLINE {
             self.inline[self.len] = word;
         } else {
@@ -141,8 +155,9 @@ impl GraphKeys {
 }
 
 impl PartialEq for GraphKeys {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
-        self.words() == other.words()
+        self.hash == other.hash && self.words() == other.words()
     }
 }
 
@@ -160,7 +175,10 @@ impl std::fmt::Debug for GraphKeys {
 unsafe impl GraphKey for cudarc::driver::CudaFunction {
     fn graph_key(&self, keys: &mut GraphKeys) {
         keys.word(self.cu_function() as u64);
-        keys.kernels.push(self.clone());
+        match keys.kernels.iter_mut().find(|k| k.is_none()) {
+            Some(slot) => *slot = Some(self.clone()),
+            None => keys.more_kernels.push(self.clone()),
+        }
     }
 }
 
