@@ -32,10 +32,22 @@ def forward(x):
     return torch.softmax(h @ w2 + b2, dim=1)
 
 
-compiled = torch.compile(forward, backend="cudagraphs", dynamic=False)
 torch._dynamo.config.cache_size_limit = 128
 torch._dynamo.config.recompile_limit = 128
-TWINS = {"torch_eager": forward, "torch_cudagraphs": compiled}
+TWINS = {
+    "torch_eager": forward,
+    # A graph per batch size, Dynamo compiling each size apart (64 cache entries, guards checked
+    # in turn).
+    "torch_cudagraphs_static": torch.compile(forward, backend="cudagraphs", dynamic=False),
+    # Dynamo's automatic dynamic shapes: one compiled frame, a graph recorded per size.
+    "torch_cudagraphs": torch.compile(forward, backend="cudagraphs"),
+}
+try:
+    import triton  # noqa: F401  (Inductor's kernels need it)
+
+    TWINS["torch_reduce_overhead"] = torch.compile(forward, mode="reduce-overhead")
+except ImportError:
+    print("no triton: mode=\"reduce-overhead\" (Inductor) not run")
 
 
 def step(f, x_host):
@@ -53,7 +65,9 @@ with torch.no_grad():
     torch.cuda.synchronize()
     print(f"warm-up (compiling and recording every batch size): {time.time() - start:.1f} s")
     worst = max(
-        (step(compiled, x) - step(forward, x)).abs().max().item() for x in inputs[:64]
+        (step(f, x) - step(forward, x)).abs().max().item()
+        for f in TWINS.values()
+        for x in inputs[:64]
     )
     print(f"largest difference between the twins: {worst:.2e}")
     dev_inputs = {b: torch.randn(b, IN, device=dev) for b in set(batches)}

@@ -4,6 +4,8 @@
 //!
 //! - `graphed`: gpu-pool, the graphed forward pass (`pooled.rs`);
 //! - `pooled_eager`: gpu-pool, `mlp_eager`'s eager step;
+//! - `pooled_graphs`: gpu-pool, one graph per batch captured by hand with `Stream::capture` (its
+//!   input and output `DeviceMat`s per batch, made first): what the key lookup adds to a launch;
 //! - `cudarc_graphs`: plain cudarc, one graph per batch captured by hand (`plain.rs`);
 //! - `cudarc_eager`: plain cudarc, `mlp_eager`'s cudarc twin.
 //!
@@ -14,6 +16,7 @@
 mod plain;
 pub mod pooled;
 
+use std::cell::RefCell;
 use std::error::Error;
 use std::time::{Duration, Instant};
 
@@ -21,8 +24,17 @@ use gpu_pool::prelude::*;
 
 use crate::harness::{Samples, rounds_arg};
 use crate::mlp_eager::{self, CLASSES, Config, IN, Kernels, Work};
+use crate::mlp_graph;
 
-const IDS: [&str; 4] = ["graphed", "cudarc_graphs", "pooled_eager", "cudarc_eager"];
+const IDS: [&str; 5] = [
+    "graphed",
+    "pooled_graphs",
+    "cudarc_graphs",
+    "pooled_eager",
+    "cudarc_eager",
+];
+/// Where `cudarc_graphs` is in `IDS`: the base of the ratios.
+const BASE: usize = 2;
 
 /// Checks the graphed twin on the host backend (eagerly there: no graphs without CUDA).
 pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> {
@@ -59,6 +71,15 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     let model = mlp_eager::pooled::Model::load(&stream, &work.weights)?;
     let twin = mlp_eager::plain::Twin::new(&ctx, &work.weights)?;
     let mut by_hand = plain::ByBatch::default();
+    let per_batch = |cols| -> Result<Vec<_>, PoolError> {
+        (1..=work.max_batch())
+            .map(|b| Ok(RefCell::new(DeviceMat::<f32>::new_packed(&stream, b, cols)?)))
+            .collect()
+    };
+    let (xs, ps) = (per_batch(IN)?, per_batch(CLASSES)?);
+    let graphs = (0..work.max_batch())
+        .map(|b| mlp_graph::pooled::capture(&stream, (&blas, &kernels), &model, &xs[b], &ps[b]))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut out = vec![0.0; work.max_batch() * CLASSES];
 
     // One step of twin `id`.
@@ -68,6 +89,12 @@ pub fn main() -> Result<(), Box<dyn Error>> {
             "graphed" => pooled::step(&stream, (&blas, &kernels), &model, input, out)?,
             "pooled_eager" => {
                 mlp_eager::pooled::step(&stream, Some((&blas, &kernels)), &model, input, out)?;
+            }
+            "pooled_graphs" => {
+                let b = input.len() / IN - 1;
+                xs[b].borrow_mut().upload(input)?;
+                graphs[b].launch()?;
+                ps[b].borrow().download(out)?;
             }
             "cudarc_graphs" => by_hand.step(&twin, &kernels, input, out)?,
             _ => twin.step(&kernels, input, out)?,
@@ -99,7 +126,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
 
     let rounds = rounds_arg(9);
     let allocs = device.stats().driver_alloc_calls;
-    let mut steps = [(); 4].map(|()| Samples::default());
+    let mut steps = [(); IDS.len()].map(|()| Samples::default());
     for round in 0..rounds {
         for j in 0..IDS.len() {
             let which = (j + round) % IDS.len();
@@ -131,6 +158,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
                 let mut p = buffer!(batch, CLASSES; f32, packed)?;
                 mlp_eager::pooled::forward(&stream, Some((&blas, &kernels)), &model, &x, &mut p)?;
             }),
+            "pooled_graphs" => graphs[batch - 1].launch()?,
             "cudarc_graphs" => by_hand.forward(&twin, &kernels, batch)?,
             _ => twin.forward(&kernels, &xmax, &mut pmax, batch)?,
         }
@@ -143,8 +171,8 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     stream.synchronize()?;
     let calls = gpu_pool::observe::DriverCalls::on_this_thread().since(counted);
     println!("driver calls of {n} graphed forward passes (besides the launches): {calls:?}");
-    let mut queue = [(); 4].map(|()| Samples::default());
-    let mut whole = [(); 4].map(|()| Samples::default());
+    let mut queue = [(); IDS.len()].map(|()| Samples::default());
+    let mut whole = [(); IDS.len()].map(|()| Samples::default());
     for round in 0..=rounds {
         for j in 0..IDS.len() {
             let which = (j + round) % IDS.len();
@@ -170,7 +198,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         "| twin | step µs | ratio | forward: host µs to queue | ratio | forward µs with the wait | ratio |"
     );
     println!("|---|---|---|---|---|---|---|");
-    let base = |s: &[Samples; 4]| s[1].quantile(0.5);
+    let base = |s: &[Samples; IDS.len()]| s[BASE].quantile(0.5);
     for (i, id) in IDS.iter().enumerate() {
         let cells =
             [&steps, &queue, &whole].map(|s| (s[i].quantile(0.5), s[i].quantile(0.5) / base(s)));
