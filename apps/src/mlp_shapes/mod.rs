@@ -73,7 +73,11 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     let mut by_hand = plain::ByBatch::default();
     let per_batch = |cols| -> Result<Vec<_>, PoolError> {
         (1..=work.max_batch())
-            .map(|b| Ok(RefCell::new(DeviceMat::<f32>::new_packed(&stream, b, cols)?)))
+            .map(|b| {
+                Ok(RefCell::new(DeviceMat::<f32>::new_packed(
+                    &stream, b, cols,
+                )?))
+            })
             .collect()
     };
     let (xs, ps) = (per_batch(IN)?, per_batch(CLASSES)?);

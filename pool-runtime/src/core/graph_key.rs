@@ -60,11 +60,10 @@ pub unsafe trait GraphKey {
     fn graph_key(&self, keys: &mut GraphKeys);
 }
 
-/// Words kept inline: the key of a call with a few buffers and scalars allocates nothing.
-const INLINE: usize = 24;
+/// Words kept inline: the key of a call with a few buffers, a model and scalars allocates nothing.
+const INLINE: usize = 48;
 
 /// The key of one call of a graphed function: the words its parameters wrote ([`GraphKey`]).
-#[derive(Clone)]
 pub struct GraphKeys {
     inline: [u64; INLINE],
     len: usize,
@@ -131,6 +130,19 @@ impl GraphKeys {
         self.word(buffer.cols() as u64);
         self.word(buffer.step() as u64);
         self.word(size_of::<T>() as u64);
+    }
+
+    /// The words' hash.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    /// The kernels keyed, for a graph to hold.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn kernels(&mut self) -> Vec<cudarc::driver::CudaFunction> {
+        let inline = self.kernels.iter_mut().filter_map(Option::take);
+        inline.chain(self.more_kernels.drain(..)).collect()
     }
 
     /// The words so far.
@@ -208,7 +220,8 @@ unsafe impl GraphKey for u128 {
 // SAFETY: as `u128`.
 unsafe impl GraphKey for i128 {
     fn graph_key(&self, keys: &mut GraphKeys) {
-        (*self as u128).graph_key(keys);
+        keys.word(*self as u64);
+        keys.word((*self as u128 >> 64) as u64);
     }
 }
 

@@ -307,7 +307,11 @@ struct Entry {
     site: u64,
     /// The stack's top at the call.
     top: usize,
-    keys: GraphKeys,
+    /// The parameters' words and their hash.
+    words: Box<[u64]>,
+    hash: u64,
+    /// The kernels the words name by handle, held so no other kernel gets their handles.
+    _kernels: Vec<cudarc::driver::CudaFunction>,
     last_use: u64,
     state: State,
 }
@@ -461,7 +465,10 @@ mod cuda {
 
     impl Key {
         fn is(&self, entry: &Entry) -> bool {
-            entry.site == self.site && entry.top == self.top && entry.keys == self.keys
+            entry.hash == self.keys.hash()
+                && entry.site == self.site
+                && entry.top == self.top
+                && *entry.words == *self.keys.words()
         }
     }
 
@@ -490,25 +497,29 @@ mod cuda {
                 return Err(None);
             }
         };
-        // The scratch above the outputs is free stack: held (and, on a growable stack, mapped)
-        // until the replay is queued, so no give-back on another thread unmaps it first.
-        let cover = if rec.peak > rec.top_after && stream.stack().is_some_and(|s| s.is_growable()) {
-            let mut fence = stream.reserve_fence().map_err(Some)?;
-            if let Err(e) = stream.reserve_up_to(&mut fence, rec.peak) {
-                stream.release_reserved(fence);
-                return Err(Some(e));
+        // The scratch above the outputs is free stack: on a growable stack it is taken (mapped
+        // again if a give-back unmapped it) until the replay is queued, so no give-back on
+        // another thread unmaps it first. One stack take, no lock where it is mapped.
+        let cover = match stream.stack() {
+            Some(stack) if stack.is_growable() && rec.peak > rec.top_after => {
+                let bytes = rec.peak - rec.top_after;
+                let cover = stream.temp_1d::<u8>(bytes).map_err(Some)?;
+                if cover.source() != crate::base::source::Source::Stack {
+                    return Err(Some(PoolError::Capture(CaptureError::NeedsStack {
+                        requested: bytes,
+                        available: stack.free_bytes(),
+                        context: None,
+                    })));
+                }
+                Some(cover)
             }
-            Some(fence)
-        } else {
-            None
+            _ => None,
         };
         let parts = [(stream, rec.replays.as_deref())];
         let queued = replay::replay("a graphed call", &parts, &mut |_| {
             rec.exec.launch(cu_stream)
         });
-        if let Some(fence) = cover {
-            stream.release_reserved(fence);
-        }
+        drop(cover);
         queued.map_err(|(_, e)| Some(e))?;
         drop(slot);
         with_shapes(stream, |s| s.stats.replays += 1);
@@ -600,7 +611,7 @@ mod cuda {
 
     /// Keeps `state` for the key just built, dropping the least recently used graph of the
     /// function if it has its cap.
-    fn insert(stream: &Stream, site: &'static GraphSite, key: Key, state: State) {
+    fn insert(stream: &Stream, site: &'static GraphSite, mut key: Key, state: State) {
         with_shapes(stream, |shapes| {
             let mine = shapes.entries.iter().filter(|e| e.site == site.id());
             if mine.clone().count() >= site.cap.max(1) {
@@ -616,7 +627,9 @@ mod cuda {
             shapes.entries.push(Entry {
                 site: key.site,
                 top: key.top,
-                keys: key.keys,
+                words: key.keys.words().into(),
+                hash: key.keys.hash(),
+                _kernels: key.keys.kernels(),
                 last_use: shapes.clock,
                 state,
             });
