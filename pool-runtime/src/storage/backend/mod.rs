@@ -40,6 +40,10 @@ impl fmt::Debug for RawStream {
 
 /// A point in a stream's work, for another stream to wait on.
 pub(crate) enum RawEvent {
+    /// A host stream's work is done when queued, so its backend marks nothing; only a host device
+    /// made for fault injection (`testing::host_with_wait_faults`) hands these out, so that the
+    /// pool's paths for events, and for waits that fail, run without a GPU.
+    Host,
     #[cfg(feature = "cuda")]
     Cuda(cudarc::driver::CudaEvent),
 }
