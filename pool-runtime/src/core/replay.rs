@@ -13,8 +13,9 @@ use crate::core::stream::Stream;
 /// [`replay`](ReplayHook::replay), which queues the replays (with `launch`) ordered as the
 /// feature needs.
 pub(crate) trait ReplayHook: Any + Send + Sync {
-    /// The capture that noted this ended: what it noted is final.
-    fn capture_ended(&mut self) {}
+    /// The capture of `stream` that noted this ended (the stream is no longer captured): what it
+    /// noted is final.
+    fn capture_ended(&mut self, _stream: &Stream) {}
 
     /// Queues `launch(i)` for each of `parts` in order, part `i` being the stream replay `i` is
     /// queued on and the hook its graph holds (of this hook's type, or none). Every refusal comes

@@ -72,7 +72,7 @@ impl Stream {
     /// What features noted for the replays of the capture that just ended, for its graph to hold.
     pub(crate) fn take_replay_hook(&self) -> Option<Box<dyn ReplayHook>> {
         let mut hook = self.capture.replay.borrow_mut().take()?;
-        hook.capture_ended();
+        hook.capture_ended(self);
         Some(hook)
     }
 
