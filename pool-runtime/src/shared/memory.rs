@@ -94,6 +94,7 @@ fn push_once(uses: &mut Vec<SharedUse>, memory: &Arc<SharedMemory>, access: Acce
 }
 
 impl ReplayHook for SharedAccesses {
+    #[cfg(feature = "cuda")]
     fn capture_ended(&mut self, stream: &Stream) {
         // One access a memory, the stronger where the capture both read and wrote it.
         self.replays
@@ -121,17 +122,6 @@ impl ReplayHook for SharedAccesses {
             })
             .collect();
         SharedMemory::replay(what, &parts, launch)
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn replay(
-        &self,
-        _what: &'static str,
-        parts: &[(&Stream, Option<&dyn ReplayHook>)],
-        launch: &mut dyn FnMut(usize) -> Result<(), PoolError>,
-    ) -> Result<(), (usize, PoolError)> {
-        // No graphs without CUDA: nothing was noted, nothing to order.
-        (0..parts.len()).try_for_each(|i| launch(i).map_err(|e| (i, e)))
     }
 }
 
@@ -533,6 +523,7 @@ impl SharedMemory {
     /// access queued before the capture is marked now, on the stream no longer captured (a live
     /// guard of the same access marks it at its own end). If it cannot be, the access stays open,
     /// and later accesses treat it as a forgotten guard's.
+    #[cfg(feature = "cuda")]
     fn mark_after_capture(&self, stream: &Stream, access: Access) {
         let backend = self.device.backend();
         if backend.is_capturing(stream.raw()).unwrap_or(true) {
@@ -568,8 +559,6 @@ impl SharedMemory {
 
     /// Marks in `uses` (this memory's, locked) the end of an access whose work is queued on
     /// `stream`; returns the events it makes stale, for the caller to drop once unlocked.
-    // Without the `cuda` feature there are no events: what handles one never runs.
-    #[cfg_attr(not(feature = "cuda"), allow(unreachable_code))]
     fn mark_end(
         &self,
         uses: &mut Uses,

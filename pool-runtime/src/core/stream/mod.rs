@@ -234,7 +234,8 @@ impl Stream {
         })
     }
 
-    /// The stack this stream holds, if any.
+    /// The stack this stream holds, if any (for a capture's fence: graphs are CUDA's).
+    #[cfg(feature = "cuda")]
     #[inline]
     pub(crate) fn stack(&self) -> Option<&Stack> {
         self.stack.get()
