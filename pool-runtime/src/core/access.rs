@@ -56,23 +56,18 @@ pub trait PinnedHost<T: Pod>: sealed::Sealed {
     fn upload_into(&self, view: &mut GpuViewMut<'_, T>) -> Result<(), PoolError>;
 }
 
-/// Keeps [`PinnedHost`], [`GpuRead`] and [`GpuWrite`] to the crate's types.
+/// Keeps [`PinnedHost`] to the crate's types.
 pub(crate) mod sealed {
     /// Implemented by the crate's page-locked types only.
     pub trait Sealed {}
-
-    /// Implemented by the crate's device-memory types only.
-    pub trait Memory {}
 }
 
 /// Device memory a function reads: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a view or region, or a read
 /// of a [`SharedMat`](crate::shared::SharedMat). Take it as `src: &impl GpuRead<T>`.
 ///
 /// Only [`view`](Self::view) is implemented by each type; every other method works on the view,
-/// so all of them behave alike. Sealed: the implementations come from gpu-pool (a kernel argument
-/// points at [`addr_ref`](Self::addr_ref), whose memory only the crate's types can vouch for);
-/// take `impl GpuRead<T>`, don't implement it.
-pub trait GpuRead<T: Pod>: sealed::Memory {
+/// so all of them behave alike.
+pub trait GpuRead<T: Pod> {
     /// The memory as a read-only view, queued on its stream.
     fn view(&self) -> GpuView<'_, T>;
 
@@ -189,7 +184,6 @@ pub trait GpuRead<T: Pod>: sealed::Memory {
 
 /// Device memory a function fills: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a writable view or region,
 /// or a write of a [`SharedMat`](crate::shared::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
-/// Sealed, as [`GpuRead`] is: the implementations come from gpu-pool.
 pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// The memory as a writable view, queued on its stream.
     fn view_mut(&mut self) -> GpuViewMut<'_, T>;
@@ -299,10 +293,6 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
         self.view_mut().into_cudarc_mut()
     }
 }
-
-impl<T: Pod> sealed::Memory for Pooled<'_, '_, T> {}
-impl<T: Pod> sealed::Memory for GpuView<'_, T> {}
-impl<T: Pod> sealed::Memory for GpuViewMut<'_, T> {}
 
 impl<T: Pod> GpuRead<T> for Pooled<'_, '_, T> {
     fn addr_ref(&self) -> &u64 {

@@ -101,8 +101,6 @@ macro_rules! lease_buffer {
             }
         }
 
-        impl<T: ::bytemuck::Pod> $crate::core::access::sealed::Memory for $name<'_, T> {}
-
         impl<T: ::bytemuck::Pod> $crate::core::access::GpuRead<T> for $name<'_, T> {
             fn addr_ref(&self) -> &u64 {
                 self.ptr_field()

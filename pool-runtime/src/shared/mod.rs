@@ -362,9 +362,6 @@ macro_rules! guard_debug {
 }
 guard_debug!(SharedRead, SharedWrite);
 
-impl<T: Pod> crate::core::access::sealed::Memory for SharedRead<'_, T> {}
-impl<T: Pod> crate::core::access::sealed::Memory for SharedWrite<'_, T> {}
-
 impl<T: Pod> crate::core::access::GpuRead<T> for SharedRead<'_, T> {
     fn addr_ref(&self) -> &u64 {
         self.ptr_field()
