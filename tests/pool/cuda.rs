@@ -1365,3 +1365,54 @@ extern "C" __global__ void rows(Pitched<const float> src, Pitched<float> dst) {
     }
     Ok(())
 }
+
+/// A dropped pool stream lets go of its CUDA stream's claim before the stream is destroyed: the
+/// driver may hand the same handle to a stream made on another thread at once, and that stream's
+/// pool stream must not be refused as `StreamAlreadyWrapped` by a claim of a stream that is gone.
+/// A race, so the test makes and drops streams on two threads and counts the refusals; before the
+/// fix (the claim a field dropped after `Drop::drop`), a driver that reuses handles refuses some.
+#[test]
+fn a_dropped_streams_handle_can_be_wrapped_at_once_on_another_thread() -> TestResult {
+    let Some((gpu, _lock)) = gpu("wrapped_claim_before_destroy") else {
+        return Ok(());
+    };
+    const ROUNDS: usize = 20_000;
+    let refused = std::sync::atomic::AtomicUsize::new(0);
+    let reused = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| -> Result<(), PoolError> {
+                    let mut last = 0usize;
+                    for _ in 0..ROUNDS {
+                        match Stream::new(&gpu) {
+                            Ok(stream) => {
+                                let handle = stream.cudarc()?.cu_stream() as usize;
+                                if handle == last {
+                                    reused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                last = handle;
+                            }
+                            Err(PoolError::StreamAlreadyWrapped { .. }) => {
+                                refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().expect("a worker panicked"))
+    })?;
+    let (refused, reused) = (refused.into_inner(), reused.into_inner());
+    eprintln!(
+        "{} streams made and dropped on two threads: {reused} got their thread's last handle \
+         again, {refused} were refused as already wrapped",
+        2 * ROUNDS
+    );
+    assert_eq!(refused, 0, "a claim outlived its CUDA stream");
+    Ok(())
+}

@@ -252,3 +252,50 @@ fn wrapper_every_k(device: &Device) -> Result<(), PoolError> {
     }
     Ok(())
 }
+
+// A `record_stream` wait that fails: the memory it guards is never reused before the other
+// stream's work, so the failed wait stays queued and every later release tries it again.
+
+#[test]
+fn a_failed_record_stream_wait_stays_queued_for_the_next_release() -> Result<(), PoolError> {
+    // Waits 1 and 2 fail, 3 on succeed.
+    let device = gpu_pool::testing::host_with_wait_faults(1, 2);
+    let (stream, user) = (Stream::new(&device)?, Stream::new(&device)?);
+    let used = stream.temp_1d::<u8>(64)?;
+    used.record_stream(&user)?;
+    drop(used); // wait 1 fails: the block is held
+    let first = stream.stats().stack_in_use;
+    assert_eq!(first, 64);
+    // The wait is still owed: this release tries it again (wait 2, failing), so it holds its block
+    // too. Dropping the failed wait would let it go, and with it the order `user` needs.
+    drop(stream.temp_1d::<u8>(64)?);
+    let held = stream.stats().stack_in_use;
+    println!("after a second release while the wait fails: the stack's top at {held} bytes");
+    assert!(held > first, "the release went without the owed wait");
+    // Wait 3 succeeds: this release goes, and no wait is owed after it.
+    drop(stream.temp_1d::<u8>(64)?);
+    assert_eq!(stream.stats().stack_in_use, held);
+    drop(stream.temp_1d::<u8>(64)?);
+    assert_eq!(stream.stats().stack_in_use, held);
+    Ok(())
+}
+
+#[test]
+fn a_stream_dropped_with_a_failed_record_stream_wait_keeps_its_stack_out_of_use()
+-> Result<(), PoolError> {
+    for (fails, kept_out) in [(2, true), (1, false)] {
+        let device = gpu_pool::testing::host_with_wait_faults(1, fails);
+        set_buffer_pool_config(&device, 1 << 20, 1)?;
+        let (stream, user) = (Stream::new(&device)?, Stream::new(&device)?);
+        let used = stream.temp_1d::<u8>(64)?;
+        used.record_stream(&user)?;
+        drop(used); // wait 1 fails
+        // The drop issues the owed wait (wait 2): if it fails too, the stack is not reused.
+        drop(stream);
+        let next = Stream::new(&device)?;
+        let source = next.temp_1d::<u8>(64)?.source();
+        println!("{fails} failing waits: the next stream's temporary came from {source:?}");
+        assert_eq!(source == Source::Stack, !kept_out, "{fails} failing waits");
+    }
+    Ok(())
+}

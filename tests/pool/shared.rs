@@ -1020,4 +1020,50 @@ mod gpu {
         );
         Ok(())
     }
+
+    /// A write guard begun before its stream's capture and dropped inside it: its end finds the
+    /// access where it was begun, and the capture's end marks the work it queued before the
+    /// capture. A replay on another stream that reads the matrix is then ordered after the write,
+    /// not refused as if the write were still open (before the fix, the access stayed open for
+    /// good: every such replay was refused with `SharedAccessOpen`). The control drops the guard
+    /// before the capture.
+    #[test]
+    fn a_guard_begun_before_a_capture_and_ended_inside_it_leaves_nothing_open() -> TestResult {
+        let Some((device, _lock)) = gpu("shared_guard_across_capture") else {
+            return Ok(());
+        };
+        let (a, b) = (Stream::new(&device)?, Stream::new(&device)?);
+        for ended_inside in [false, true] {
+            // Behind a lock, as in the guide: the reader's graph keeps its borrow.
+            let shared = std::sync::RwLock::new(SharedMat::<u8>::new(&device, 1, N)?);
+            let mut seen = GpuMat::<u8>::new(&b, 1, N)?;
+            let mut other = GpuMat::<u8>::new(&a, 1, N)?;
+            let reader = b.capture(|s| seen.copy_from(&shared.read().unwrap().read(s)?))?;
+            let mut lock = shared.write().unwrap();
+            let mut write = lock.write(&a)?;
+            write.set_to(7)?;
+            let writer = if ended_inside {
+                a.capture(|_| {
+                    drop(write);
+                    other.set_to(1)
+                })?
+            } else {
+                drop(write);
+                a.capture(|_| other.set_to(1))?
+            };
+            drop(writer); // it holds the moved guard's borrow of the lock
+            drop(lock);
+            let replayed = reader.launch();
+            println!(
+                "guard ended inside the capture: {ended_inside}; the reader's replay: {replayed:?}"
+            );
+            replayed?;
+            b.synchronize()?;
+            drop(reader);
+            let stale = count_not(&seen.to_vec()?, 7);
+            println!("  {stale} of {N} bytes read before the write");
+            assert_eq!(stale, 0);
+        }
+        Ok(())
+    }
 }

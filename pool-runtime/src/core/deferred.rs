@@ -49,7 +49,7 @@ pub(crate) struct Kept {
 enum Memory {
     /// From the stream's fallback allocator.
     Fallback(Allocation),
-    /// From `cuMemAlloc`/`cuMemAllocPitch` ([`GpuMat::new`](crate::compat::opencv::GpuMat::new)).
+    /// From `cuMemAlloc`/`cuMemAllocPitch` ([`DeviceMat::new`](crate::compat::opencv::DeviceMat::new)).
     Driver(DevPtr),
 }
 
@@ -221,17 +221,28 @@ impl Stream {
     }
 
     /// Makes this stream wait for every recorded use, so memory released now is reused (in this
-    /// stream's order) only after that work.
+    /// stream's order) only after that work. A wait that fails stays queued with every one after
+    /// it: the memory a caller would release is held, and the next release tries them again.
     #[cold]
     pub(crate) fn issue_deferred_waits(&self) -> Result<(), PoolError> {
-        let waits = std::mem::take(&mut *self.deferred().waits.borrow_mut());
-        self.deferred().any_waits.set(false);
-        self.set_release_hooks();
+        let backend = self.device().backend();
+        let mut waits = self.deferred().waits.borrow_mut();
+        let mut issued = 0;
         let mut result = Ok(());
-        for event in waits {
-            let waited = self.device().backend().wait_event(self.raw(), event);
-            result = result.and(waited);
+        for event in waits.iter() {
+            result = backend.wait_for(self.raw(), event);
+            if result.is_err() {
+                break;
+            }
+            issued += 1;
         }
+        for event in waits.drain(..issued) {
+            backend.drop_event(event);
+        }
+        let any = !waits.is_empty();
+        drop(waits);
+        self.deferred().any_waits.set(any);
+        self.set_release_hooks();
         result
     }
 }

@@ -179,7 +179,15 @@ impl Device {
         Device::new_private_host(Some(limit), 0)
     }
 
-    /// A new private host device with its own id, memory `limit` and fault injection.
+    /// A private host device whose streams mark their work with events and whose stream waits
+    /// `fail_at..fail_at + count` fail.
+    #[cfg(feature = "testing")]
+    pub(crate) fn new_private_host_wait_faults(fail_at: u64, count: u64) -> Device {
+        let id = DeviceId::Host(HOST_IDS.next());
+        let backend = HostBackend::with_wait_faults(id, fail_at, count);
+        Device::from_backend(id, Box::new(backend))
+    }
+
     /// A private host device whose unmap or unreserve call number `fail_at` fails.
     #[cfg(feature = "testing")]
     pub(crate) fn new_private_host_unmap_fault(fail_at: u64) -> Device {
@@ -194,6 +202,7 @@ impl Device {
         Device::from_backend(id, Box::new(HostBackend::with_faults(id, fail_at, count)))
     }
 
+    /// A new private host device with its own id, memory `limit` and fault injection.
     pub(crate) fn new_private_host(limit: Option<usize>, fail_at: u64) -> Device {
         let id = DeviceId::Host(HOST_IDS.next());
         Device::from_backend(id, Box::new(HostBackend::with_fault(id, limit, fail_at)))

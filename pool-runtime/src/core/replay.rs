@@ -6,19 +6,27 @@
 
 use std::any::Any;
 
+#[cfg(feature = "cuda")]
 use crate::base::error::PoolError;
+#[cfg(feature = "cuda")]
 use crate::core::stream::Stream;
 
 /// What a feature noted during a capture, for its graph's replays: each launch goes through
 /// [`replay`](ReplayHook::replay), which queues the replays (with `launch`) ordered as the
 /// feature needs.
+///
+/// Without the `cuda` feature there are no graphs: a hook is only noted (by code a capture runs,
+/// which never does), never ended or replayed.
 pub(crate) trait ReplayHook: Any + Send + Sync {
-    /// The capture that noted this ended: what it noted is final.
-    fn capture_ended(&mut self) {}
+    /// The capture of `stream` that noted this ended (the stream is no longer captured): what it
+    /// noted is final.
+    #[cfg(feature = "cuda")]
+    fn capture_ended(&mut self, _stream: &Stream) {}
 
     /// Queues `launch(i)` for each of `parts` in order, part `i` being the stream replay `i` is
     /// queued on and the hook its graph holds (of this hook's type, or none). Every refusal comes
     /// before anything is queued; an error comes with how many replays were queued before it.
+    #[cfg(feature = "cuda")]
     fn replay(
         &self,
         what: &'static str,
@@ -30,6 +38,7 @@ pub(crate) trait ReplayHook: Any + Send + Sync {
 /// Queues the replays of `parts` (see [`ReplayHook::replay`]): through the hook of the first part
 /// that has one, or, where none has (graphs of stream-owned memory only), directly, with nothing
 /// allocated.
+#[cfg(feature = "cuda")]
 pub(crate) fn replay(
     what: &'static str,
     parts: &[(&Stream, Option<&dyn ReplayHook>)],

@@ -21,23 +21,23 @@ use super::Graph;
 /// memory for the largest member's scratch, not the sum of all of theirs.
 ///
 /// Make it before the buffers that live beside its graphs (outputs are best made with
-/// [`GpuMat::new`](crate::compat::opencv::GpuMat::new)): a member is captured with the region lowered to its base,
-/// which needs the region on top of the stack.
+/// [`DeviceMat::new`](crate::DeviceMat::new)): a member is captured with the region lowered to its
+/// base, which needs the region on top of the stack.
 ///
 /// ```no_run
-/// use gpu_pool::{compat::opencv::BufferPool, Device, compat::opencv::GpuMat, GpuRead, GpuWrite, PoolError, Stream};
+/// use gpu_pool::prelude::*;
 /// # fn main() -> Result<(), PoolError> {
 /// let stream = Stream::new(&Device::cuda(0)?)?;
 /// let family = stream.graph_family()?;
 /// let mut outputs = Vec::new();
 /// for size in [256, 512, 1024] {
-///     outputs.push(GpuMat::<f32>::new(&stream, size, size)?);
+///     outputs.push(DeviceMat::<f32>::new(&stream, size, size)?);
 /// }
 /// let graphs = outputs
 ///     .iter_mut()
 ///     .map(|out| {
 ///         family.capture(move |s| {
-///             let mut tmp = BufferPool::new(s).get_buffer::<f32>(out.rows(), out.cols())?;
+///             let mut tmp = s.temp::<f32>(out.rows(), out.cols())?;
 ///             tmp.set_to(1.0)?; // ... kernels ...
 ///             out.copy_from(&tmp)
 ///         })

@@ -531,7 +531,7 @@ impl Stream {
     /// leaves it open: `stream.capture_with::<AppError>(|s| { ...; Ok(()) })`.
     ///
     /// ```no_run
-    /// use gpu_pool::{Device, GpuRead, GpuWrite, PoolError, Stream};
+    /// use gpu_pool::prelude::*;
     ///
     /// #[derive(Debug)]
     /// enum AppError {
@@ -551,7 +551,7 @@ impl Stream {
     ///     if rows == 0 {
     ///         return Err(AppError::BadInput); // comes back as it is
     ///     }
-    ///     let mut tmp = gpu_pool::compat::opencv::BufferPool::new(s).get_buffer::<f32>(rows, cols)?;
+    ///     let mut tmp = s.temp::<f32>(rows, cols)?;
     ///     tmp.set_to(0.0)?; // a PoolError, converted
     ///     Ok(())
     /// })?;

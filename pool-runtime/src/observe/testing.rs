@@ -69,6 +69,26 @@ pub fn host_with_unmap_fault(fail_at: u64) -> Device {
     Device::new_private_host_unmap_fault(fail_at)
 }
 
+/// A private host device whose streams mark their work with events, as a GPU's do, and whose
+/// stream waits (`cuStreamWaitEvent`'s stand-in) number `fail_at` to `fail_at + count - 1`
+/// (1-based) fail: for testing that a wait that could not be made leaves no memory reused before
+/// the work it was for.
+///
+/// ```
+/// use gpu_pool::{PoolError, Stream, testing};
+/// let device = testing::host_with_wait_faults(1, 1);
+/// let (stream, user) = (Stream::new(&device)?, Stream::new(&device)?);
+/// let used = stream.temp_1d::<u8>(64)?;
+/// used.record_stream(&user)?; // the release must wait for `user`'s work...
+/// drop(used); // ...the wait fails: the memory stays held
+/// assert_eq!(stream.stats().stack_in_use, 64);
+/// # Ok::<(), PoolError>(())
+/// ```
+#[must_use]
+pub fn host_with_wait_faults(fail_at: u64, count: u64) -> Device {
+    Device::new_private_host_wait_faults(fail_at, count)
+}
+
 /// On a host device, the bytes its backend has handed out and not taken back (device and pinned
 /// memory): what a leak check compares. `None` on a GPU.
 #[must_use]

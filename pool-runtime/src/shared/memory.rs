@@ -58,30 +58,52 @@ pub(crate) type SharedUse = (Arc<SharedMemory>, Access);
 /// ordered on the graph's stream like one outside a capture ([`SharedMemory::replay`]). The graph
 /// holds it as the [`ReplayHook`] of its capture, without knowing it is SharedMat's.
 #[derive(Default)]
-pub(crate) struct SharedAccesses(Vec<SharedUse>);
+pub(crate) struct SharedAccesses {
+    /// What each replay accesses.
+    replays: Vec<SharedUse>,
+    /// Accesses begun before the capture and ended inside it: their work queued before the
+    /// capture has no end mark yet (an event recorded inside would join the capture), so the
+    /// capture's end marks it.
+    unmarked: Vec<SharedUse>,
+}
 
 impl SharedAccesses {
     /// `stream`'s own capture accessed `memory`: each replay of its graph will be such an access.
     fn note(stream: &Stream, memory: &Arc<SharedMemory>, access: Access) {
         stream.note_for_replay(|notes: &mut SharedAccesses| {
-            if !notes
-                .0
-                .iter()
-                .any(|(m, a)| Arc::ptr_eq(m, memory) && *a == access)
-            {
-                notes.0.push((Arc::clone(memory), access));
-            }
+            push_once(&mut notes.replays, memory, access);
+        });
+    }
+
+    /// An access begun on `stream` before its own capture ended inside it: the capture's end
+    /// marks the work the access queued before the capture.
+    fn note_unmarked(stream: &Stream, memory: &Arc<SharedMemory>, access: Access) {
+        stream.note_for_replay(|notes: &mut SharedAccesses| {
+            push_once(&mut notes.unmarked, memory, access);
         });
     }
 }
 
+fn push_once(uses: &mut Vec<SharedUse>, memory: &Arc<SharedMemory>, access: Access) {
+    if !uses
+        .iter()
+        .any(|(m, a)| Arc::ptr_eq(m, memory) && *a == access)
+    {
+        uses.push((Arc::clone(memory), access));
+    }
+}
+
 impl ReplayHook for SharedAccesses {
-    fn capture_ended(&mut self) {
+    #[cfg(feature = "cuda")]
+    fn capture_ended(&mut self, stream: &Stream) {
         // One access a memory, the stronger where the capture both read and wrote it.
-        self.0
+        self.replays
             .sort_by_key(|(m, a)| (Arc::as_ptr(m), std::cmp::Reverse(*a)));
-        self.0
+        self.replays
             .dedup_by(|later, first| Arc::ptr_eq(&later.0, &first.0));
+        for (memory, access) in self.unmarked.drain(..) {
+            memory.mark_after_capture(stream, access);
+        }
     }
 
     #[cfg(feature = "cuda")]
@@ -96,21 +118,10 @@ impl ReplayHook for SharedAccesses {
             .map(|&(stream, hook)| {
                 let hook: Option<&dyn std::any::Any> = hook.map(|h| h as &dyn std::any::Any);
                 let accesses = hook.and_then(|h| h.downcast_ref::<SharedAccesses>());
-                (stream, accesses.map_or(&[][..], |a| &a.0[..]))
+                (stream, accesses.map_or(&[][..], |a| &a.replays[..]))
             })
             .collect();
         SharedMemory::replay(what, &parts, launch)
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn replay(
-        &self,
-        _what: &'static str,
-        parts: &[(&Stream, Option<&dyn ReplayHook>)],
-        launch: &mut dyn FnMut(usize) -> Result<(), PoolError>,
-    ) -> Result<(), (usize, PoolError)> {
-        // No graphs without CUDA: nothing was noted, nothing to order.
-        (0..parts.len()).try_for_each(|i| launch(i).map_err(|e| (i, e)))
     }
 }
 
@@ -204,10 +215,14 @@ struct Open {
     raw: RawStream,
     access: Access,
     /// Begun inside the stream's own capture: its work is the graph's, ordered at each replay.
-    /// An access begun outside and ended inside a capture has no end event to record (one
-    /// recorded then would join the capture), so it stays open, as a forgotten one does.
+    /// A guard's end finds its access by where it was begun, wherever it ends.
     in_capture: bool,
+    /// Live guards.
     count: usize,
+    /// A guard begun outside the stream's own capture ended inside it: the work it queued before
+    /// the capture is marked when the capture ends ([`SharedAccesses::capture_ended`]); until
+    /// then the access stays here, as an open one.
+    unmarked: bool,
 }
 
 impl std::fmt::Debug for SharedMemory {
@@ -248,12 +263,13 @@ impl SharedMemory {
     ///
     /// Inside `stream`'s own capture no event of outside work can be waited on, so the host waits
     /// for those accesses instead, and the capture notes the access: each replay of its graph is
-    /// then ordered as an access of its own.
+    /// then ordered as an access of its own. Returns whether the access was begun inside that
+    /// capture, for its [`end`](Self::end).
     pub(crate) fn begin(
         self: &Arc<Self>,
         stream: &Stream,
         access: Access,
-    ) -> Result<(), PoolError> {
+    ) -> Result<bool, PoolError> {
         let backend = self.device.backend();
         let capturing = stream.in_own_capture();
         let me = stream.id();
@@ -287,13 +303,14 @@ impl SharedMemory {
                 access,
                 in_capture: capturing,
                 count: 1,
+                unmarked: false,
             }),
         }
         drop(uses);
         if capturing {
             SharedAccesses::note(stream, self, access);
         }
-        Ok(())
+        Ok(capturing)
     }
 
     /// Queues replays of graphs, `launch(i)` for each of `parts` in order, where part `i` is the
@@ -386,6 +403,7 @@ impl SharedMemory {
                             access: *access,
                             in_capture: false,
                             count: 1,
+                            unmarked: false,
                         });
                     }
                 }
@@ -444,12 +462,19 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// An access on `stream` ends: later conflicting accesses wait for the work it queued. Inside
-    /// `stream`'s own capture the graph's replays are ordered instead (see [`begin`](Self::begin)).
+    /// An access on `stream`, begun inside its own capture or not (`begun_in_capture`, what
+    /// [`begin`](Self::begin) returned), ends: later conflicting accesses wait for the work it
+    /// queued. Inside `stream`'s own capture the graph's replays are ordered instead, and the
+    /// work of an access begun before the capture is marked when the capture ends.
     ///
     /// The open access is closed and its end marked under one lock: an access or replay that
     /// begins meanwhile sees one or the other, never neither.
-    pub(crate) fn end(self: &Arc<Self>, stream: &Stream, access: Access) -> Result<(), PoolError> {
+    pub(crate) fn end(
+        self: &Arc<Self>,
+        stream: &Stream,
+        access: Access,
+        begun_in_capture: bool,
+    ) -> Result<(), PoolError> {
         let own_capture = stream.in_own_capture();
         let backend = self.device.backend();
         if !own_capture && backend.is_capturing(stream.raw())? {
@@ -459,14 +484,20 @@ impl SharedMemory {
         }
         let me = stream.id();
         let mut uses = lock(&self.uses);
+        // Found where it was begun: an access begun outside the capture and ended inside it (or the
+        // other way round) must not be left open for good, or replays would be refused for it.
         let open = uses
             .open
             .iter()
-            .position(|o| o.stream == me && o.access == access && o.in_capture == own_capture);
+            .position(|o| o.stream == me && o.access == access && o.in_capture == begun_in_capture);
         let mut stale = Vec::new();
         if own_capture {
             // The capture's work is ordered at each replay of its graph.
             SharedAccesses::note(stream, self, access);
+            if !begun_in_capture && let Some(i) = open {
+                uses.open[i].unmarked = true;
+                SharedAccesses::note_unmarked(stream, self, access);
+            }
         } else {
             match self.mark_end(&mut uses, stream, access) {
                 Ok(done) => stale = done,
@@ -477,7 +508,7 @@ impl SharedMemory {
         }
         if let Some(i) = open {
             uses.open[i].count -= 1;
-            if uses.open[i].count == 0 {
+            if uses.open[i].count == 0 && !uses.open[i].unmarked {
                 uses.open.swap_remove(i);
             }
         }
@@ -488,10 +519,46 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// `stream`'s own capture ended, inside which an access begun before it ended: the work that
+    /// access queued before the capture is marked now, on the stream no longer captured (a live
+    /// guard of the same access marks it at its own end). If it cannot be, the access stays open,
+    /// and later accesses treat it as a forgotten guard's.
+    #[cfg(feature = "cuda")]
+    fn mark_after_capture(&self, stream: &Stream, access: Access) {
+        let backend = self.device.backend();
+        if backend.is_capturing(stream.raw()).unwrap_or(true) {
+            return;
+        }
+        let me = stream.id();
+        let mut uses = lock(&self.uses);
+        let Some(i) = uses
+            .open
+            .iter()
+            .position(|o| o.stream == me && o.access == access && !o.in_capture && o.unmarked)
+        else {
+            return;
+        };
+        uses.open[i].unmarked = false;
+        if uses.open[i].count > 0 {
+            return;
+        }
+        let stale = match self.mark_end(&mut uses, stream, access) {
+            Ok(stale) => stale,
+            Err(e) => {
+                uses.open[i].unmarked = true;
+                tracing::error!(stream = me, error = %e, "marking a shared-memory access that ended inside a capture failed; it stays open");
+                return;
+            }
+        };
+        uses.open.swap_remove(i);
+        drop(uses);
+        for e in stale {
+            backend.drop_event(e);
+        }
+    }
+
     /// Marks in `uses` (this memory's, locked) the end of an access whose work is queued on
     /// `stream`; returns the events it makes stale, for the caller to drop once unlocked.
-    // Without the `cuda` feature there are no events: what handles one never runs.
-    #[cfg_attr(not(feature = "cuda"), allow(unreachable_code))]
     fn mark_end(
         &self,
         uses: &mut Uses,

@@ -146,12 +146,13 @@ impl<T: Pod> SharedMat<T> {
     /// `PoolError::DeviceMismatch` for a stream of another device; `CaptureError::Elsewhere`
     /// if the stream is being captured by anything but its own `capture`.
     pub fn read<'a>(&'a self, stream: &'a Stream) -> Result<SharedRead<'a, T>, PoolError> {
-        self.begin(stream, Access::Read)?;
+        let in_capture = self.begin(stream, Access::Read)?;
         Ok(SharedRead {
             access: Guard {
                 memory: &self.memory,
                 stream,
                 access: Access::Read,
+                in_capture,
             },
             window: self.window(),
             _elem: PhantomData,
@@ -169,19 +170,21 @@ impl<T: Pod> SharedMat<T> {
     /// while that reader stream is being captured (write after the capture ends); the errors of
     /// [`read`](Self::read) otherwise.
     pub fn write<'a>(&'a mut self, stream: &'a Stream) -> Result<SharedWrite<'a, T>, PoolError> {
-        self.begin(stream, Access::Write)?;
+        let in_capture = self.begin(stream, Access::Write)?;
         Ok(SharedWrite {
             access: Guard {
                 memory: &self.memory,
                 stream,
                 access: Access::Write,
+                in_capture,
             },
             window: self.window(),
             _elem: PhantomData,
         })
     }
 
-    fn begin(&self, stream: &Stream, access: Access) -> Result<(), PoolError> {
+    /// Begins an access: whether it was begun inside `stream`'s own capture.
+    fn begin(&self, stream: &Stream, access: Access) -> Result<bool, PoolError> {
         let device = self.memory.device();
         if stream.device() != device {
             return Err(PoolError::DeviceMismatch {
@@ -280,11 +283,13 @@ struct Guard<'a> {
     memory: &'a Arc<SharedMemory>,
     stream: &'a Stream,
     access: Access,
+    /// Begun inside the stream's own capture: where its end finds it.
+    in_capture: bool,
 }
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.memory.end(self.stream, self.access) {
+        if let Err(e) = self.memory.end(self.stream, self.access, self.in_capture) {
             // No event marks the access: the host waits for it instead.
             tracing::error!(stream = self.stream.id(), error = %e, "ending a shared-memory access failed; waiting for the stream");
             let _ = self.stream.synchronize();

@@ -54,15 +54,23 @@ impl Stream {
     }
 
     /// Notes, in the hook of type `H` this stream's own capture holds (made on the first note),
-    /// what its graph's replays must do. One feature notes (SharedMat): a hook of another type
-    /// in the slot is a bug, and the note is dropped, said so.
+    /// what its graph's replays must do.
+    ///
+    /// # Panics
+    /// If the capture holds a hook of another type. A graph hands its launches to one hook, so
+    /// one feature notes (SharedMat, the one implementation): a second would be a bug of this
+    /// crate, not of its caller. It panics in every build rather than drop the note, which would
+    /// let a replay run unordered against the accesses it was to be ordered after.
     pub(crate) fn note_for_replay<H: ReplayHook + Default>(&self, note: impl FnOnce(&mut H)) {
         let mut slot = self.capture.replay.borrow_mut();
         let hook: &mut dyn Any = &mut **slot.get_or_insert_with(|| Box::new(H::default()));
-        match hook.downcast_mut::<H>() {
-            Some(hook) => note(hook),
-            None => debug_assert!(false, "one replay hook type a capture"),
-        }
+        let Some(hook) = hook.downcast_mut::<H>() else {
+            panic!(
+                "gpu-pool bug: two replay hook types noted in one capture (a graph replays \
+                 through one); please report it"
+            );
+        };
+        note(hook);
     }
 }
 
@@ -80,7 +88,7 @@ impl Stream {
     /// What features noted for the replays of the capture that just ended, for its graph to hold.
     pub(crate) fn take_replay_hook(&self) -> Option<Box<dyn ReplayHook>> {
         let mut hook = self.capture.replay.borrow_mut().take()?;
-        hook.capture_ended();
+        hook.capture_ended(self);
         Some(hook)
     }
 
@@ -105,5 +113,48 @@ impl Stream {
         }
         drop(live);
         self.drain_deferred();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::device::Device;
+
+    #[derive(Default)]
+    struct First;
+    #[derive(Default)]
+    struct Second;
+
+    impl ReplayHook for First {
+        #[cfg(feature = "cuda")]
+        fn replay(
+            &self,
+            _: &'static str,
+            _: &[(&Stream, Option<&dyn ReplayHook>)],
+            _: &mut dyn FnMut(usize) -> Result<(), crate::base::error::PoolError>,
+        ) -> Result<(), (usize, crate::base::error::PoolError)> {
+            Ok(())
+        }
+    }
+
+    impl ReplayHook for Second {
+        #[cfg(feature = "cuda")]
+        fn replay(
+            &self,
+            _: &'static str,
+            _: &[(&Stream, Option<&dyn ReplayHook>)],
+            _: &mut dyn FnMut(usize) -> Result<(), crate::base::error::PoolError>,
+        ) -> Result<(), (usize, crate::base::error::PoolError)> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "two replay hook types")]
+    fn a_second_replay_hook_type_in_one_capture_panics_in_every_build() {
+        let stream = Stream::new(&Device::private_host()).unwrap();
+        stream.note_for_replay(|_: &mut First| {});
+        stream.note_for_replay(|_: &mut Second| {});
     }
 }

@@ -234,7 +234,8 @@ impl Stream {
         })
     }
 
-    /// The stack this stream holds, if any.
+    /// The stack this stream holds, if any (for a capture's fence: graphs are CUDA's).
+    #[cfg(feature = "cuda")]
     #[inline]
     pub(crate) fn stack(&self) -> Option<&Stack> {
         self.stack.get()
@@ -592,18 +593,24 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.deferred.any_waits()
-            && let Err(e) = self.issue_deferred_waits()
-        {
-            tracing::error!(stream = self.id(), error = %e, "waiting for recorded uses failed");
-        }
-        let waited = self.wait_or_record();
+        // Memory other streams used may be reused only after their work: if that cannot be
+        // waited for, the stack stays out of use (as a failed wait at a release keeps its block).
+        let issued = if self.deferred.any_waits() {
+            self.issue_deferred_waits()
+        } else {
+            Ok(())
+        };
+        let waited = issued.and_then(|()| self.wait_or_record());
         let idle = matches!(waited, Ok(None));
         self.hand_stack_back(waited);
         self.drain_deferred_for_drop(idle && !capturing::on_this_thread());
         self.device
             .inner
             .retire_stream(&self.ledger, self.wants_stack.get());
+        // The claim on the CUDA stream goes before the stream does: a stream made on another
+        // thread may get the same handle from the driver as soon as it is destroyed.
+        #[cfg(feature = "cuda")]
+        drop(self._wrapped.take());
         let raw = std::mem::replace(&mut self.raw, RawStream::Host);
         self.device.backend().drop_stream(raw);
     }

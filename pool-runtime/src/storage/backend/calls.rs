@@ -22,7 +22,8 @@ thread_local! {
     static CALLS: [Cell<u64>; KINDS] = const { [const { Cell::new(0) }; KINDS] };
 }
 
-/// Counts one driver call of `kind` on this thread.
+/// Counts one driver call of `kind` on this thread (only the CUDA backend makes driver calls).
+#[cfg(feature = "cuda")]
 #[inline]
 pub(crate) fn count(kind: Call) {
     CALLS.with(|calls| {

@@ -10,9 +10,9 @@ use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
-use cudarc::driver::CudaContext;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{self, CUdevice_attribute, CUmemorytype};
+use cudarc::driver::{CudaContext, CudaEvent};
 
 use super::calls::{Call, count};
 use super::{Backend, DevPtr, RawEvent, RawStream, Region};
@@ -185,6 +185,17 @@ impl CudaBackend {
             RawStream::Host => Err(PoolError::Unsupported {
                 device: self.id,
                 what: "a host stream on a CUDA device",
+            }),
+        }
+    }
+
+    fn cu_event<'e>(&self, event: &'e RawEvent) -> Result<&'e CudaEvent, PoolError> {
+        match event {
+            RawEvent::Cuda(e) => Ok(e),
+            // Events are made by their device's backend, so this is a caller's mix-up.
+            RawEvent::Host => Err(PoolError::Unsupported {
+                device: self.id,
+                what: "a host event on a CUDA device",
             }),
         }
     }
@@ -467,7 +478,8 @@ impl Backend for CudaBackend {
     fn rerecord(&self, event: &RawEvent, stream: &RawStream) -> Result<(), PoolError> {
         count(Call::EventRecord);
         let _guard = self.guard()?;
-        let (RawEvent::Cuda(event), RawStream::Cuda(s)) = (event, stream) else {
+        let event = self.cu_event(event)?;
+        let RawStream::Cuda(s) = stream else {
             return Err(self.cu_stream(stream).unwrap_err());
         };
         // SAFETY: both live in this context (bound above; the event is one `record_event` made
@@ -496,7 +508,9 @@ impl Backend for CudaBackend {
     fn wait_event(&self, stream: &RawStream, event: RawEvent) -> Result<(), PoolError> {
         count(Call::StreamWait);
         let _guard = self.guard()?;
-        let RawEvent::Cuda(event) = event;
+        let RawEvent::Cuda(event) = event else {
+            return Err(self.cu_event(&event).unwrap_err());
+        };
         let s = match stream {
             RawStream::Cuda(s) => s,
             RawStream::Host => return Err(self.cu_stream(stream).unwrap_err()),
@@ -509,7 +523,7 @@ impl Backend for CudaBackend {
     fn wait_for(&self, stream: &RawStream, event: &RawEvent) -> Result<(), PoolError> {
         count(Call::StreamWait);
         let _guard = self.guard()?;
-        let RawEvent::Cuda(event) = event;
+        let event = self.cu_event(event)?;
         let RawStream::Cuda(s) = stream else {
             return Err(self.cu_stream(stream).unwrap_err());
         };
@@ -520,7 +534,7 @@ impl Backend for CudaBackend {
     fn wait_host(&self, event: &RawEvent) -> Result<(), PoolError> {
         count(Call::HostWait);
         let _guard = self.guard()?;
-        let RawEvent::Cuda(event) = event;
+        let event = self.cu_event(event)?;
         event
             .synchronize()
             .map_err(|e| driver_error("cuEventSynchronize", e))
@@ -529,7 +543,7 @@ impl Backend for CudaBackend {
     fn event_done(&self, event: &RawEvent) -> Result<bool, PoolError> {
         count(Call::Other);
         let _guard = self.guard()?;
-        let RawEvent::Cuda(event) = event;
+        let event = self.cu_event(event)?;
         event
             .try_is_complete()
             .map_err(|e| driver_error("cuEventQuery", e))

@@ -27,6 +27,12 @@ pub(crate) struct HostBackend {
     /// Fault injection: the unmap or unreserve call with this number (1-based) fails; 0 for none.
     fail_unmap_at: u64,
     unmap_calls: std::sync::atomic::AtomicU64,
+    /// Fault injection: whether streams mark their work with events ([`RawEvent::Host`]), as a
+    /// GPU's do, so that the pool waits for them.
+    events: bool,
+    /// Fault injection: the stream waits with these numbers (1-based, from `fail_wait_at`) fail.
+    fail_wait: std::ops::Range<u64>,
+    wait_calls: std::sync::atomic::AtomicU64,
     alloc_calls: std::sync::atomic::AtomicU64,
     live: Mutex<Live>,
 }
@@ -65,6 +71,9 @@ impl HostBackend {
             fail_for: 1,
             fail_unmap_at: 0,
             unmap_calls: std::sync::atomic::AtomicU64::new(0),
+            events: false,
+            fail_wait: 0..0,
+            wait_calls: std::sync::atomic::AtomicU64::new(0),
             alloc_calls: std::sync::atomic::AtomicU64::new(0),
             live: Mutex::new(Live::default()),
         }
@@ -84,6 +93,31 @@ impl HostBackend {
         let mut backend = HostBackend::with_fault(id, None, 0);
         backend.fail_unmap_at = fail_unmap_at;
         backend
+    }
+
+    /// A backend whose streams mark their work with events, and whose stream waits number
+    /// `fail_at` to `fail_at + count - 1` fail.
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_wait_faults(id: DeviceId, fail_at: u64, count: u64) -> HostBackend {
+        let mut backend = HostBackend::with_fault(id, None, 0);
+        backend.events = true;
+        backend.fail_wait = fail_at..fail_at.saturating_add(count);
+        backend
+    }
+
+    /// Counts a stream wait; `Err` if it is one chosen to fail.
+    fn wait_fault(&self) -> Result<(), PoolError> {
+        let call = self
+            .wait_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if self.fail_wait.contains(&call) {
+            return Err(PoolError::Unsupported {
+                device: self.id,
+                what: "a stream wait that fault injection failed",
+            });
+        }
+        Ok(())
     }
 
     /// Counts an unmap or unreserve call; `Err` if it is the one chosen to fail.
@@ -292,17 +326,18 @@ impl Backend for HostBackend {
     }
 
     fn record_event(&self, _stream: &RawStream) -> Result<Option<RawEvent>, PoolError> {
-        // Host streams finish every operation before returning: nothing to wait for.
-        Ok(None)
+        // Host streams finish every operation before returning: nothing to wait for, unless a
+        // test asks for events.
+        Ok(self.events.then_some(RawEvent::Host))
     }
 
     fn wait_event(&self, _stream: &RawStream, _event: RawEvent) -> Result<(), PoolError> {
         // Whatever the event marks has finished: host operations complete before they return.
-        Ok(())
+        self.wait_fault()
     }
 
     fn wait_for(&self, _stream: &RawStream, _event: &RawEvent) -> Result<(), PoolError> {
-        Ok(())
+        self.wait_fault()
     }
 
     fn wait_host(&self, _event: &RawEvent) -> Result<(), PoolError> {

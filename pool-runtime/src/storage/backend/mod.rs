@@ -40,6 +40,10 @@ impl fmt::Debug for RawStream {
 
 /// A point in a stream's work, for another stream to wait on.
 pub(crate) enum RawEvent {
+    /// A host stream's work is done when queued, so its backend marks nothing; only a host device
+    /// made for fault injection (`testing::host_with_wait_faults`) hands these out, so that the
+    /// pool's paths for events, and for waits that fail, run without a GPU.
+    Host,
     #[cfg(feature = "cuda")]
     Cuda(cudarc::driver::CudaEvent),
 }
@@ -86,13 +90,13 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// Whether the work an event marks is done (`cuEventQuery`).
     fn event_done(&self, event: &RawEvent) -> Result<bool, PoolError>;
     /// Drops an event in this device's context (cudarc binds the context to destroy it).
-    fn drop_event(&self, event: RawEvent) {
-        drop(event);
+    fn drop_event(&self, _event: RawEvent) {
+        // Dropped here, on return.
     }
     /// Drops a stream handle in this device's context (cudarc binds the context to destroy it, and
     /// the caller's context must stay current).
-    fn drop_stream(&self, stream: RawStream) {
-        drop(stream);
+    fn drop_stream(&self, _stream: RawStream) {
+        // Dropped here, on return.
     }
     /// Bytes handed out and not taken back, where the backend keeps count (the host backend's
     /// leak check).
