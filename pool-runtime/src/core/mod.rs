@@ -11,7 +11,6 @@ pub(crate) mod fence;
 pub(crate) mod ledger;
 #[cfg(feature = "cuda")]
 pub(crate) mod lent;
-pub(crate) mod pinned;
 #[cfg(feature = "cuda")]
 pub(crate) mod pitched;
 pub(crate) mod record;

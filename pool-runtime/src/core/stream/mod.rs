@@ -24,7 +24,7 @@ use crate::base::error::PoolError;
 use crate::base::holders::ReclaimedFrom;
 use crate::core::capturing;
 use crate::core::config::{self, DeviceConfig, Fallback, Stacks};
-use crate::core::deferred::{self, Deferred};
+use crate::core::deferred::{self, After, Deferred, GiveBack};
 use crate::core::device::Device;
 use crate::core::ledger::Ledger;
 use crate::core::record::RecordEntry;
@@ -362,8 +362,8 @@ impl Stream {
         // Dropped `HostMem`s whose copies are done now go back (one atomic load if none waits).
         self.device
             .inner
-            .pinned_frees
-            .free_done(self.device.backend());
+            .deferred
+            .give_back_done(&self.device.inner);
         Ok(())
     }
 
@@ -643,10 +643,18 @@ impl Stream {
         match waited {
             Ok(after) => match self.stack.take() {
                 Some(stack) if stack.is_growable() => {
-                    // Unmapping is a driver call a capture on this thread must not see.
+                    // Unmapping is a driver call a capture on this thread must not see; then the
+                    // stream's work is waited for (the event, if it could not synchronize).
                     let device = self.device.clone();
+                    let after = After::Events(after.into_iter().collect());
                     deferred::after_captures(Box::new(move || {
-                        device.inner.release_growable(stack, after);
+                        // SAFETY: the stack retired with its stream, whose work is done once
+                        // `after` holds (it synchronized, or the event follows its work).
+                        let stack = unsafe { GiveBack::growable_stack(stack) };
+                        device
+                            .inner
+                            .deferred
+                            .give_back_after(&device.inner, after, stack, true);
                     }));
                 }
                 Some(stack) => self.device.inner.return_stack(stack.index, after),
