@@ -1027,7 +1027,12 @@ impl DeviceInner {
         let mut state = self.lock_state();
         let stacks = self.stacks(&state)?;
         if let Stacks::Growable { .. } = stacks {
-            return self.reserve_growable(&mut state, ledger, stream).map(Some);
+            let index = state.growable_made;
+            let stack = Stack::reserve_growable(&self.storage, index, stream)?;
+            state.growable_made += 1;
+            state.growable_held += 1;
+            ledger.stack_index.store(index, Relaxed);
+            return Ok(Some((stack, None)));
         }
         if state.arena.is_none() {
             let config = stacks.pool_config();
@@ -1042,49 +1047,13 @@ impl DeviceInner {
         Ok(claimed)
     }
 
-    /// A growable stack of its own for the stream of `ledger` (`stream`): a reservation as large
-    /// as the device's memory, nothing mapped yet.
-    fn reserve_growable(
-        &self,
-        state: &mut DeviceState,
-        ledger: &Ledger,
-        stream: &RawStream,
-    ) -> Result<(Stack, Option<RawEvent>), PoolError> {
-        let backend = &self.storage.backend;
-        let granule = backend.vmm_granularity().ok_or_else(|| backend.no_vmm())?;
-        let bytes = backend
-            .total_memory()
-            .div_ceil(granule)
-            .checked_mul(granule)
-            .ok_or_else(|| backend.no_vmm())?;
-        let base = self.storage.reserve(bytes)?;
-        let index = state.growable_made;
-        state.growable_made += 1;
-        state.growable_held += 1;
-        ledger.stack_index.store(index, Relaxed);
-        let align = backend.texture_alignment();
-        let stack = Stack::growable(index, base, bytes, align, granule, stream.clone());
-        Ok((stack, None))
-    }
-
-    /// Gives a growable stack's memory back: unmaps it and frees its reservation.
+    /// Gives a dropped stream's growable stack back (`core/stack/growable.rs`).
     ///
     /// # Safety
-    /// The stream that held it is gone and its work is done (it synchronized, or the event after
-    /// its work fired: the deferred give-back's `After::Events`).
+    /// As for [`Stack::release_growable`]: the stream is gone and its work is done.
     pub(crate) unsafe fn release_growable(&self, stack: Stack) {
-        let released = (|| {
-            // SAFETY: the stream's work is done (the caller's contract) and the stack is consumed
-            // here: nothing uses any of its memory.
-            unsafe { stack.unmap_all(&self.storage) }?;
-            // SAFETY: every chunk was unmapped just above; the reservation is freed once.
-            unsafe { self.storage.unreserve(stack.base, stack.size()) }
-        })();
-        if let Err(e) = released {
-            // The reservation stays: a leak of address space (and of what failed to unmap), not
-            // of correctness.
-            tracing::error!(device = %self.storage.id, error = %e, "giving a growable stack back failed");
-        }
+        // SAFETY: the caller's contract.
+        unsafe { stack.release_growable(&self.storage) };
         let mut state = self.lock_state();
         state.growable_held = state.growable_held.saturating_sub(1);
     }
