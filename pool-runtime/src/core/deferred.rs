@@ -1,11 +1,18 @@
 //! One deferred give-back: every release that cannot happen now goes through here, with the
 //! condition it waits for ([`After`]), into a [`Queue`] of the one who keeps it.
 //!
-//! | kept by | what | waits for | drained |
-//! |---|---|---|---|
-//! | the stream ([`Deferred`]) | fallback and driver memory released while a graph of a later capture lives, a capture runs on this thread, or the stream is captured elsewhere | [`After::Epoch`] | at a give-back that frees, a fallback take, a graph's drop, a capture's start, the stream's drop |
-//! | the thread ([`after_captures`]) | work that must not run inside a capture on this thread: a dropped stream's stack, shared memory, a `HostMem`, the cuBLAS workspace | [`After::CaptureEnd`] | when the thread's last pool capture ends |
-//! | the device ([`DeviceDeferred`]) | a dropped `HostMem`'s page-locked memory with copies in flight; a dropped stream's growable stack, after the event that ends its work | [`After::Events`] | at `HostMem::new`, each `Stream::synchronize`, and (waiting) the device's drop; a stack's event is waited for at once |
+//! - The stream ([`Deferred`]): fallback and driver memory released while a graph of a later
+//!   capture lives, a capture runs on this thread, or the stream is captured elsewhere
+//!   ([`After::Epoch`]). Drained at a give-back that frees, a fallback take, a graph's drop, a
+//!   capture's start and the stream's drop.
+//! - The thread ([`after_captures`]): work that must not run inside a capture on this thread (a
+//!   dropped stream's stack, shared memory, a `HostMem`, the cuBLAS workspace;
+//!   [`After::CaptureEnd`]). Run when the thread's last pool capture ends.
+//! - The device ([`DeviceDeferred`]): a dropped `HostMem`'s page-locked memory with copies in
+//!   flight, and a dropped stream's growable stack, each after the events that end the work using
+//!   it ([`After::Events`]). Checked at `HostMem::new` and each `Stream::synchronize`, waited for at
+//!   the device's drop; a stack's event is waited for at once (as its stream's drop would have
+//!   synchronized: a stack left queued would count as held and refuse a configuration change).
 //!
 //! The thread keeps its own queue because what waits there belongs to no stream: the stream that
 //! dropped a stack is gone, and shared memory, a `HostMem` or a cuBLAS handle may outlive every
@@ -13,16 +20,17 @@
 //! (one atomic load tells a check that nothing waits); the stream's and the thread's are
 //! `RefCell`s of one thread. All three are the same [`Queue`] over what they give back.
 //!
-//! Two more things are deferred without being a give-back of anything held:
+//! Three more things wait without being a give-back of anything held:
 //! - Other streams' use of released memory (`record_stream`): waits the stream issues before it
 //!   reuses memory ([`Stream::before_reuse`]); the memory itself goes back at once.
 //! - A trim asked from another thread (`ledger.trim_requested`, honoured at the stream's next
-//!   `synchronize`, `core/growable.rs`): nothing is handed over (the mapping stays the stream's
-//!   stack's until its own thread unmaps it), and the asker holds only the stream's `Ledger`, so it
-//!   could not reach the stream's queue (a `RefCell` of the stream's thread) without a lock on
-//!   every drain: it stays one atomic flag.
-//! - A fixed stack handed back with an event (`return_stack`) goes back at once: the event orders
-//!   its next stream's work after the last one's (a wait on the GPU), and nothing waits on the host.
+//!   `synchronize`, `core/stack/growable.rs`): nothing is handed over (the mapping stays the
+//!   stream's stack's until its own thread unmaps it), and the asker holds only the stream's
+//!   `Ledger`, so it could not reach the stream's queue (a `RefCell` of the stream's thread)
+//!   without a lock on every drain: it stays one atomic flag.
+//! - A fixed stack handed back with an event (`return_stack`) goes back at once: the event
+//!   orders its next stream's work after the last one's (a wait on the GPU); nothing waits on the
+//!   host.
 //!
 //! Everything here is cold: the hot release tests the stream's one `release_hooks` flag.
 

@@ -396,15 +396,15 @@ impl Stack {
 /// configured size when it is claimed.
 impl Stream {
     /// Gives back the memory of a growable stack above its top (see
-    /// [`Device::set_growable_stacks`]): every mapping that lies wholly above the top (a live
-    /// buffer's, or a live graph's, keeps what it uses) is unmapped. Returns the bytes unmapped:
-    /// 0 for a fixed stack, or a stream without a stack.
+    /// [`Device::set_growable_stacks`](crate::Device::set_growable_stacks)): every mapping that
+    /// lies wholly above the top (a live buffer's, or a live graph's, keeps what it uses) is
+    /// unmapped. Returns the bytes unmapped: 0 for a fixed stack, or a stream without a stack.
     ///
     /// Waits for the stream first (memory released by buffers may still be in use by queued
     /// work). Mappings are whole: one made to reach a peak goes back whole once the top is below
     /// its start. Refused inside a graph capture on this thread (`CaptureError::Allocates`:
     /// the wait would break it). An out-of-memory anywhere on the device, on any thread, gives
-    /// this memory back as well ([`Device::reclaim_idle`]).
+    /// this memory back as well ([`Device::reclaim_idle`](crate::Device::reclaim_idle)).
     pub fn trim(&self) -> Result<usize, PoolError> {
         if self.stack().is_none_or(|s| !s.is_growable()) {
             return Ok(0);

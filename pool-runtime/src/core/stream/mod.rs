@@ -3,8 +3,8 @@
 //! A stream and its stack are used by one thread at a time: [`Stream`] is `Send` but not `Sync`. Only
 //! that thread moves the stack's top, so taking a buffer needs no lock and no read-modify-write
 //! (a growable stack's take adds one fence, for the device to give its idle memory back from
-//! another thread: `core/stack/growable.rs`); sharing a stream between threads would need both on every
-//! allocation. Move the stream to the thread that uses it, or give each thread its own.
+//! another thread: `core/stack/growable.rs`); sharing a stream between threads would need both on
+//! every allocation. Move the stream to the thread that uses it, or give each thread its own.
 
 mod capture;
 mod clock;
@@ -315,7 +315,8 @@ impl Stream {
     pub fn synchronize(&self) -> Result<(), PoolError> {
         self.clock.synchronize(self.device.backend(), &self.raw)?;
         self.honour_trim_request();
-        // Dropped `HostMem`s whose copies are done now go back (one atomic load if none waits).
+        // What the device keeps for events now fired goes back (dropped `HostMem`s whose copies
+        // are done): one atomic load if nothing waits.
         self.device
             .inner
             .deferred
