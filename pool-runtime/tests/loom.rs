@@ -1,7 +1,7 @@
 //! loom explores every interleaving of streams taking and returning a device's stacks, and checks
 //! that no two streams ever hold the same stack, that a stream with a stack serves from it, and
 //! that every stack is free again at the end; and a growable stack's take against a give-back of its
-//! idle memory on another thread (the handshake of `stack.rs`).
+//! idle memory on another thread (the handshake of `core/stack/growable.rs`).
 //!
 //! `RUSTFLAGS="--cfg loom" cargo test -p pool-runtime --no-default-features --release --test loom`
 #![cfg(loom)]
@@ -83,7 +83,7 @@ fn three_streams_two_stacks() {
 }
 
 /// A growable stack's give-back on another thread against its stream's take (the handshake of
-/// `stack.rs`): the stream's buffer, taken while the device reclaims, is always mapped (the host
+/// `core/stack/growable.rs`): the stream's buffer, taken while the device reclaims, is always mapped (the host
 /// backend refuses a fill of unmapped stack memory) and keeps its bytes, and the give-back never
 /// unmaps it, whatever the interleaving.
 #[test]

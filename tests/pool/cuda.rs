@@ -1416,3 +1416,46 @@ fn a_dropped_streams_handle_can_be_wrapped_at_once_on_another_thread() -> TestRe
     assert_eq!(refused, 0, "a claim outlived its CUDA stream");
     Ok(())
 }
+
+/// A stream with a growable stack dropped inside another stream's capture on its thread: its stack
+/// cannot be unmapped there (a driver call the capture must not see) nor waited for, so it goes
+/// through the deferred give-back: the thread's queue until the capture ends, then the device's,
+/// after the event that follows the stream's work. Held until the capture ends, given back then.
+#[test]
+fn a_growable_stack_dropped_inside_a_capture_goes_back_when_it_ends() -> TestResult {
+    let Some((gpu, _lock)) = gpu("growable_drop_in_capture") else {
+        return Ok(());
+    };
+    let before = gpu.config()?;
+    if let Err(e) = gpu.set_growable_stacks(true) {
+        eprintln!("growable_drop_in_capture: no growable stacks on this GPU: {e}");
+        return Ok(());
+    }
+    let capturing = Stream::new(&gpu)?;
+    let doomed = Stream::new(&gpu)?;
+    BufferPool::new(&doomed)
+        .get_buffer_1d::<u8>(4 * MIB)?
+        .set_to(3)?; // work queued on the stack that goes
+    let held = gpu.stats().stacks_held;
+    let inside = std::cell::Cell::new(None);
+    let graph = capturing.capture(|s| {
+        drop(doomed);
+        inside.set(Some(s.device().stats().stacks_held));
+        let mut b = BufferPool::new(s).get_buffer_1d::<u8>(256)?;
+        b.set_to(1)
+    })?;
+    let after = gpu.stats().stacks_held;
+    let waiting = gpu_pool::testing::host_mem_frees_waiting(&gpu);
+    eprintln!(
+        "growable_drop_in_capture: stacks held {held} before, {:?} inside the capture, \
+         {after} after it; the device's deferred queue holds {waiting}",
+        inside.get()
+    );
+    drop(graph);
+    drop(capturing);
+    gpu.configure(before)?;
+    assert_eq!(inside.get(), Some(held), "kept while the capture ran");
+    assert_eq!(after, held - 1, "given back when it ended");
+    assert_eq!(waiting, 0);
+    Ok(())
+}

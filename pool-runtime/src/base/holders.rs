@@ -8,7 +8,7 @@
 //! request that failed is then tried once more, from whichever thread ran out. A holder never gives
 //! back memory in use or in flight: a growable stack used on another thread gives back what lies
 //! above its top once its stream's work is done (a handshake with the stream's lock-free take, in
-//! `stack.rs`, keeps every block handed out mapped); what it cannot give back safely now (a stack
+//! `core/stack/growable.rs`, keeps every block handed out mapped); what it cannot give back safely now (a stack
 //! whose stream is being captured: the capture's work may use memory above the top) it is asked
 //! to give back at its next chance, and says so.
 

@@ -18,8 +18,8 @@ use crate::base::unique::Counter;
 use crate::core::arena::{Arena, StackMemory};
 use crate::core::capturing;
 use crate::core::config::{self, DeviceConfig, Fallback, Packing, PoolConfig, Stacks};
+use crate::core::deferred::DeviceDeferred;
 use crate::core::ledger::Ledger;
-use crate::core::pinned::DeferredFrees;
 use crate::core::record::StreamRecording;
 use crate::core::sink::DeviceSink;
 use crate::core::stack::Stack;
@@ -53,8 +53,9 @@ pub(crate) struct DeviceInner {
     pub(crate) live_peak: DevicePeak,
     /// What outlives the streams of the sink seam: their recordings.
     pub(crate) sink: DeviceSink,
-    /// Page-locked memory of dropped `HostMem`s, freed once their copies are done.
-    pub(crate) pinned_frees: DeferredFrees,
+    /// What goes back once its events have fired: dropped `HostMem`s' page-locked memory, and
+    /// dropped streams' growable stacks (`core/deferred.rs`).
+    pub(crate) deferred: DeviceDeferred,
     /// The [`CachingPool`] behind `Fallback::Caching`, made at first use.
     caching: OnceLock<Arc<CachingPool>>,
 }
@@ -112,7 +113,7 @@ impl Device {
             lifo_warned: AtomicBool::new(false),
             exact_live_peak: AtomicBool::new(false),
             live_peak: DevicePeak::default(),
-            pinned_frees: DeferredFrees::default(),
+            deferred: DeviceDeferred::default(),
             sink: DeviceSink::default(),
             caching: OnceLock::new(),
         });
@@ -1035,7 +1036,12 @@ impl DeviceInner {
         let mut state = self.lock_state();
         let stacks = self.stacks(&state)?;
         if let Stacks::Growable { .. } = stacks {
-            return self.reserve_growable(&mut state, ledger, stream).map(Some);
+            let index = state.growable_made;
+            let stack = Stack::reserve_growable(&self.storage, index, stream)?;
+            state.growable_made += 1;
+            state.growable_held += 1;
+            ledger.stack_index.store(index, Relaxed);
+            return Ok(Some((stack, None)));
         }
         if state.arena.is_none() {
             let config = stacks.pool_config();
@@ -1050,55 +1056,13 @@ impl DeviceInner {
         Ok(claimed)
     }
 
-    /// A growable stack of its own for the stream of `ledger` (`stream`): a reservation as large
-    /// as the device's memory, nothing mapped yet.
-    fn reserve_growable(
-        &self,
-        state: &mut DeviceState,
-        ledger: &Ledger,
-        stream: &RawStream,
-    ) -> Result<(Stack, Option<RawEvent>), PoolError> {
-        let backend = &self.storage.backend;
-        let granule = backend.vmm_granularity().ok_or_else(|| backend.no_vmm())?;
-        let bytes = backend
-            .total_memory()
-            .div_ceil(granule)
-            .checked_mul(granule)
-            .ok_or_else(|| backend.no_vmm())?;
-        let base = self.storage.reserve(bytes)?;
-        let index = state.growable_made;
-        state.growable_made += 1;
-        state.growable_held += 1;
-        ledger.stack_index.store(index, Relaxed);
-        let align = backend.texture_alignment();
-        let stack = Stack::growable(index, base, bytes, align, granule, stream.clone());
-        Ok((stack, None))
-    }
-
-    /// Gives a growable stack's memory back: unmaps it and frees its reservation. The stream that
-    /// held it has synchronized, or passes the event that marks the end of its work, waited for
-    /// here by polling (a rare path: a stream dropped while its thread captured a graph).
-    pub(crate) fn release_growable(&self, stack: Stack, after: Option<RawEvent>) {
-        let released = (|| {
-            if let Some(event) = &after {
-                while !self.storage.backend.event_done(event)? {
-                    std::thread::yield_now();
-                }
-            }
-            // SAFETY: the stream's work is done (synchronized, or its event waited for above) and
-            // the stack is consumed here: nothing uses any of its memory.
-            unsafe { stack.unmap_all(&self.storage) }?;
-            // SAFETY: every chunk was unmapped just above; the reservation is freed once.
-            unsafe { self.storage.unreserve(stack.base, stack.size()) }
-        })();
-        if let Err(e) = released {
-            // The reservation stays: a leak of address space (and of what failed to unmap), not
-            // of correctness.
-            tracing::error!(device = %self.storage.id, error = %e, "giving a growable stack back failed");
-        }
-        if let Some(event) = after {
-            self.storage.backend.drop_event(event);
-        }
+    /// Gives a dropped stream's growable stack back (`core/stack/growable.rs`).
+    ///
+    /// # Safety
+    /// As for [`Stack::release_growable`]: the stream is gone and its work is done.
+    pub(crate) unsafe fn release_growable(&self, stack: Stack) {
+        // SAFETY: the caller's contract.
+        unsafe { stack.release_growable(&self.storage) };
         let mut state = self.lock_state();
         state.growable_held = state.growable_held.saturating_sub(1);
     }
@@ -1156,9 +1120,9 @@ impl Drop for DeviceInner {
     fn drop(&mut self) {
         // The last copies of dropped `HostMem`s are waited for: their memory goes back with the
         // device (what cannot be waited for stays, logged).
-        self.pinned_frees.free(&*self.storage.backend, true);
-        if self.pinned_frees.waiting() != 0 {
-            tracing::error!(device = %self.storage.id, "page-locked memory with copies that could not be waited for is leaked");
+        self.deferred.check(self, true);
+        if self.deferred.waiting() != 0 {
+            tracing::error!(device = %self.storage.id, "memory whose work could not be waited for is leaked");
         }
         if let Some(arena) = self.lock_state().arena.take() {
             arena.free_at_exit(&self.storage);

@@ -3,6 +3,15 @@
 //! is made, and released when the graph goes: the replays' memory stays reserved while the stack
 //! goes on being used above it. The stack's high-water mark, measured from the fence, says how far
 //! the captured buffers reached. Clients: `graph` (a graph's reserved block, a family's region).
+//!
+//! A [`Fence`] is move-only and owns its block: made only by [`Stream::reserve_fence`], grown,
+//! lowered and released only through the stream that made it (another stream refuses it, logged:
+//! its block is not that stack's). A fence dropped without [`Stream::release_reserved`] cannot
+//! reach its stack (the stream is not `Sync`, and the fence holds no borrow of it, which a graph
+//! family's region could not carry), so it cannot go back, nor be handed to the deferred queue: it
+//! stays reserved for the stream's life, which wastes memory but never corrupts the stack (nothing
+//! hands its bytes out again). That is a bug of the fence's holder: the type is `#[must_use]`, and
+//! its drop logs it (and fails a debug assertion, except while a panic unwinds).
 
 #[cfg(feature = "cuda")]
 use crate::base::error::CaptureError;
@@ -14,6 +23,72 @@ use crate::core::capturing;
 use crate::core::stack::{Block, Release, Stack};
 #[cfg(feature = "cuda")]
 use crate::core::stream::Stream;
+
+/// A fence on a stream's stack: one taker's block at the top, which the stream's later buffers
+/// stay above until it is released. Neither `Copy` nor `Clone`; see the module doc for its rules.
+#[cfg(feature = "cuda")]
+#[must_use = "a fence holds stack memory until its stream releases it (`Stream::release_reserved`)"]
+#[derive(Debug)]
+pub(crate) struct Fence {
+    /// `None` once released.
+    block: Option<Block>,
+    /// The id of the stream whose stack holds the block.
+    stream: u64,
+}
+
+#[cfg(feature = "cuda")]
+impl Fence {
+    /// Offset one past the fence's last byte.
+    pub(crate) fn end(&self) -> usize {
+        self.block().end()
+    }
+
+    /// The top before the fence was taken.
+    pub(crate) fn prev_top(&self) -> usize {
+        self.block().prev_top()
+    }
+
+    fn block(&self) -> &Block {
+        self.block
+            .as_ref()
+            .expect("a fence holds its block until released")
+    }
+
+    /// The block, if `stream` made the fence; logged otherwise (the block is another stack's).
+    fn block_on(&mut self, stream: &Stream) -> Option<&mut Block> {
+        if self.stream != stream.id() {
+            tracing::error!(
+                stream = stream.id(),
+                fence_of = self.stream,
+                "a fence was handed to a stream other than its own: refused"
+            );
+            debug_assert!(
+                false,
+                "a fence of stream {} used on stream {}",
+                self.stream,
+                stream.id()
+            );
+            return None;
+        }
+        self.block.as_mut()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for Fence {
+    fn drop(&mut self) {
+        if self.block.is_some() {
+            tracing::error!(
+                stream = self.stream,
+                "a stack fence was dropped without being released: its memory stays reserved \
+                 until the stream goes"
+            );
+            if !std::thread::panicking() {
+                debug_assert!(false, "a stack fence was dropped without being released");
+            }
+        }
+    }
+}
 
 #[cfg(feature = "cuda")]
 impl Stream {
@@ -33,7 +108,7 @@ impl Stream {
 
     /// Takes one byte of the stack as a fence: stack memory below it cannot be reclaimed, nor
     /// reused, until the fence is released (what a graph's replays need of the memory above it).
-    pub(crate) fn reserve_fence(&self) -> Result<Block, PoolError> {
+    pub(crate) fn reserve_fence(&self) -> Result<Fence, PoolError> {
         let stack = match self.stack() {
             Some(stack) => Some(stack),
             None => self.claim_stack()?,
@@ -51,13 +126,22 @@ impl Stream {
             }));
         };
         self.counters().stack_in_use.set(stack.top() as u64);
-        Ok(fence)
+        Ok(Fence {
+            block: Some(fence),
+            stream: self.id(),
+        })
     }
 
     /// Grows `fence`, the topmost block, up to `end`: what a capture's buffers used above it.
-    pub(crate) fn reserve_up_to(&self, fence: &mut Block, end: usize) -> Result<(), PoolError> {
+    pub(crate) fn reserve_up_to(&self, fence: &mut Fence, end: usize) -> Result<(), PoolError> {
         let Some(stack) = self.stack() else {
             return Ok(());
+        };
+        let Some(fence) = fence.block_on(self) else {
+            return Err(PoolError::Unsupported {
+                device: self.device().id(),
+                what: "growing a stack fence through a stream other than its own",
+            });
         };
         // The same bytes the capture's buffers had: they fitted then, and the top is where it was.
         // A growable stack may have been trimmed below them since (a family's lowered region):
@@ -78,8 +162,11 @@ impl Stream {
 
     /// Shrinks `fence`, the topmost block, back to `end`: a graph family's region, lowered to its
     /// base for the capture of a member. `false` if something taken after it is still live.
-    pub(crate) fn shrink_reserved(&self, fence: &mut Block, end: usize) -> bool {
+    pub(crate) fn shrink_reserved(&self, fence: &mut Fence, end: usize) -> bool {
         let Some(stack) = self.stack() else {
+            return false;
+        };
+        let Some(fence) = fence.block_on(self) else {
             return false;
         };
         let shrunk = stack.shrink(fence, end);
@@ -89,8 +176,17 @@ impl Stream {
         shrunk
     }
 
-    /// Gives back a block of [`reserve_fence`](Self::reserve_fence).
-    pub(crate) fn release_reserved(&self, block: Block) {
+    /// Gives back a fence of [`reserve_fence`](Self::reserve_fence) (refused, logged, and kept
+    /// reserved, if it is another stream's).
+    pub(crate) fn release_reserved(&self, mut fence: Fence) {
+        if fence.block_on(self).is_none() {
+            // Logged there; its block is another stack's, which keeps it reserved.
+            std::mem::forget(fence);
+            return;
+        }
+        let Some(block) = fence.block.take() else {
+            return;
+        };
         if let Some(stack) = self.stack() {
             let prev_top = block.prev_top();
             let release = stack.release(&block);
@@ -157,6 +253,60 @@ mod tests {
         stream.release_reserved(fence);
         drop(before);
         assert_eq!(stream.stats().stack_in_use, 0);
+        assert_eq!(stream.stats().lifo_violations, 0);
+        Ok(())
+    }
+
+    /// A fence is its stream's: another stream refuses to grow, lower or release it (a debug
+    /// assertion, and in release builds a logged refusal), and its own stack is left as it was.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_fence_is_refused_by_another_stream_and_its_stack_stays_whole()
+    -> Result<(), crate::PoolError> {
+        let device = crate::Device::private_host();
+        let (own, other) = (crate::Stream::new(&device)?, crate::Stream::new(&device)?);
+        let mut fence = own.reserve_fence()?;
+        let end = fence.end();
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            other.shrink_reserved(&mut fence, 0)
+        }));
+        if cfg!(debug_assertions) {
+            assert!(refused.is_err(), "a debug build asserts");
+        } else {
+            assert_eq!(refused.ok(), Some(false));
+        }
+        assert_eq!(fence.end(), end, "the fence is as it was");
+        assert_eq!(own.stats().stack_in_use, end);
+        assert_eq!(other.stats().stack_in_use, 0);
+        own.release_reserved(fence);
+        assert_eq!(own.stats().stack_in_use, 0);
+        assert_eq!(own.stats().lifo_violations, 0);
+        Ok(())
+    }
+
+    /// A fence dropped without its release is a bug of its holder (a debug assertion, logged), but
+    /// never corrupts the stack: its bytes stay reserved, later buffers go above them and come
+    /// back in order.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_fence_dropped_unreleased_stays_reserved() -> Result<(), crate::PoolError> {
+        use crate::GpuRead;
+        let device = crate::Device::private_host();
+        let stream = crate::Stream::new(&device)?;
+        let fence = stream.reserve_fence()?;
+        let end = fence.end();
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(fence)));
+        assert_eq!(dropped.is_err(), cfg!(debug_assertions));
+        assert_eq!(stream.stats().stack_in_use, end, "still reserved");
+        let base = stream.stack_range().expect("a stack").start;
+        let pool = crate::compat::opencv::BufferPool::new(&stream);
+        let after = pool.get_buffer_1d::<u8>(64)?;
+        assert!(
+            after.device_ptr() - base >= end as u64,
+            "nothing is handed out twice"
+        );
+        drop(after);
+        assert_eq!(stream.stats().stack_in_use, end);
         assert_eq!(stream.stats().lifo_violations, 0);
         Ok(())
     }

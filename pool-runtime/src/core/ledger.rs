@@ -7,15 +7,12 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::base::counters::StreamCounters;
-use crate::base::holders::GaveBack;
 use crate::base::id::DeviceId;
 use crate::base::source::{CallSite, FallbackReason};
 use crate::base::sync;
-use crate::core::capturing;
 use crate::core::record::{RecordEntry, Ring};
 use crate::core::stack::Bounds;
 use crate::core::stats::{SiteFallbacks, StreamStats};
-use crate::storage::{IdleMemory, Storage};
 
 /// A stream's counters and what else it shares with its device for reports: read by the device
 /// (stats, recordings) while the stream's thread writes it.
@@ -110,48 +107,6 @@ impl Ledger {
     pub(crate) fn record(&self, event: RecordEntry) {
         if let Some(recorder) = &self.recorder {
             sync::lock(recorder).push(event);
-        }
-    }
-}
-
-/// A growable stack's memory above its top is idle: whichever thread ran out of memory gives it
-/// back, once the stream's work is done; a stack being captured is asked to give it back at its
-/// next `synchronize`.
-impl IdleMemory for Ledger {
-    fn holder(&self) -> String {
-        format!("stream {}'s stack", self.id)
-    }
-
-    fn idle_bytes(&self) -> usize {
-        self.stack.get().map_or(0, |s| s.idle_bytes())
-    }
-
-    fn give_back_idle(&self, storage: &Storage) -> GaveBack {
-        let Some(stack) = self.stack.get() else {
-            return GaveBack::default();
-        };
-        // A wait or an unmap on a thread that captures would break its capture.
-        let given = if capturing::on_this_thread() {
-            Ok(None)
-        } else {
-            stack.give_back_idle(storage, &self.counters, false)
-        };
-        match given {
-            Ok(Some(bytes)) => GaveBack {
-                bytes,
-                deferred: false,
-            },
-            Ok(None) => {
-                let deferred = stack.idle_bytes() > 0;
-                if deferred {
-                    self.trim_requested.store(true, Relaxed);
-                }
-                GaveBack { bytes: 0, deferred }
-            }
-            Err(e) => {
-                tracing::warn!(stream = self.id, error = %e, "giving idle stack memory back failed");
-                GaveBack::default()
-            }
         }
     }
 }

@@ -12,7 +12,6 @@ pub(crate) mod graph_key;
 pub(crate) mod ledger;
 #[cfg(feature = "cuda")]
 pub(crate) mod lent;
-pub(crate) mod pinned;
 #[cfg(feature = "cuda")]
 pub(crate) mod pitched;
 pub(crate) mod record;

@@ -12,7 +12,7 @@
 use std::cell::{Cell, RefCell};
 
 use crate::base::error::PoolError;
-use crate::core::stack::Block;
+use crate::core::fence::Fence;
 use crate::core::stream::Stream;
 
 use super::Graph;
@@ -58,7 +58,7 @@ pub struct GraphFamily<'s> {
 pub(super) struct Region {
     /// A fence taken when the family was made, grown to the largest member's scratch. `None` only
     /// while the family is dropped.
-    block: RefCell<Option<Block>>,
+    block: RefCell<Option<Fence>>,
     /// Where the fence itself ends: members' buffers are packed from here.
     pub(super) base: usize,
     /// The end every member's replays need: the largest peak so far.

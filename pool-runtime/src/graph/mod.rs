@@ -70,8 +70,8 @@ use cudarc::driver::{CudaContext, result, sys};
 use crate::base::error::CaptureError;
 use crate::base::error::PoolError;
 use crate::core::capturing::{self, ThreadCapture};
+use crate::core::fence::Fence;
 use crate::core::replay::{self, ReplayHook};
-use crate::core::stack::Block;
 use crate::core::stream::Stream;
 use crate::storage::backend::cuda::{ContextGuard, driver_error};
 
@@ -91,7 +91,7 @@ pub struct Graph<'a> {
     /// The stack block the replays use: a one-byte fence at the capture's start, grown to the
     /// bytes the captured buffers reached above it. Released on drop. (Always `Some` while the
     /// graph lives: an `Option` so the capture's guard can hand it over, and `drop` take it.)
-    reserved: Option<Block>,
+    reserved: Option<Fence>,
     /// The stream's capture count when this graph's capture began: memory allocated before it
     /// may be used by the replays, and is kept when released until the graph is dropped.
     epoch: u64,
@@ -345,7 +345,7 @@ struct Capturing<'s> {
     /// The pool stream's CUDA stream, which joins the capture of `origin`.
     cu_stream: sys::CUstream,
     origin: Origin,
-    fence: Option<Block>,
+    fence: Option<Fence>,
     /// Where the fence ends: the stack's top once every buffer taken inside is released.
     fence_end: usize,
     /// The stream's capture count when this capture began (the graph's epoch).

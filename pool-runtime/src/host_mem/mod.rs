@@ -20,7 +20,7 @@
 //!
 //! Dropping a `HostMem` with a copy in flight does not wait for it: an event is recorded after the
 //! copy (or the copy's own is kept), and the memory goes to its device's list of deferred frees
-//! (`pinned::DeferredFrees`), freed once the events have fired: checked at the device's next
+//! (`core/deferred.rs`'s `DeviceDeferred`, `After::Events`), freed once the events have fired: checked at the device's next
 //! `HostMem::new`, at each `Stream::synchronize`, and waited for when the device is dropped. Where
 //! no event can be made, the drop waits for the copy as before.
 
@@ -35,8 +35,8 @@ use crate::base::error::CaptureError;
 use crate::base::error::PoolError;
 use crate::base::layout::MAX_ELEMENT_ALIGN;
 use crate::core::capturing;
+use crate::core::deferred::{After, GiveBack};
 use crate::core::device::Device;
-use crate::core::pinned::{DeferredFree, PinnedPtr};
 use crate::core::stream::{Stream, SyncClock};
 use crate::core::view::{GpuView, GpuViewMut};
 use crate::storage::backend::{Backend, RawEvent, RawStream};
@@ -126,7 +126,7 @@ impl<T: Pod> HostMem<T> {
     /// `SizeOverflow`; `OutOfMemory`.
     pub fn new(device: &Device, len: usize) -> Result<HostMem<T>, PoolError> {
         // Memory of earlier `HostMem`s whose copies are done goes back first.
-        device.inner.pinned_frees.free_done(device.backend());
+        device.inner.deferred.give_back_done(&device.inner);
         if align_of::<T>() > MAX_ELEMENT_ALIGN {
             return Err(PoolError::UnsupportedAlignment {
                 type_name: std::any::type_name::<T>(),
@@ -363,7 +363,7 @@ impl<T: Pod> Drop for HostMem<T> {
             self.len * size_of::<T>(),
         );
         let mut in_flight = std::mem::take(self.in_flight.get_mut());
-        let ptr = PinnedPtr(self.bytes());
+        let ptr = self.bytes();
         // Recording an event may join a capture and freeing is a driver call: inside a capture on
         // this thread either would break it, so both come after the captures (the memory stays).
         crate::core::deferred::after_captures(Box::new(move || {
@@ -388,19 +388,17 @@ impl<T: Pod> Drop for HostMem<T> {
                 after.into_iter().for_each(|e| backend.drop_event(e));
                 return;
             }
-            if after.is_empty() {
-                let PinnedPtr(ptr) = ptr;
-                // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)`, freed
-                // once here, and no copy uses it (every one is done).
-                if let Err(e) = unsafe { backend.free_pinned(ptr, bytes) } {
-                    tracing::error!(error = %e, "freeing page-locked memory failed");
-                }
-                return;
-            }
-            device
-                .inner
-                .pinned_frees
-                .defer(DeferredFree { ptr, bytes, after });
+            // SAFETY: allocated by this device's backend with `alloc_pinned(bytes)` (non-zero),
+            // for this `HostMem`, which is gone; made once, and every copy of it is done once the
+            // events after them have fired.
+            let memory = unsafe { GiveBack::pinned(ptr, bytes) };
+            // Freed now if every copy is done, else once their events have fired.
+            device.inner.deferred.give_back_after(
+                &device.inner,
+                After::Events(after),
+                memory,
+                false,
+            );
         }));
     }
 }

@@ -111,7 +111,7 @@ pub fn host_live_bytes(device: &Device) -> Option<usize> {
 /// ```
 #[must_use]
 pub fn host_mem_frees_waiting(device: &Device) -> usize {
-    device.inner.pinned_frees.waiting()
+    device.inner.deferred.waiting()
 }
 
 /// Whether `mem`'s copies are marked by an event each rather than by a ticket of their stream's

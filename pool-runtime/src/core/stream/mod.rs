@@ -3,8 +3,8 @@
 //! A stream and its stack are used by one thread at a time: [`Stream`] is `Send` but not `Sync`. Only
 //! that thread moves the stack's top, so taking a buffer needs no lock and no read-modify-write
 //! (a growable stack's take adds one fence, for the device to give its idle memory back from
-//! another thread: `stack.rs`); sharing a stream between threads would need both on every
-//! allocation. Move the stream to the thread that uses it, or give each thread its own.
+//! another thread: `core/stack/growable.rs`); sharing a stream between threads would need both on
+//! every allocation. Move the stream to the thread that uses it, or give each thread its own.
 
 mod capture;
 mod clock;
@@ -21,10 +21,9 @@ use crate::allocators::{DriverAllocator, GpuAllocator, NoFallback, StreamOrdered
 use crate::base::counters::StreamCounters;
 use crate::base::error::CaptureError;
 use crate::base::error::PoolError;
-use crate::base::holders::ReclaimedFrom;
 use crate::core::capturing;
-use crate::core::config::{self, DeviceConfig, Fallback, Stacks};
-use crate::core::deferred::{self, Deferred};
+use crate::core::config::{self, DeviceConfig, Fallback};
+use crate::core::deferred::{self, After, Deferred, GiveBack};
 use crate::core::device::Device;
 use crate::core::ledger::Ledger;
 use crate::core::record::RecordEntry;
@@ -234,8 +233,13 @@ impl Stream {
         })
     }
 
-    /// The stack this stream holds, if any (for a capture's fence: graphs are CUDA's).
-    #[cfg(feature = "cuda")]
+    /// The stream's counters and what other threads reach it by (the device's give-back of idle
+    /// stack memory).
+    pub(crate) fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// The stack this stream holds, if any.
     #[inline]
     pub(crate) fn stack(&self) -> Option<&Stack> {
         self.stack.get()
@@ -302,53 +306,6 @@ impl Stream {
         self.stack.get()?.layout_trace()
     }
 
-    /// Gives back the memory of a growable stack above its top (see
-    /// [`Device::set_growable_stacks`]): every mapping that lies wholly above the top (a live
-    /// buffer's, or a live graph's, keeps what it uses) is unmapped. Returns the bytes unmapped:
-    /// 0 for a fixed stack, or a stream without a stack.
-    ///
-    /// Waits for the stream first (memory released by buffers may still be in use by queued
-    /// work). Mappings are whole: one made to reach a peak goes back whole once the top is below
-    /// its start. Refused inside a graph capture on this thread (`CaptureError::Allocates`:
-    /// the wait would break it). An out-of-memory anywhere on the device, on any thread, gives
-    /// this memory back as well ([`Device::reclaim_idle`]).
-    pub fn trim(&self) -> Result<usize, PoolError> {
-        if self.stack.get().is_none_or(|s| !s.is_growable()) {
-            return Ok(0);
-        }
-        if self.in_own_capture() || capturing::on_this_thread() {
-            return Err(PoolError::Capture(CaptureError::Allocates {
-                what: "Stream::trim",
-                context: None,
-            }));
-        }
-        // Host copies queued before are then known done too.
-        self.synchronize()?;
-        self.give_back_idle()?
-            .ok_or(PoolError::Capture(CaptureError::Elsewhere {
-                what: "Stream::trim",
-                stream: self.id(),
-            }))
-    }
-
-    /// Unmaps what a growable stack has mapped above its top, once the stream's work is done,
-    /// through the same handshake as a give-back from another thread: the bytes unmapped, or
-    /// `None` where a capture records the stream (a wait would break it). The caller is not
-    /// inside a capture on this thread.
-    #[cold]
-    fn give_back_idle(&self) -> Result<Option<usize>, PoolError> {
-        let Some(stack) = self.stack.get() else {
-            return Ok(Some(0));
-        };
-        let given = stack
-            .bounds()
-            .give_back_idle(self.device.storage(), self.counters(), true)?;
-        if given.is_some() {
-            self.ledger.trim_requested.store(false, Relaxed);
-        }
-        Ok(given)
-    }
-
     /// Waits until all work queued on the stream is done. [`HostMem`](crate::HostMem) copies
     /// queued before it are then known done, with no driver call to ask.
     ///
@@ -357,70 +314,14 @@ impl Stream {
     /// it is given back here.
     pub fn synchronize(&self) -> Result<(), PoolError> {
         self.clock.synchronize(self.device.backend(), &self.raw)?;
-        if self.ledger.trim_requested.load(Relaxed) {
-            self.honour_trim_request();
-        }
-        // Dropped `HostMem`s whose copies are done now go back (one atomic load if none waits).
+        self.honour_trim_request();
+        // What the device keeps for events now fired goes back (dropped `HostMem`s whose copies
+        // are done): one atomic load if nothing waits.
         self.device
             .inner
-            .pinned_frees
-            .free_done(self.device.backend());
+            .deferred
+            .give_back_done(&self.device.inner);
         Ok(())
-    }
-
-    /// Gives back the idle stack memory the device asked for, the stream having just waited.
-    #[cold]
-    fn honour_trim_request(&self) {
-        if self.in_own_capture() || capturing::on_this_thread() {
-            return; // an unmap is a driver call a capture must not see; asked again next time
-        }
-        if let Err(e) = self.give_back_idle() {
-            tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
-        }
-    }
-
-    /// `first`, an error of `attempt`: where it is an out-of-memory (and no capture is under way
-    /// here), `attempt` once more, after this stream gave back its own idle stack memory (with
-    /// `own`: not when the stack itself is growing) and every other holder of the device theirs.
-    /// The final error says what was held where and what was given back.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn retry_after_reclaim<T>(
-        &self,
-        first: PoolError,
-        own: bool,
-        attempt: &mut dyn FnMut() -> Result<T, PoolError>,
-    ) -> Result<T, PoolError> {
-        if !matches!(first, PoolError::OutOfMemory { .. })
-            || self.in_own_capture()
-            || capturing::on_this_thread()
-        {
-            return Err(first);
-        }
-        let mine = own.then(|| self.give_back_own_idle()).flatten();
-        let skip = Arc::as_ptr(&self.ledger).cast::<()>();
-        self.device
-            .storage()
-            .retry_reclaimed(Some(skip), mine, attempt)
-    }
-
-    /// Unmaps this stream's growable stack above its top, once its work is done: what it held and
-    /// gave back. `None` without a growable stack.
-    #[cold]
-    fn give_back_own_idle(&self) -> Option<ReclaimedFrom> {
-        let stack = self.stack.get().filter(|s| s.is_growable())?;
-        let before = stack.mapped();
-        let held = stack.bounds().idle_bytes();
-        let given = self.give_back_idle().unwrap_or_else(|e| {
-            tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
-            Some(0)
-        });
-        Some(ReclaimedFrom {
-            holder: self.ledger.holder(),
-            held,
-            given_back: before.saturating_sub(stack.mapped()),
-            deferred: given.is_none() && held > 0,
-        })
     }
 
     /// A snapshot of this stream's counters.
@@ -524,25 +425,7 @@ impl Stream {
     }
 }
 
-impl Stream {
-    /// Maps the configured stack size into a new growable stack, so work that fits it makes no
-    /// driver call after `Stream::new` (OpenCV's stacks exist once the stream does); growth past
-    /// it stays on demand. Without the memory now, the stack starts empty and grows on demand.
-    #[cold]
-    fn map_configured(&self, stack: &Stack) {
-        // Configured since the claim as fixed: nothing is asked to be mapped.
-        let Ok(Stacks::Growable { mapped }) = self.device.stacks() else {
-            return;
-        };
-        let size = mapped.min(stack.size());
-        if size == 0 {
-            return;
-        }
-        if let Err(e) = stack.map_to(size, self.device.storage(), Some(self.counters())) {
-            tracing::debug!(stream = self.id(), error = %e, "mapping the configured stack size failed: the stack grows on demand");
-        }
-    }
-}
+impl Stream {}
 
 /// The allocator that serves what a new stream's stack cannot: `config`'s fallback.
 fn fallback_allocator(device: &Device, config: &DeviceConfig) -> Arc<dyn GpuAllocator> {
@@ -650,10 +533,18 @@ impl Stream {
         match waited {
             Ok(after) => match self.stack.take() {
                 Some(stack) if stack.is_growable() => {
-                    // Unmapping is a driver call a capture on this thread must not see.
+                    // Unmapping is a driver call a capture on this thread must not see; then the
+                    // stream's work is waited for (the event, if it could not synchronize).
                     let device = self.device.clone();
+                    let after = After::Events(after.into_iter().collect());
                     deferred::after_captures(Box::new(move || {
-                        device.inner.release_growable(stack, after);
+                        // SAFETY: the stack retired with its stream, whose work is done once
+                        // `after` holds (it synchronized, or the event follows its work).
+                        let stack = unsafe { GiveBack::growable_stack(stack) };
+                        device
+                            .inner
+                            .deferred
+                            .give_back_after(&device.inner, after, stack, true);
                     }));
                 }
                 Some(stack) => self.device.inner.return_stack(stack.index, after),

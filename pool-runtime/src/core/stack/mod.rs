@@ -9,14 +9,14 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
-use std::sync::atomic::Ordering::{self, Acquire, Relaxed, SeqCst};
+use std::sync::atomic::Ordering::{self, Relaxed, SeqCst};
 
-use crate::base::counters::StreamCounters;
-use crate::base::error::PoolError;
 use crate::base::layout::MAX_ELEMENT_ALIGN;
-use crate::base::sync::{self, AtomicUsize, Mutex, fence};
-use crate::storage::Storage;
-use crate::storage::backend::{DevPtr, RawStream};
+use crate::base::sync::{AtomicUsize, Mutex, fence};
+use crate::storage::backend::DevPtr;
+
+mod growable;
+use growable::Growth;
 
 /// A block of a stack, held by whoever took it until it is given back.
 ///
@@ -157,50 +157,6 @@ pub(crate) struct Bounds {
     growth: Option<Mutex<Growth>>,
 }
 
-/// What makes a stack growable: the stack is a reserved address range, and memory is mapped into
-/// it in granules as the top rises past the mapped end (`Stack::grow_and_take`), unmapped on
-/// demand (`Bounds::give_back_idle`) and when its stream goes (`Stack::unmap_all`).
-#[derive(Debug)]
-struct Growth {
-    base: DevPtr,
-    granule: usize,
-    /// The mapped chunks, lowest first: offset, bytes, and the backend's handle.
-    chunks: Vec<(usize, usize, u64)>,
-    /// The stream whose work uses the stack, waited for before a give-back unmaps; `None` once the
-    /// stream is gone (then nothing is given back: its last work may still run).
-    stream: Option<RawStream>,
-    /// The stream's own capture is under way or being turned into a graph: memory above the top
-    /// may be used by the captured work, so nothing is given back.
-    capturing: bool,
-    /// Bumped by every change a give-back waiting for the stream (with the lock let go) must
-    /// not miss: a mapping (which puts the limit back up), a capture begun, an unmap.
-    generation: u64,
-}
-
-impl Growth {
-    /// The mapped end.
-    fn end(&self) -> usize {
-        self.chunks
-            .last()
-            .map_or(0, |&(offset, bytes, _)| offset + bytes)
-    }
-
-    /// Where the chunks that lie wholly at or above `top` begin: what a give-back keeps.
-    fn keep_above(&self, top: usize) -> usize {
-        let mut keep = self.end();
-        for &(offset, _, _) in self.chunks.iter().rev() {
-            if offset < top {
-                break;
-            }
-            keep = offset;
-        }
-        keep
-    }
-}
-
-/// How many times a give-back tries again when a take raced it past where it meant to unmap.
-const GIVE_BACK_TRIES: usize = 3;
-
 impl Bounds {
     fn new(limit: usize, growth: Option<Growth>) -> Bounds {
         Bounds {
@@ -219,124 +175,6 @@ impl Bounds {
     /// Bytes of memory behind the stack: its size, or what a growable one has mapped.
     pub(crate) fn mapped(&self) -> usize {
         self.mapped.load(Relaxed)
-    }
-
-    /// Bytes a growable stack holds mapped above its top (0 for a fixed stack).
-    pub(crate) fn idle_bytes(&self) -> usize {
-        if !self.is_growable() {
-            return 0;
-        }
-        self.mapped().saturating_sub(self.top.load(Relaxed))
-    }
-
-    /// Sets the limit and the mapped end to `end`, the mapped end of `growth` (whose lock the
-    /// caller holds), and tells `counters`.
-    fn settle(&self, growth: &Growth, counters: Option<&StreamCounters>) {
-        let end = growth.end();
-        self.mapped.store(end, Relaxed);
-        self.limit.store(end, Relaxed);
-        if let Some(c) = counters {
-            c.stack_mapped.set(end as u64);
-        }
-    }
-
-    /// Gives back what a growable stack has mapped above its top, from any thread: the bytes
-    /// unmapped, or `Ok(None)` when the stack is being captured (the captured work may use memory
-    /// above the top), by its own stream or by a capture begun elsewhere. Waits for the stream's
-    /// work first: memory released by buffers may still be in use by queued work. Never touches
-    /// memory in use: a take that races it either finds the memory still mapped or maps it again.
-    ///
-    /// `counters` are the stream's: its `stack_mapped` is set (under the lock, as every writer of
-    /// it); `own` counts the unmaps as the stream's driver calls too, only on the stream's thread
-    /// (its counters have one writer).
-    pub(crate) fn give_back_idle(
-        &self,
-        storage: &Storage,
-        counters: &StreamCounters,
-        own: bool,
-    ) -> Result<Option<usize>, PoolError> {
-        let Some(lock) = &self.growth else {
-            return Ok(Some(0));
-        };
-        let growth = sync::lock(lock);
-        if growth.capturing {
-            return Ok(None);
-        }
-        let Some(stream) = growth.stream.clone() else {
-            return Ok(Some(0)); // the stream is gone: its stack goes back whole, after its work
-        };
-        if storage.backend.is_capturing(&stream)? {
-            return Ok(None); // a wait would break someone else's capture of the stream
-        }
-        let mapped = growth.end();
-        let mut keep = None;
-        for _ in 0..GIVE_BACK_TRIES {
-            let at = growth.keep_above(self.top.load(Acquire));
-            if at == mapped {
-                return Ok(Some(0));
-            }
-            // The Dekker handshake with `Stack::take_aligned`: limit lowered, fence, top read.
-            self.limit.store(at, Relaxed);
-            fence(SeqCst);
-            if self.top.load(Acquire) <= at {
-                keep = Some(at);
-                break;
-            }
-            // A take is past `at` (or was, for a moment): what it uses stays.
-            self.limit.store(mapped, Relaxed);
-        }
-        let Some(keep) = keep else {
-            return Ok(Some(0)); // the stream keeps taking above: its memory is in use
-        };
-        // No take hands out memory above `keep` from here on without mapping under the lock
-        // (which bumps the generation), and the top read above was stored after the work queued
-        // on every block released above it: waiting for the stream covers that work. The wait
-        // lets the lock go, so that the stream's own thread never waits for its GPU work in a
-        // take (that work may wait on the thread).
-        let generation = growth.generation;
-        drop(growth);
-        let waited = storage.backend.synchronize(&stream);
-        let mut growth = sync::lock(lock);
-        if let Err(e) = waited {
-            self.settle(&growth, None);
-            return Err(e);
-        }
-        if growth.generation != generation || growth.capturing || growth.stream.is_none() {
-            // The stream mapped (its limit is back up), began a capture, or went: memory above
-            // `keep` may be in use again. Nothing is given back this time.
-            if growth.generation == generation {
-                self.settle(&growth, None);
-            }
-            return Ok(Some(0));
-        }
-        growth.generation += 1;
-        let mut freed = 0;
-        let mut failed = None;
-        while let Some(&(offset, bytes, handle)) = growth.chunks.last() {
-            if offset < keep {
-                break;
-            }
-            let unmapped = {
-                let at = growth.base + offset as DevPtr;
-                let calls = own.then_some(counters);
-                // SAFETY: the chunk is what `grow_and_take` mapped with `handle`, and lies above
-                // `keep`: no take can hand it out (the handshake above), no live block lies there
-                // (all are below the top), and the work of the blocks released there is done
-                // (waited for above). It leaves the list once unmapped.
-                unsafe { storage.unmap(at, bytes, handle, calls) }
-            };
-            if let Err(e) = unmapped {
-                failed = Some(e);
-                break;
-            }
-            growth.chunks.pop();
-            freed += bytes;
-        }
-        self.settle(&growth, Some(counters));
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(Some(freed)),
-        }
     }
 }
 
@@ -408,27 +246,6 @@ impl Stack {
         None
     }
 
-    /// A growable stack over a reservation of `size` bytes at `base` (both multiples of
-    /// `granule`), nothing mapped yet, used by the work of `stream`.
-    pub(crate) fn growable(
-        index: usize,
-        base: DevPtr,
-        size: usize,
-        align: usize,
-        granule: usize,
-        stream: RawStream,
-    ) -> Stack {
-        let growth = Growth {
-            base,
-            granule,
-            chunks: Vec::new(),
-            stream: Some(stream),
-            capturing: false,
-            generation: 0,
-        };
-        Stack::with_bounds(index, base, size, align, Bounds::new(0, Some(growth)))
-    }
-
     /// The part of the stack a give-back on another thread touches.
     pub(crate) fn bounds(&self) -> &Arc<Bounds> {
         &self.bounds
@@ -452,117 +269,6 @@ impl Stack {
     /// Bytes of memory behind the stack: its size, or what a growable one has mapped.
     pub(crate) fn mapped(&self) -> usize {
         self.bounds.mapped()
-    }
-
-    /// Maps memory of `growth` (locked by the caller) so that the stack reaches `end` (rounded up
-    /// to the granule), through `storage` (counted driver calls). `Ok(false)`, and nothing mapped,
-    /// if `end` is past the reservation. On an error nothing more is mapped.
-    fn map_locked(
-        &self,
-        growth: &mut Growth,
-        end: usize,
-        storage: &Storage,
-        counters: Option<&StreamCounters>,
-    ) -> Result<bool, PoolError> {
-        if end > self.size {
-            return Ok(false);
-        }
-        growth.generation += 1;
-        let from = growth.end();
-        // No overflow: `end <= size`, a multiple of the granule.
-        let to = end.div_ceil(growth.granule) * growth.granule;
-        if to > from {
-            let handle = storage.map(self.base + from as DevPtr, to - from, counters)?;
-            growth.chunks.push((from, to - from, handle));
-        }
-        self.bounds.settle(growth, counters);
-        Ok(true)
-    }
-
-    /// Maps memory so that the stack reaches `end` (rounded up to the granule). `Ok(false)`, and
-    /// nothing mapped, if it cannot: a fixed stack, or `end` past the reservation.
-    #[cold]
-    pub(crate) fn map_to(
-        &self,
-        end: usize,
-        storage: &Storage,
-        counters: Option<&StreamCounters>,
-    ) -> Result<bool, PoolError> {
-        let Some(growth) = &self.bounds.growth else {
-            return Ok(false);
-        };
-        self.map_locked(&mut sync::lock(growth), end, storage, counters)
-    }
-
-    /// Maps memory up to the end of a block of `bytes` on `align` and takes it, under the mapping
-    /// lock (so no give-back unmaps between the two). `Ok(None)` for a fixed stack or past the
-    /// reservation. On an error nothing more is mapped.
-    #[cold]
-    pub(crate) fn grow_and_take(
-        &self,
-        bytes: usize,
-        align: usize,
-        storage: &Storage,
-        counters: &StreamCounters,
-    ) -> Result<Option<(usize, Block)>, PoolError> {
-        let Some(growth) = &self.bounds.growth else {
-            return Ok(None);
-        };
-        let Some((_, end)) = Stack::place(self.top(), bytes, align) else {
-            return Ok(None);
-        };
-        let mut growth = sync::lock(growth);
-        if !self.map_locked(&mut growth, end, storage, Some(counters))? {
-            return Ok(None);
-        }
-        Ok(self.take_aligned(bytes, align))
-    }
-
-    /// Marks the stream's own capture under way (`true`), or over with its graph made or not
-    /// (`false`): meanwhile nothing is given back. Waits for a give-back under way.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn set_capturing(&self, on: bool) {
-        if let Some(growth) = &self.bounds.growth {
-            let mut growth = sync::lock(growth);
-            growth.capturing = on;
-            growth.generation += 1;
-        }
-    }
-
-    /// The stream is going: no give-back waits for it, nor unmaps, any more (its last work may
-    /// still run). Waits for a give-back under way.
-    pub(crate) fn retire(&self) {
-        if let Some(growth) = &self.bounds.growth {
-            // Dropped here, on the stream's thread, not wherever the last `Bounds` goes.
-            let _gone = sync::lock(growth).stream.take();
-        }
-    }
-
-    /// Unmaps every chunk; returns the bytes unmapped. A chunk that fails to unmap stays mapped,
-    /// and the error is returned.
-    ///
-    /// # Safety
-    /// No work queued or running uses the stack's memory, and none will: the stack is going.
-    pub(crate) unsafe fn unmap_all(&self, storage: &Storage) -> Result<usize, PoolError> {
-        let Some(growth) = &self.bounds.growth else {
-            return Ok(0);
-        };
-        let mut growth = sync::lock(growth);
-        let mut freed = 0;
-        let mut result = Ok(());
-        while let Some(&(offset, bytes, handle)) = growth.chunks.last() {
-            let at = self.base + offset as DevPtr;
-            // SAFETY: the chunk is what `map_locked` mapped with `handle`; nothing uses it (the
-            // caller's contract), and it leaves the list once unmapped.
-            if let Err(e) = unsafe { storage.unmap(at, bytes, handle, None) } {
-                result = Err(e);
-                break;
-            }
-            growth.chunks.pop();
-            freed += bytes;
-        }
-        self.bounds.settle(&growth, None);
-        result.map(|()| freed)
     }
 
     #[inline]
@@ -648,29 +354,6 @@ impl Stack {
             self.defer(block);
             Release::OutOfOrder
         }
-    }
-
-    /// Grows `block`, the topmost block, so it ends at `end` (no change if it already ends there or
-    /// past it), mapping memory up to `end` first where `may_map`. `Ok(false)`, and no change, if
-    /// the block is not topmost or `end` is past the stack (or the mapped end, without `may_map`).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn grow_mapped(
-        &self,
-        block: &mut Block,
-        end: usize,
-        may_map: bool,
-        storage: &Storage,
-        counters: &StreamCounters,
-    ) -> Result<bool, PoolError> {
-        let Some(growth) = &self.bounds.growth else {
-            return Ok(self.grow(block, end));
-        };
-        // Under the mapping lock: no give-back lowers the limit meanwhile.
-        let mut growth = sync::lock(growth);
-        if may_map && end > growth.end() {
-            self.map_locked(&mut growth, end, storage, Some(counters))?;
-        }
-        Ok(self.grow(block, end))
     }
 
     /// [`grow_mapped`](Self::grow_mapped) with nothing to map: on a fixed stack, or under the
