@@ -142,7 +142,7 @@ fn check_graphed(sig: &syn::Signature, graph: &GraphArg, refused: &mut Errors) {
         && r.reference.is_none()
     {
         refused.push_at(
-            &r.self_token,
+            r.self_token,
             "a graphed method takes `&self` or `&mut self`: its calls may run twice (a capture, \
              then eagerly) and a replay runs none of its code",
         );
@@ -199,7 +199,7 @@ fn graph_body(function: &mut ItemFn, stream: &syn::Expr, graph: &GraphArg) {
         #(#key_each)*
         ::gpu_pool::__private::graphed(&#site, #stream_ref, #keys, || #ret #body)
     }};
-    function.block = Box::new(syn::parse2(wrapped).expect("a block"));
+    *function.block = syn::parse2(wrapped).expect("a block");
 }
 
 /// Whether the stream is a parameter taken by value (`stream: Stream`), which `&*` cannot reach.

@@ -235,7 +235,7 @@ mod gpu {
         // The stack held the largest call (its input, then its graph's scratch), not the sum:
         // every graph's scratch is free stack between calls.
         assert!(
-            stream.stats().stack_high_water as usize <= 64_000 * 4 + stats.scratch_largest,
+            stream.stats().stack_high_water <= 64_000 * 4 + stats.scratch_largest,
             "{stats:?}"
         );
 

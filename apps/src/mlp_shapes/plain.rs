@@ -24,19 +24,22 @@ pub(crate) struct ByBatch {
 
 impl ByBatch {
     fn graph(&mut self, twin: &Twin, k: &Kernels, batch: usize) -> Res<&mut Captured> {
-        if !self.graphs.contains_key(&batch) {
-            let s = &twin.stream;
-            let x = s.alloc_zeros::<f32>(batch * IN)?;
-            let mut probs = s.alloc_zeros::<f32>(batch * CLASSES)?;
-            s.synchronize()?;
-            s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-            let worked = twin.forward(k, &x, &mut probs, batch);
-            let ended = s.end_capture(sys::CUgraphInstantiate_flags(0));
-            worked?;
-            let graph = ended?.ok_or("cudarc's capture made no graph")?;
-            self.graphs.insert(batch, Captured { graph, x, probs });
+        use std::collections::hash_map::Entry;
+        match self.graphs.entry(batch) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => {
+                let s = &twin.stream;
+                let x = s.alloc_zeros::<f32>(batch * IN)?;
+                let mut probs = s.alloc_zeros::<f32>(batch * CLASSES)?;
+                s.synchronize()?;
+                s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+                let worked = twin.forward(k, &x, &mut probs, batch);
+                let ended = s.end_capture(sys::CUgraphInstantiate_flags(0));
+                worked?;
+                let graph = ended?.ok_or("cudarc's capture made no graph")?;
+                Ok(e.insert(Captured { graph, x, probs }))
+            }
         }
-        Ok(self.graphs.get_mut(&batch).expect("inserted above"))
     }
 
     /// One step: uploads the input into the batch's slice, replays, downloads, waits.
