@@ -191,13 +191,15 @@ fn graph_body(function: &mut ItemFn, stream: &syn::Expr, graph: &GraphArg) {
         }
         _ => quote!(),
     };
+    // What the function returns is checked by `graphed`'s bounds: reported on the return type.
+    let graphed = quote_spanned!(sig.output.span()=> ::gpu_pool::__private::graphed);
     let body = &function.block;
     let wrapped = quote! {{
         static #site: ::gpu_pool::__private::GraphSite =
             ::gpu_pool::__private::GraphSite::new(concat!(module_path!(), "::", #name), #cap);
         let mut #keys = ::gpu_pool::__private::GraphKeys::default();
         #(#key_each)*
-        ::gpu_pool::__private::graphed(&#site, #stream_ref, #keys, || #ret #body)
+        #graphed(&#site, #stream_ref, #keys, || #ret #body)
     }};
     *function.block = syn::parse2(wrapped).expect("a block");
 }
