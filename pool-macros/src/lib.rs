@@ -97,6 +97,30 @@ use proc_macro::TokenStream;
 /// argument). Refused at compile time: `async fn`, `const fn`, items that are no function, and a
 /// stream that names no parameter.
 ///
+/// `#[pooled(stream, graph)]` (or `graph(cap = N)`, graphs kept per stream, 16 by default) makes
+/// the function replay itself: the first call with a new key (every parameter's
+/// [`GraphKey`](../gpu_pool/graph/trait.GraphKey.html) words and the stream's stack top) is
+/// captured into a CUDA graph, later calls with that key launch it, and what cannot be captured
+/// runs eagerly with its reason counted. It returns a `Result` of `()`, a `Temp` taken first in
+/// the body, or a tuple of them (the guide's "Graphs by shape").
+///
+/// ```
+/// use gpu_pool::prelude::*;
+///
+/// #[pooled(stream, graph)]
+/// fn doubled<'s>(stream: &'s Stream, x: &Temp<'_, f32>) -> Result<Temp<'s, f32>, PoolError> {
+///     let mut y = stream.temp::<f32>(x.rows(), x.cols())?; // the output, taken first
+///     let mut tmp = buffer!(x.rows(), x.cols(); f32)?;    // scratch
+///     tmp.copy_from(x)?;                                   // ... kernels ...
+///     y.copy_from(&tmp)?;
+///     Ok(y)
+/// }
+/// let stream = Stream::new(&Device::host())?;
+/// let x = stream.temp::<f32>(2, 2)?;
+/// assert_eq!(doubled(&stream, &x)?.rows(), 2); // on the host backend: eagerly
+/// # Ok::<(), PoolError>(())
+/// ```
+///
 /// Only gpu-pool's macros are rewritten: `buffer!` and `gpu_scope!` as the prelude imports them, or
 /// called by a path into gpu-pool (`gpu_pool::buffer!`, `gpu_pool::prelude::buffer!`, either with a
 /// leading `::`). A macro of your own called by another path (`bytes::buffer![1, 2, 3]`) is left
