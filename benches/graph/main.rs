@@ -179,6 +179,25 @@ fn main() -> Res<()> {
         gpu_pool::graph::shape_stats(&stream)
     );
 
+    // Another output each call, among more than the function keeps: every call captures.
+    let outs = (0..32)
+        .map(|_| GpuMat::<u8>::new(&stream, SIDE, SIDE))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (before, start) = (gpu_pool::graph::shape_stats(&stream), Instant::now());
+    for out in outs.iter().cycle().take(64) {
+        six_graphed(&stream, &k, &src, out)?;
+    }
+    stream.synchronize()?;
+    let per_call = start.elapsed() / 64;
+    let after = gpu_pool::graph::shape_stats(&stream);
+    println!(
+        "a new output every call (32 outputs cycled, 16 graphs kept): {per_call:?} a call; \
+         {} captures, {} evictions",
+        after.captures - before.captures,
+        after.evictions - before.evictions
+    );
+    drop(outs);
+
     let mut c = support::criterion();
     // One sample: `RUNS` pipelines queued, then the wait; the wait is timed in `GROUP` (the whole
     // pipeline) and left out in `HOST` (the host's part alone).

@@ -56,6 +56,9 @@ fn on_the_host_backend_a_graphed_function_runs_eagerly_with_the_same_results()
     );
     assert_eq!(stats.eager[0].calls, 3);
     assert!(stats.eager[0].reason.contains("host backend"), "{stats}");
+    let report = gpu_pool::observe::report().to_string();
+    assert!(report.contains("graphs by shape:"), "{report}");
+    assert!(report.contains("twice_plus_one ran eagerly"), "{report}");
     drop(x);
     assert_eq!(stream.stats().stack_in_use, 0);
     Ok(())
@@ -306,6 +309,30 @@ mod gpu {
         );
         assert!(stats.eager[0].reason.contains("capture"), "{stats}");
         assert_eq!(stream.stats().stack_in_use, 256 * 4);
+        Ok(())
+    }
+
+    /// Allocates from the driver inside: what a capture refuses.
+    #[pooled(stream, graph)]
+    fn allocates(stream: &Stream, n: usize) -> Result<(), PoolError> {
+        let mut m = DeviceMat::<f32>::new(stream, 1, n)?;
+        let tmp = buffer!(n; f32)?;
+        m.copy_from(&tmp)
+    }
+
+    #[test]
+    fn a_driver_allocation_inside_runs_eagerly_with_its_reason() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_allocates") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        for _ in 0..2 {
+            allocates(&stream, 64)?;
+        }
+        let stats = shape_stats(&stream);
+        println!("{stats}");
+        assert_eq!((stats.captures, stats.eager_calls), (0, 2), "{stats}");
+        assert_eq!(stats.eager.len(), 1, "{stats}");
         Ok(())
     }
 

@@ -6,6 +6,7 @@ use crate::base::source::FallbackReason;
 use crate::core::config::{PoolConfig, Stacks};
 use crate::core::device::all_devices;
 use crate::core::stats::{DeviceStats, SiteFallbacks};
+use crate::graph::ShapeStats;
 
 /// Devices' stats, which display as the sizing report: per device and per live stream, stack
 /// use, fallbacks and driver calls, and the config that would have avoided every fallback.
@@ -15,6 +16,9 @@ use crate::core::stats::{DeviceStats, SiteFallbacks};
 pub struct Report {
     /// One entry per device.
     pub devices: Vec<DeviceStats>,
+    /// What graphed functions did in the process: captures, replays, evictions, and why calls ran
+    /// eagerly.
+    pub graphs: ShapeStats,
 }
 
 impl Report {
@@ -27,7 +31,10 @@ impl Report {
     /// assert!(text.contains(&format!("{}: config", device.id())), "{text}");
     /// ```
     pub fn new(devices: Vec<DeviceStats>) -> Report {
-        Report { devices }
+        Report {
+            devices,
+            graphs: ShapeStats::process(),
+        }
     }
 }
 
@@ -185,6 +192,10 @@ impl fmt::Display for Report {
                 Some(_) => writeln!(f, "  no fallbacks: the config is large enough")?,
                 None => writeln!(f, "  no buffers requested yet")?,
             }
+        }
+        let g = &self.graphs;
+        if g.captures + g.replays + g.eager_calls > 0 {
+            writeln!(f, "{g}")?;
         }
         Ok(())
     }
