@@ -13,7 +13,10 @@ pub(crate) fn output_dir() -> PathBuf {
         return home.into();
     }
     std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"), PathBuf::from)
+        .map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+            PathBuf::from,
+        )
         .join("criterion")
 }
 

@@ -761,13 +761,7 @@ impl fmt::Display for CaptureError {
     }
 }
 
-impl Error for CaptureError {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        match self {
-            _ => None,
-        }
-    }
-}
+impl Error for CaptureError {}
 
 impl fmt::Display for NcclError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -829,13 +823,7 @@ impl fmt::Display for PplError {
     }
 }
 
-impl Error for PplError {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        match self {
-            _ => None,
-        }
-    }
-}
+impl Error for PplError {}
 
 impl PoolError {
     /// The `call` of a [`PoolError::Driver`] converted from cudarc's `DriverError` (with `?` or
