@@ -1,7 +1,7 @@
 //! Take + release of one stack buffer, stats included, beside a bare pointer bump with a LIFO check
 //! (the floor) and the same request served by the fallback allocator, all in one run.
 //!
-//! `cargo bench --bench alloc` prints a markdown table of medians and ratios at the end.
+//! `cargo bench -p gpu-pool-benches --bench alloc` prints a markdown table of medians and ratios at the end.
 //!
 //! `alloc loop N hand|dsl|child` (the bench binary, run directly) instead calls the two-buffer
 //! function N times and nothing else, for instruction counts that do not depend on the machine's load:

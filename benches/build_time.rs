@@ -3,7 +3,7 @@
 //! dependencies once, then times rebuilds of each crate alone, alternating, and prints the medians
 //! and their ratio.
 //!
-//! `cargo bench --bench build_time [-- ROUNDS]` (runs on the host; no GPU involved)
+//! `cargo bench -p gpu-pool-benches --bench build_time [-- ROUNDS]` (runs on the host; no GPU involved)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,6 +42,14 @@ fn by_hand(i: usize) -> String {
     )
 }
 
+/// The workspace root: the facade's package, whose `Cargo.lock` and `target/` the bench uses.
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("benches/ is in the workspace")
+        .to_path_buf()
+}
+
 /// Writes crate `name` with `FUNCTIONS` functions from `body`; `round` changes a comment so cargo
 /// rebuilds it.
 fn write_crate(dir: &Path, name: &str, body: Body, round: usize) -> PathBuf {
@@ -50,10 +58,10 @@ fn write_crate(dir: &Path, name: &str, body: Body, round: usize) -> PathBuf {
     let manifest = format!(
         "[package]\nname = \"{name}\"\nversion = \"0.0.0\"\nedition = \"2024\"\n\n\
          [dependencies]\ngpu-pool = {{ path = {:?} }}\n\n[workspace]\n",
-        env!("CARGO_MANIFEST_DIR")
+        workspace()
     );
     std::fs::write(root.join("Cargo.toml"), manifest).expect("writable");
-    let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock");
+    let lock = workspace().join("Cargo.lock");
     std::fs::copy(lock, root.join("Cargo.lock")).expect("the workspace has a Cargo.lock");
     let mut src = format!("// round {round}\nuse gpu_pool::prelude::*;\n\n");
     for i in 0..FUNCTIONS {
@@ -90,7 +98,7 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(9);
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/build-time-bench");
+    let dir = workspace().join("target/build-time-bench");
     let target = dir.join("target");
     let cases: [(&str, Body); 2] = [("by_hand", by_hand), ("pooled", pooled)];
     for (name, body) in cases {

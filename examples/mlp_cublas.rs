@@ -2,7 +2,7 @@
 //! cudarc) on a pool buffer, and a bias + ReLU kernel reads that intermediate. The intermediate
 //! comes from `buffer!`, so a loop of layers makes no driver allocation.
 //!
-//! `cargo run --release --example mlp_cublas [BATCHES]`. Without a GPU (or without cuBLAS) the
+//! `cargo run --release --features cublas --example mlp_cublas [BATCHES]`. Without a GPU (or without cuBLAS) the
 //! layer runs as its CPU twin on the host backend, and the example says so. Every run is checked
 //! against a plain CPU reference.
 

@@ -7,7 +7,7 @@
 //! NCCL itself, `set_verify_groups`), then as a captured CUDA graph, and the stacks are checked to
 //! be symmetric across the processes. Each rank prints its results and its driver allocations.
 //!
-//! `cargo run --release --example ranks [STEPS] [RANKS]` (RANKS: every GPU by default). With
+//! `cargo run --release --features nccl --example ranks [STEPS] [RANKS]` (RANKS: every GPU by default). With
 //! fewer than two GPUs, or without `libnccl`, it says why and exits.
 
 #[path = "support/ranks.rs"]

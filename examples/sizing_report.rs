@@ -13,7 +13,7 @@
 //! `target/timeline/sizing_report_{first,second,growable}.{svg,json}` (or the folder
 //! `TIMELINE_DIR` names).
 //!
-//! `cargo run --release --example sizing_report`
+//! `cargo run --release --features timeline --example sizing_report`
 
 mod support;
 

@@ -3,7 +3,7 @@
 //! its gradient; the step runs eagerly, then as two captured CUDA graphs, and the stacks are
 //! checked to be symmetric (the same offsets on both GPUs).
 //!
-//! `cargo run --release --example two_gpus [STEPS]`. It says where it ran and what it skipped: with
+//! `cargo run --release --features nccl --example two_gpus [STEPS]`. It says where it ran and what it skipped: with
 //! fewer than two GPUs, or without `libnccl`, it prints why and runs the step's stack work on the
 //! host backend instead, twice, to show the symmetric-stack check.
 

@@ -7,18 +7,33 @@
 //! ```
 //! use gpu_pool::prelude::*;
 //!
+//! /// Fills `out` from `src` through two temporaries. Inputs are `&impl GpuRead`, outputs
+//! /// `&mut impl GpuWrite`: a `DeviceMat`, a `buffer!` handle, a region or shared memory all fit.
 //! #[pooled(stream)]
-//! fn gray_sum(stream: &Stream, src: &DeviceMat<'_, [u8; 3]>) -> Result<u64, PoolError> {
+//! fn gray_threshold(
+//!     stream: &Stream,
+//!     src: &impl GpuRead<[u8; 3]>,
+//!     out: &mut impl GpuWrite<u8>,
+//! ) -> Result<usize, PoolError> {
 //!     let mut gray = buffer!(src.rows(), src.cols(); u8)?;   // 2D, pitched, from the stack
-//!     gray.set_to(1)?;                                       // ... kernels would go here
-//!     Ok(gray.to_vec()?.iter().map(|&v| u64::from(v)).sum())
-//! }                                                          // gray goes back to the stack
+//!     let sums = buffer!(src.rows(); f32)?;                  // 1D, contiguous, from the stack
+//!     gray.set_to(0)?;                                       // ... launch kernels on gray, sums ...
+//!     out.copy_from(&gray)?;
+//!     Ok(gray.step() + sums.len())
+//! }   // sums, then gray, go back to the stack: nothing reaches the driver
 //!
-//! let stream = Stream::new(&Device::cuda_or_host())?;
-//! let src = DeviceMat::new(&stream, 48, 64)?;
-//! assert_eq!(gray_sum(&stream, &src)?, 48 * 64);
-//! assert_eq!(stream.stats().stack_in_use, 0);
-//! # Ok::<(), PoolError>(())
+//! fn main() -> Result<(), PoolError> {
+//!     let device = Device::cuda_or_host();                   // a GPU if there is one
+//!     let stream = Stream::new(&device)?;                    // the stream's stack is made lazily
+//!     let src = DeviceMat::new(&stream, 480, 640)?;          // a driver allocation, any order
+//!     let mut out = DeviceMat::new(&stream, 480, 640)?;
+//!     for _ in 0..100 {
+//!         gray_threshold(&stream, &src, &mut out)?;
+//!     }
+//!     assert_eq!(stream.stats().fallback_allocations.total(), 0);
+//!     println!("{}", gpu_pool::observe::report());         // peak use, fallbacks, the config to use
+//!     Ok(())
+//! }
 //! ```
 //!
 //! The runtime underneath can be used directly: [`Stream::temp`] takes a [`Temp`] as `buffer!`
@@ -32,6 +47,29 @@
 //!   [`GpuWrite`] traits, views, [`Source`], [`Pooled`], [`HostMem`]).
 //! - One module per feature: [`config`], [`alloc`], `graph`, [`shared`], `nccl`, [`observe`],
 //!   [`interop`] (cudarc, cuBLAS, kernel arguments), [`compat`] (the seed APIs), `testing`.
+//!
+//! # Features
+//! The default is what the example above needs. Each other feature is opt-in; what each adds to a
+//! build is measured in BENCHMARKS.md (*Build cost*), and each item that needs one says so here.
+//!
+//! | feature | default | gives | adds to the build |
+//! |---|---|---|---|
+//! | `cuda` | yes | the CUDA backend (`Device::cuda`, graphs, kernel arguments); without it, the host backend only | cudarc and libloading; CUDA is loaded at run time, so it builds without CUDA installed |
+//! | `cublas` | no | `Stream::cublas`, cuBLAS workspaces from the stack, `gpu_pool::interop::cudarc::cublas` | cudarc's cuBLAS bindings (`libcublas` loaded at run time) |
+//! | `nccl` | no | the `nccl` module: collectives on pool buffers, stacks NCCL can register | cudarc's NCCL bindings (`libnccl` loaded at run time) |
+//! | `timeline` | no | `observe::timeline`: recordings as a Chrome trace and an SVG chart | serde_json and plotters, with their dependencies |
+//! | `testing` | no | the `testing` module: fault injection and leak checks on the host backend | nothing |
+//!
+//! Element types of your own are `#[repr(C)]` structs that implement `bytemuck::Pod`: derive it
+//! with bytemuck's `derive` feature in your own bytemuck dependency (gpu-pool does not turn it on,
+//! since it builds a parser of its own).
+//!
+//! # Versions
+//! The public API is every item these docs show; `#[doc(hidden)]` items (`__private`, the macros'
+//! expansion) are not part of it. CHANGELOG.md says what each version changed and what a minor
+//! version may change.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use gpu_pool_macros::{GraphKey, buffer, gpu_scope, pooled};
 

@@ -6,7 +6,7 @@ mod fuzz_ops;
 
 #[test]
 fn every_corpus_input_runs_clean() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/pool_ops");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/pool_ops");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         println!("no corpus at {}: nothing to replay", dir.display());
         return;

@@ -66,3 +66,20 @@ fn the_readme_and_the_guides_first_sections_need_only_the_prelude() {
         );
     }
 }
+
+/// The crate docs (docs.rs's first page) open with the README's example, word for word, so the two
+/// cannot drift apart.
+#[test]
+fn the_crate_docs_open_with_the_readmes_example() {
+    let readme = include_str!("../README.md");
+    let lib = include_str!("../src/lib.rs");
+    let crate_docs: String = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| format!("{}\n", l.strip_prefix(' ').unwrap_or(l)))
+        .collect();
+    let readme_example = rust_blocks(readme, "## ").into_iter().next();
+    let docs_first = rust_blocks(&crate_docs, "# Where").into_iter().next();
+    assert!(readme_example.is_some(), "the README has an example");
+    assert_eq!(docs_first, readme_example);
+}

@@ -8,7 +8,7 @@
 //!
 //! By default a short run (1 s per device) keeps `cargo test --workspace` quick; the long run
 //! (20 s per device, or `GPU_POOL_STRESS_SECS`) is ignored there and has its own CI step:
-//! `cargo test --test stress -- --ignored`.
+//! `cargo test -p gpu-pool-tests --test stress -- --ignored`.
 
 mod common;
 
@@ -133,7 +133,7 @@ fn eight_threads_never_see_overlapping_buffers() -> Result<(), Box<dyn Error>> {
 }
 
 #[test]
-#[ignore = "long: run with cargo test --test stress -- --ignored"]
+#[ignore = "long: run with cargo test -p gpu-pool-tests --test stress -- --ignored"]
 fn eight_threads_never_see_overlapping_buffers_for_long() -> Result<(), Box<dyn Error>> {
     let secs = std::env::var("GPU_POOL_STRESS_SECS")
         .ok()

@@ -20,11 +20,11 @@ fn ui() {
         return;
     }
     let t = trybuild::TestCases::new();
-    t.compile_fail("tests/ui/escape/*.rs");
-    t.compile_fail("tests/ui/pooled/*.rs");
-    t.compile_fail("tests/ui/gpu_scope/*.rs");
-    t.compile_fail("tests/ui/runtime/*.rs");
+    t.compile_fail("ui/escape/*.rs");
+    t.compile_fail("ui/pooled/*.rs");
+    t.compile_fail("ui/gpu_scope/*.rs");
+    t.compile_fail("ui/runtime/*.rs");
     #[cfg(feature = "cuda")]
-    t.compile_fail("tests/ui/interop/*.rs");
-    t.pass("tests/ui/pass/*.rs");
+    t.compile_fail("ui/interop/*.rs");
+    t.pass("ui/pass/*.rs");
 }

@@ -16,7 +16,7 @@
 //! the floor are printed as a markdown table a size and direction. The sizes are the frame
 //! bench's small frames (u8), where the cost of queuing a copy is a visible part of a frame.
 //!
-//! `cargo bench --bench copy --features cuda [-- ROUNDS]` (or `COPY_ROUNDS`; 200 by default).
+//! `cargo bench -p gpu-pool-benches --bench copy [-- ROUNDS]` (or `COPY_ROUNDS`; 200 by default).
 //! `FRAME_STREAM=default` adopts the context's default stream, as in the frame bench, which keeps
 //! cudarc out of multi-stream mode. Without a CUDA device it says so and measures nothing.
 

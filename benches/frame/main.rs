@@ -32,10 +32,10 @@
 //! to synchronize) is timed with `Instant`; the medians and their ratios are printed as one
 //! markdown table a size. gpu-pool's stack is sized once, for the largest size's temporaries.
 //!
-//! `cargo bench --bench frame --features cuda [-- ROUNDS [FRAMES]]` (or `FRAME_ROUNDS` /
+//! `cargo bench -p gpu-pool-benches --bench frame [-- ROUNDS [FRAMES]]` (or `FRAME_ROUNDS` /
 //! `FRAME_FRAMES`; 20 rounds of 100 frames a variant by default). `FRAME_SIZES` lists the sizes,
 //! `WxH`, comma-separated, measured in its order (1920x1080 by default; each side at least 64):
-//! `FRAME_SIZES=256x256,640x480,1920x1080,3840x2160,7680x4320 cargo bench --bench frame`.
+//! `FRAME_SIZES=256x256,640x480,1920x1080,3840x2160,7680x4320 cargo bench -p gpu-pool-benches --bench frame`.
 //! `FRAME_STREAM=default` runs it with gpu-pool adopting the context's default stream (both
 //! gpu-pool variants use it), which leaves cudarc out of its multi-stream (event-tracking) mode.
 //! Without a CUDA device it says so and measures nothing.

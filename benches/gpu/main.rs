@@ -8,7 +8,7 @@
 //!   each competitor; every variant's output is checked against the CPU first.
 //! - The pipeline kernels' achieved bandwidth against the device's.
 //!
-//! `cargo bench --bench gpu` prints markdown tables of medians and ratios and writes SVG charts of A
+//! `cargo bench -p gpu-pool-benches --bench gpu` prints markdown tables of medians and ratios and writes SVG charts of A
 //! and B to `target/criterion/charts/`. Without a CUDA device it says so and measures nothing.
 
 mod chart;

@@ -27,7 +27,7 @@
 //! min and max per replay, the host's time to queue one, and the ratios to `cudarc` are printed as
 //! a markdown table, with each graph's nodes and the stack bytes the gpu-pool graphs hold.
 //!
-//! `cargo bench --bench mlp_graph --features cuda,cublas [-- ROUNDS [REPLAYS]]` (or `MLP_ROUNDS` /
+//! `cargo bench -p gpu-pool-benches --bench mlp_graph [-- ROUNDS [REPLAYS]]` (or `MLP_ROUNDS` /
 //! `MLP_REPLAYS`; 15 rounds of 1000 replays by default). Without a CUDA device (or cuBLAS) it says
 //! so and measures nothing.
 

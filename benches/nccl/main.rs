@@ -15,7 +15,7 @@
 //! and max per all-reduce, the bus bandwidth (NCCL's 2(n-1)/n factor) and the ratio to
 //! `unregistered` are printed as a markdown table; every result is checked (1 + 2 = 3).
 //!
-//! `cargo bench --bench nccl [-- ROUNDS]` (or `NCCL_ROUNDS`; 7 by default). With fewer than two
+//! `cargo bench -p gpu-pool-benches --bench nccl [-- ROUNDS]` (or `NCCL_ROUNDS`; 7 by default). With fewer than two
 //! GPUs, or without `libnccl`, it says so and measures nothing.
 
 #[path = "../support/run.rs"]

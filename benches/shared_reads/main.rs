@@ -8,7 +8,7 @@
 //! `cuStreamIsCapturing` and a `cuEventRecord` per weight). Rounds are interleaved. A single-thread
 //! loop then times one guard's read and drop on an idle stream.
 //!
-//! `cargo bench --bench shared_reads --features cuda,cublas [-- ROUNDS]`
+//! `cargo bench -p gpu-pool-benches --bench shared_reads [-- ROUNDS]`
 
 #[path = "../support/run.rs"]
 mod run;

@@ -6,11 +6,18 @@ use std::time::Duration;
 
 use criterion::Criterion;
 
-/// Where criterion writes its estimates: `$CRITERION_HOME`, else `target/criterion`.
+/// Where criterion writes its estimates: `$CRITERION_HOME`, else the workspace's
+/// `target/criterion` (criterion asks cargo for the target directory; a bench runs in `benches/`).
 pub(crate) fn output_dir() -> PathBuf {
-    std::env::var_os("CRITERION_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target/criterion"))
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return home.into();
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+            PathBuf::from,
+        )
+        .join("criterion")
 }
 
 static RUN_START: std::sync::LazyLock<std::time::SystemTime> =

@@ -45,6 +45,8 @@
 //! follows (`Keeper`), so a copy out of shared memory on another stream is waited for by the
 //! stream the access names.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod allocators;
 mod base;
 pub mod compat;

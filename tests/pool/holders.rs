@@ -168,7 +168,7 @@ fn reclaims_on_another_thread_never_unmap_a_block_in_use() -> Result<(), PoolErr
 }
 
 #[test]
-#[ignore = "long: run with cargo test --test pool -- --ignored"]
+#[ignore = "long: run with cargo test -p gpu-pool-tests --test pool -- --ignored"]
 fn reclaims_on_another_thread_never_unmap_a_block_in_use_for_long() -> Result<(), PoolError> {
     reclaim_race(150)
 }

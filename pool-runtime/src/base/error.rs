@@ -35,17 +35,10 @@ use crate::base::source::{CallSite, FallbackReason};
 /// assert!(matches!(err, PoolError::SizeOverflow { .. }));
 /// # Ok::<(), PoolError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PoolError {
     /// The device (or the allocator in use) could not provide the memory.
-    #[error(
-        "out of memory on {device}{at}: {requested} bytes requested{held}; release buffers, \
-         request less, or give the pool less memory with set_buffer_pool_config{fix}",
-        at = request_at(.context),
-        held = reclaimed_text(.reclaimed),
-        fix = request_fix(.context)
-    )]
     OutOfMemory {
         /// The device that ran out.
         device: DeviceId,
@@ -61,10 +54,6 @@ pub enum PoolError {
     },
 
     /// A size computation (rows x cols x element size, pitch x rows, alignment) would wrap.
-    #[error(
-        "size overflow: {rows} rows x {cols} cols of {elem_size}-byte elements does not fit in \
-         usize; request a smaller buffer"
-    )]
     SizeOverflow {
         /// Rows asked for.
         rows: usize,
@@ -75,10 +64,6 @@ pub enum PoolError {
     },
 
     /// The element type is aligned more strictly than device memory is guaranteed to be.
-    #[error(
-        "`{type_name}` is aligned to {align} bytes, more than the {max} bytes every device \
-         allocation guarantees; use an element type aligned to at most {max} bytes"
-    )]
     UnsupportedAlignment {
         /// The element type.
         type_name: &'static str,
@@ -89,7 +74,6 @@ pub enum PoolError {
     },
 
     /// A pool configuration that cannot work.
-    #[error("invalid buffer pool config: {reason}")]
     InvalidConfig {
         /// What is wrong and how to fix it.
         reason: String,
@@ -98,7 +82,6 @@ pub enum PoolError {
     /// A [`GpuAllocator`](crate::alloc::GpuAllocator) answered against its contract (a null address, a
     /// pitch below the row width, or memory not aligned for the element type). Its answer was
     /// given back, not used.
-    #[error("allocator contract broken{at}: {reason}", at = request_at(.context))]
     AllocatorContract {
         /// What the allocator answered and what it must answer.
         reason: String,
@@ -108,7 +91,6 @@ pub enum PoolError {
     },
 
     /// Memory given back to a pool or backend that did not hand it out (or already took it back).
-    #[error("{address:#x} is not a live block of {owner}; give back only what it handed out, once")]
     UnknownBlock {
         /// The address given back.
         address: u64,
@@ -117,10 +99,6 @@ pub enum PoolError {
     },
 
     /// Memory the caller supplied is not aligned for the element type asked of it.
-    #[error(
-        "memory at {address:#x} is not aligned for `{type_name}`; supply memory aligned to {align} \
-         bytes"
-    )]
     Misaligned {
         /// The address.
         address: u64,
@@ -131,10 +109,6 @@ pub enum PoolError {
     },
 
     /// `GPU_POOL_CONF` could not be parsed.
-    #[error(
-        "invalid GPU_POOL_CONF {value:?}: {reason}; expected e.g. \
-         \"stack_size=64MiB,stack_count=2,fallback=stream_ordered\""
-    )]
     InvalidEnvConfig {
         /// The variable's value.
         value: String,
@@ -143,10 +117,6 @@ pub enum PoolError {
     },
 
     /// The stack pool was reconfigured or its memory released while streams hold stacks of it.
-    #[error(
-        "cannot reconfigure or release the buffer pool of {device}: {held} stack(s) are held by live streams; \
-         drop those streams first (OpenCV frees the memory under them, gpu-pool refuses)"
-    )]
     ConfigInUse {
         /// The device whose pool is in use.
         device: DeviceId,
@@ -155,12 +125,6 @@ pub enum PoolError {
     },
 
     /// The request could not be served by the stack and the fallback is `Fallback::Error`.
-    #[error(
-        "stack exhausted on {device}{at}: {requested} bytes requested, {available} free \
-         ({reason}); {fix}, or choose another fallback",
-        at = request_at(.context),
-        fix = stack_fix(*.reason, *.requested, *.available, *.stack_size)
-    )]
     StackExhausted {
         /// The device.
         device: DeviceId,
@@ -180,10 +144,6 @@ pub enum PoolError {
     /// A stack buffer was released before a buffer taken after it (strict LIFO mode only).
     ///
     /// The memory is not lost: it is reclaimed when the buffers above it are released.
-    #[error(
-        "LIFO violation on {device}: a stack buffer at offset {offset} was released while buffers \
-         above it are live; release buffers in reverse order of taking them (the DSL does this for you)"
-    )]
     LifoViolation {
         /// The device.
         device: DeviceId,
@@ -192,17 +152,12 @@ pub enum PoolError {
     },
 
     /// No CUDA driver could be loaded.
-    #[error("no CUDA driver: {detail}; install the NVIDIA driver, or use Device::host()")]
     NoCudaDriver {
         /// What was tried.
         detail: String,
     },
 
     /// There is no such device.
-    #[error(
-        "no device {device}: {count} device(s) present (Device::cuda_device_count); ask for an \
-         ordinal below that, or use Device::cuda_or_host()"
-    )]
     NoSuchDevice {
         /// The device asked for.
         device: DeviceId,
@@ -215,12 +170,6 @@ pub enum PoolError {
     ///
     /// The call's own error is the [`source`](std::error::Error::source): cudarc's `DriverError`
     /// (downcast it to read its `CUresult`).
-    #[error(
-        "{what} failed: {source}; see what the call returns this error for in the CUDA \
-         documentation (an error of earlier asynchronous work, such as CUDA_ERROR_ILLEGAL_ADDRESS, \
-         is sticky: the context stays unusable, restart the process)",
-        what = call_words(call)
-    )]
     Driver {
         /// The function that failed, e.g. `cuMemAlloc`; [`PoolError::CUDARC_CALL`] for an error
         /// converted from cudarc's, whose call is not known.
@@ -233,11 +182,6 @@ pub enum PoolError {
     ///
     /// The [`source`](std::error::Error::source) is cudarc's error: its `CompileError` (whose
     /// `CompileError::CompileError { log, .. }` holds the compiler's log), or an `NvrtcError`.
-    #[error(
-        "nvrtc failed: {source}; for a compile error the compiler's log is in it (cudarc's \
-         CompileError::CompileError {{ log, .. }}): fix the kernel source or the options, and check \
-         that libnvrtc matches the driver's CUDA version"
-    )]
     Nvrtc {
         /// cudarc's error.
         source: Cause,
@@ -247,35 +191,18 @@ pub enum PoolError {
     ///
     /// The [`source`](std::error::Error::source) is cudarc's `CublasError` (downcast it to read
     /// its `cublasStatus_t`).
-    #[error(
-        "cuBLAS call failed: {source}; CUBLAS_STATUS_INVALID_VALUE is an argument out of range \
-         (sizes, leading dimensions, a buffer lent too short), NOT_INITIALIZED or ALLOC_FAILED a \
-         handle that could not be made (device memory, driver); see cublasStatus_t in the cuBLAS \
-         documentation for the others"
-    )]
     Cublas {
         /// cudarc's error.
         source: Cause,
     },
 
     /// A device's stack memory is registered with NCCL, so it cannot be freed or replaced.
-    #[error(
-        "the stack memory of {device} is registered with an NCCL communicator: drop the \
-         nccl::Registered handle first (it deregisters the memory), then change the config, \
-         release the stack memory or change where it comes from"
-    )]
     StackMemoryRegistered {
         /// The device.
         device: DeviceId,
     },
 
     /// Two ranks' stacks laid their blocks out differently ([`check_symmetric`](crate::observe::check_symmetric)).
-    #[error(
-        "the stacks are not symmetric: rank {rank} took {takes} block(s), its top at offset {top}, \
-         layout digest {digest:#018x}; rank 0 took {takes0}, its top at {top0}, digest \
-         {digest0:#018x}. Run the same pooled work in the same order on every rank, with the same \
-         stack config, and compare from streams made alike (a fresh stream per rank)"
-    )]
     Asymmetric {
         /// The first rank that differs from rank 0.
         rank: usize,
@@ -295,21 +222,12 @@ pub enum PoolError {
 
     /// A CUDA library the program asked for could not be loaded (cudarc loads them at run time,
     /// and would panic on the first call into a missing one).
-    #[error(
-        "the CUDA library {library} could not be loaded (searched for lib{library}.so and its \
-         versioned names); install it (the CUDA toolkit, or the {library} package of the driver's \
-         CUDA version), put its directory on LD_LIBRARY_PATH, or run without it"
-    )]
     NoCudaLibrary {
         /// The library, e.g. `cublas`.
         library: &'static str,
     },
 
     /// A host slice given to an upload or download differs in length from the buffer.
-    #[error(
-        "host slice length mismatch: the buffer holds {expected} elements (rows x cols), the host \
-         slice {actual}; pass a slice of exactly {expected} elements"
-    )]
     ShapeMismatch {
         /// Elements the buffer holds.
         expected: usize,
@@ -318,12 +236,6 @@ pub enum PoolError {
     },
 
     /// Two buffers of a copy differ in rows or columns.
-    #[error(
-        "buffer dimension mismatch: the destination buffer is {}x{} (rows x cols), the source \
-         buffer {}x{}; copy between buffers of the same rows and cols, or through a view of the \
-         right shape",
-        dst.0, dst.1, src.0, src.1
-    )]
     DimensionMismatch {
         /// Rows and columns of the destination.
         dst: (usize, usize),
@@ -333,20 +245,12 @@ pub enum PoolError {
 
     /// A pool stream already wraps this CUDA stream: two pool streams over one CUDA stream would
     /// have two stacks whose work is ordered as one, which graph capture cannot keep apart.
-    #[error(
-        "pool stream {existing} already wraps this CUDA stream; use that Stream (lend it by \
-         reference), or wrap another CUDA stream"
-    )]
     StreamAlreadyWrapped {
         /// The id of the pool stream that wraps it.
         existing: u64,
     },
 
     /// A file could not be written.
-    #[error(
-        "cannot write {path}: {source}; check that its directory exists and is writable, and that \
-         the disk has room"
-    )]
     Io {
         /// The file.
         path: String,
@@ -355,10 +259,6 @@ pub enum PoolError {
     },
 
     /// A region asked of a buffer or view does not lie inside it.
-    #[error(
-        "region {what} {start}..{end} is out of bounds of {len} {what}; ask for a range inside \
-         the buffer (start <= end <= {len})"
-    )]
     OutOfBounds {
         /// `"rows"` or `"cols"`.
         what: &'static str,
@@ -371,10 +271,6 @@ pub enum PoolError {
     },
 
     /// A contiguous view was asked of a buffer whose rows are padded.
-    #[error(
-        "a {rows}x{cols} buffer with a step of {step} bytes has padding between its rows, so it \
-         is not one contiguous run; take a 1D buffer (`buffer!(len; T)`), or use one row at a time"
-    )]
     NotContinuous {
         /// Rows.
         rows: usize,
@@ -385,9 +281,6 @@ pub enum PoolError {
     },
 
     /// An operation mixed buffers of different devices.
-    #[error(
-        "device mismatch: expected {expected}, got {actual}; copy through the host or use one device"
-    )]
     DeviceMismatch {
         /// The device the operation runs on.
         expected: DeviceId,
@@ -396,7 +289,6 @@ pub enum PoolError {
     },
 
     /// The operation exists, but not on this device's backend.
-    #[error("{what} is not supported on {device}")]
     Unsupported {
         /// The device.
         device: DeviceId,
@@ -405,31 +297,20 @@ pub enum PoolError {
     },
 
     /// A CUDA graph capture refused the call: see [`CaptureError`].
-    #[error(transparent)]
-    Capture(#[from] CaptureError),
+    Capture(CaptureError),
 
     /// NCCL refused or failed (feature `nccl`): see [`NcclError`].
-    #[error(transparent)]
-    Nccl(#[from] NcclError),
+    Nccl(NcclError),
 
     /// ppl.cv's memory pool refused the call: see [`PplError`].
-    #[error(transparent)]
-    Ppl(#[from] PplError),
+    Ppl(PplError),
 }
 
 /// A CUDA graph capture refused the call; a [`PoolError::Capture`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CaptureError {
     /// A buffer the stack cannot serve was asked for while a CUDA graph was being captured.
-    #[error(
-        "a buffer of {requested} bytes{at} does not fit the stream's stack ({available} bytes \
-         free) while a CUDA graph is captured, and an allocation from the driver would break the \
-         capture; raise stack_size with set_buffer_pool_config{hint}, or make the buffer before \
-         capturing",
-        at = request_paren(.context),
-        hint = stack_hint(.context)
-    )]
     NeedsStack {
         /// Bytes the buffer needs on the stack.
         requested: usize,
@@ -442,11 +323,6 @@ pub enum CaptureError {
 
     /// Long-lived memory was asked for while a CUDA graph is captured on this thread: a driver
     /// allocation would break the capture.
-    #[error(
-        "{what}{at} allocates device memory, which would break the CUDA graph capture under way \
-         on this thread; make it before capturing",
-        at = request_paren(.context)
-    )]
     Allocates {
         /// What asked for the memory.
         what: &'static str,
@@ -456,22 +332,11 @@ pub enum CaptureError {
     },
 
     /// A buffer taken during a capture was still live when it ended.
-    #[error(
-        "a buffer taken while capturing a CUDA graph was still live when the capture ended; the \
-         graph reuses that memory on every replay, so release every buffer taken inside (the DSL \
-         does), and make long-lived outputs before capturing"
-    )]
     KeptBuffers,
 
     /// A copy between device memory and a host slice borrowed only for the call
     /// (`upload`, `download`, `to_vec`) was asked for inside the stream's own capture: the graph
     /// would copy from or into the slice at every replay, after the slice is gone.
-    #[error(
-        "{what} copies to or from a host slice borrowed only for the call, inside a CUDA graph \
-         capture: every replay would copy from or into the slice after it is gone; copy before or \
-         after the capture, or through `HostMem` (`upload_async` / `download_async`), whose \
-         memory the graph can keep"
-    )]
     HostCopy {
         /// The operation refused.
         what: &'static str,
@@ -480,11 +345,6 @@ pub enum CaptureError {
     /// Work that crosses streams was asked for while one of them is being captured into a CUDA
     /// graph: the other stream would join the capture (and replays would write its memory after
     /// its buffers are gone) or the capture would depend on work outside it.
-    #[error(
-        "{what} crosses streams while a CUDA graph is captured: the graph could only record it by \
-         pulling the other stream's work (and memory) into every replay; do the cross-stream work \
-         before or after the capture, or on the capturing stream"
-    )]
     CrossStream {
         /// The operation refused.
         what: &'static str,
@@ -494,11 +354,6 @@ pub enum CaptureError {
     /// than its own [`Stream::capture`](crate::Stream::capture) (cudarc's `begin_capture`, or
     /// another stream's capture it was joined to): the pool could not keep that work's memory for
     /// the graph's life.
-    #[error(
-        "{what} on stream {stream}, whose CUDA stream is being captured outside Stream::capture: \
-         the graph would keep writing pool memory after its buffers are gone; capture pooled work \
-         with Stream::capture on the stream itself, and end other captures before using the stream"
-    )]
     Elsewhere {
         /// The operation refused.
         what: &'static str,
@@ -510,14 +365,6 @@ pub enum CaptureError {
     /// access of it through a guard is still open on another stream (a write, for a replay that
     /// reads; any access, for a replay that writes). The guard's work is not all queued yet, so
     /// nothing can order the replay after it; nothing was queued.
-    #[error(
-        "{what} would {replay} shared memory while a {open} of it is open on stream {stream}: the \
-         replay cannot be ordered after work not queued yet; end that access first (drop its \
-         guard: hold the lock that guards the SharedMat across the launch, its read lock for a \
-         graph that reads, its write lock for one that writes). A guard that was forgotten, or \
-         dropped while its stream was captured outside Stream::capture, stays open until an \
-         eager access that conflicts with it (a write, for an open read) waits for its stream"
-    )]
     SharedAccessOpen {
         /// The operation refused.
         what: &'static str,
@@ -533,12 +380,6 @@ pub enum CaptureError {
     /// ([`Stream::from_cuda`](crate::Stream::from_cuda) of cudarc's `default_stream()`), which the
     /// driver never captures. Refused before any driver call: the stream and its context stay
     /// usable.
-    #[error(
-        "{what} on stream {stream}, which wraps the legacy default (null) stream of {device}: the \
-         driver cannot capture that stream (it synchronizes with every other); capture on a \
-         stream of its own (Stream::new, or Stream::from_cuda of context.new_stream()). Nothing \
-         was queued: the stream and its context stay usable"
-    )]
     LegacyStream {
         /// The capture refused (`Stream::capture`, `GraphFamily::capture`,
         /// `Communicators::capture`).
@@ -551,20 +392,13 @@ pub enum CaptureError {
 }
 
 /// NCCL refused or failed (feature `nccl`); a [`NcclError::Call`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NcclError {
     /// An NCCL call failed (feature `nccl`).
     ///
     /// The [`source`](std::error::Error::source) is an [`NcclFailure`] holding cudarc's
     /// `NcclError` (downcast it to read the `ncclResult_t`).
-    #[error(
-        "{} failed: {source}; set NCCL_DEBUG=WARN for NCCL's own reason. \
-         ncclInvalidUsage is a call out of order or ranks that disagree (a rank missing from a \
-         group, different counts), ncclUnhandledCudaError a CUDA error underneath, ncclSystemError \
-         the operating system (shared memory, sockets)",
-        nccl_call_words(call)
-    )]
     Call {
         /// The NCCL function.
         call: &'static str,
@@ -573,11 +407,6 @@ pub enum NcclError {
     },
 
     /// The NCCL calls of a group disagree across ranks; nothing was queued (feature `nccl`).
-    #[error(
-        "the NCCL group was not queued: {problem}. Every rank must make the same collectives in \
-         the same order with the same count and type, and each send needs a receive of the same \
-         count and type on its peer"
-    )]
     Group {
         /// What disagrees.
         problem: String,
@@ -585,10 +414,6 @@ pub enum NcclError {
 
     /// Text or bytes that are not an NCCL unique id (`nccl::UniqueId`), refused before NCCL sees
     /// them (feature `nccl`).
-    #[error(
-        "not an NCCL unique id: {problem}. Pass on exactly the text rank 0's UniqueId printed \
-         (its Display: 256 hex digits) or its to_bytes, unchanged, to every other rank"
-    )]
     Id {
         /// What is wrong with it.
         problem: String,
@@ -596,10 +421,6 @@ pub enum NcclError {
 
     /// A rank outside its world, or a world of no ranks, refused before NCCL sees it
     /// (feature `nccl`).
-    #[error(
-        "NCCL rank {rank} of a world of {world} ranks: ranks are numbered 0 to world - 1, every \
-         process passes the same world size (at least 1, at most i32::MAX) and a rank of its own"
-    )]
     Rank {
         /// The rank asked for.
         rank: usize,
@@ -610,12 +431,6 @@ pub enum NcclError {
     /// Ranks in other processes did not meet this one within the communicator's timeout; the
     /// communicator was aborted (`ncclCommAbort`) and refuses every call from now on
     /// (feature `nccl`).
-    #[error(
-        "{what} waited {waited:?} for ranks in other processes and gave up: a peer exited, \
-         hangs, never made this call, or made calls that differ (a count, a type, one call more). \
-         The communicator was aborted: make a new one from a new UniqueId on every rank, or \
-         raise the timeout (Communicators::set_timeout) if the peers are only slow"
-    )]
     Timeout {
         /// What waited.
         what: &'static str,
@@ -625,21 +440,16 @@ pub enum NcclError {
 }
 
 /// ppl.cv's memory pool refused the call; a [`PoolError::Ppl`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PplError {
     /// A ppl.cv pool call made in a state where ppl.cv only logs an error.
-    #[error("ppl.cv memory pool: {reason}")]
     State {
         /// What is wrong and what to call first.
         reason: &'static str,
     },
 
     /// ppl.cv's pool was shut down while blocks of it are live.
-    #[error(
-        "cannot shut down the ppl.cv memory pool on {device}: {live} block(s) of it are live; free \
-         them first (ppl_cuda_free, or drop their GpuMemoryBlock)"
-    )]
     InUse {
         /// The device of the pool.
         device: DeviceId,
@@ -647,6 +457,373 @@ pub enum PplError {
         live: usize,
     },
 }
+
+// Display and Error by hand (no derive macro: one proc-macro and its parser less in every
+// user's build). Each message says what went wrong and what to do; `source()` is the
+// cause a variant keeps, and a nested feature error shows as itself (transparent).
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolError::OutOfMemory {
+                device,
+                requested,
+                context,
+                reclaimed,
+            } => write!(
+                f,
+                "out of memory on {device}{at}: {requested} bytes requested{held}; release buffers, \
+                 request less, or give the pool less memory with set_buffer_pool_config{fix}",
+                at = request_at(context),
+                held = reclaimed_text(reclaimed),
+                fix = request_fix(context)
+            ),
+            PoolError::SizeOverflow {
+                rows,
+                cols,
+                elem_size,
+            } => write!(
+                f,
+                "size overflow: {rows} rows x {cols} cols of {elem_size}-byte elements does not fit in \
+                 usize; request a smaller buffer"
+            ),
+            PoolError::UnsupportedAlignment {
+                type_name,
+                align,
+                max,
+            } => write!(
+                f,
+                "`{type_name}` is aligned to {align} bytes, more than the {max} bytes every device \
+                 allocation guarantees; use an element type aligned to at most {max} bytes"
+            ),
+            PoolError::InvalidConfig { reason } => {
+                write!(f, "invalid buffer pool config: {reason}")
+            }
+            PoolError::AllocatorContract { reason, context } => write!(
+                f,
+                "allocator contract broken{at}: {reason}",
+                at = request_at(context)
+            ),
+            PoolError::UnknownBlock { address, owner } => write!(
+                f,
+                "{address:#x} is not a live block of {owner}; give back only what it handed out, once"
+            ),
+            PoolError::Misaligned {
+                address,
+                align,
+                type_name,
+            } => write!(
+                f,
+                "memory at {address:#x} is not aligned for `{type_name}`; supply memory aligned to {align} \
+                 bytes"
+            ),
+            PoolError::InvalidEnvConfig { value, reason } => write!(
+                f,
+                "invalid GPU_POOL_CONF {value:?}: {reason}; expected e.g. \
+                 \"stack_size=64MiB,stack_count=2,fallback=stream_ordered\""
+            ),
+            PoolError::ConfigInUse { device, held } => write!(
+                f,
+                "cannot reconfigure or release the buffer pool of {device}: {held} stack(s) are held by live streams; \
+                 drop those streams first (OpenCV frees the memory under them, gpu-pool refuses)"
+            ),
+            PoolError::StackExhausted {
+                device,
+                requested,
+                available,
+                stack_size,
+                reason,
+                context,
+            } => write!(
+                f,
+                "stack exhausted on {device}{at}: {requested} bytes requested, {available} free \
+                 ({reason}); {fix}, or choose another fallback",
+                at = request_at(context),
+                fix = stack_fix(*reason, *requested, *available, *stack_size)
+            ),
+            PoolError::LifoViolation { device, offset } => write!(
+                f,
+                "LIFO violation on {device}: a stack buffer at offset {offset} was released while buffers \
+                 above it are live; release buffers in reverse order of taking them (the DSL does this for you)"
+            ),
+            PoolError::NoCudaDriver { detail } => write!(
+                f,
+                "no CUDA driver: {detail}; install the NVIDIA driver, or use Device::host()"
+            ),
+            PoolError::NoSuchDevice { device, count } => write!(
+                f,
+                "no device {device}: {count} device(s) present (Device::cuda_device_count); ask for an \
+                 ordinal below that, or use Device::cuda_or_host()"
+            ),
+            PoolError::Driver { call, source } => write!(
+                f,
+                "{what} failed: {source}; see what the call returns this error for in the CUDA \
+                 documentation (an error of earlier asynchronous work, such as CUDA_ERROR_ILLEGAL_ADDRESS, \
+                 is sticky: the context stays unusable, restart the process)",
+                what = call_words(call)
+            ),
+            PoolError::Nvrtc { source } => write!(
+                f,
+                "nvrtc failed: {source}; for a compile error the compiler's log is in it (cudarc's \
+                 CompileError::CompileError {{ log, .. }}): fix the kernel source or the options, and check \
+                 that libnvrtc matches the driver's CUDA version"
+            ),
+            PoolError::Cublas { source } => write!(
+                f,
+                "cuBLAS call failed: {source}; CUBLAS_STATUS_INVALID_VALUE is an argument out of range \
+                 (sizes, leading dimensions, a buffer lent too short), NOT_INITIALIZED or ALLOC_FAILED a \
+                 handle that could not be made (device memory, driver); see cublasStatus_t in the cuBLAS \
+                 documentation for the others"
+            ),
+            PoolError::StackMemoryRegistered { device } => write!(
+                f,
+                "the stack memory of {device} is registered with an NCCL communicator: drop the \
+                 nccl::Registered handle first (it deregisters the memory), then change the config, \
+                 release the stack memory or change where it comes from"
+            ),
+            PoolError::Asymmetric {
+                rank,
+                takes,
+                top,
+                digest,
+                takes0,
+                top0,
+                digest0,
+            } => write!(
+                f,
+                "the stacks are not symmetric: rank {rank} took {takes} block(s), its top at offset {top}, \
+                 layout digest {digest:#018x}; rank 0 took {takes0}, its top at {top0}, digest \
+                 {digest0:#018x}. Run the same pooled work in the same order on every rank, with the same \
+                 stack config, and compare from streams made alike (a fresh stream per rank)"
+            ),
+            PoolError::NoCudaLibrary { library } => write!(
+                f,
+                "the CUDA library {library} could not be loaded (searched for lib{library}.so and its \
+                 versioned names); install it (the CUDA toolkit, or the {library} package of the driver's \
+                 CUDA version), put its directory on LD_LIBRARY_PATH, or run without it"
+            ),
+            PoolError::ShapeMismatch { expected, actual } => write!(
+                f,
+                "host slice length mismatch: the buffer holds {expected} elements (rows x cols), the host \
+                 slice {actual}; pass a slice of exactly {expected} elements"
+            ),
+            PoolError::DimensionMismatch { dst, src } => write!(
+                f,
+                "buffer dimension mismatch: the destination buffer is {}x{} (rows x cols), the source \
+                 buffer {}x{}; copy between buffers of the same rows and cols, or through a view of the \
+                 right shape",
+                dst.0, dst.1, src.0, src.1
+            ),
+            PoolError::StreamAlreadyWrapped { existing } => write!(
+                f,
+                "pool stream {existing} already wraps this CUDA stream; use that Stream (lend it by \
+                 reference), or wrap another CUDA stream"
+            ),
+            PoolError::Io { path, source } => write!(
+                f,
+                "cannot write {path}: {source}; check that its directory exists and is writable, and that \
+                 the disk has room"
+            ),
+            PoolError::OutOfBounds {
+                what,
+                start,
+                end,
+                len,
+            } => write!(
+                f,
+                "region {what} {start}..{end} is out of bounds of {len} {what}; ask for a range inside \
+                 the buffer (start <= end <= {len})"
+            ),
+            PoolError::NotContinuous { rows, cols, step } => write!(
+                f,
+                "a {rows}x{cols} buffer with a step of {step} bytes has padding between its rows, so it \
+                 is not one contiguous run; take a 1D buffer (`buffer!(len; T)`), or use one row at a time"
+            ),
+            PoolError::DeviceMismatch { expected, actual } => write!(
+                f,
+                "device mismatch: expected {expected}, got {actual}; copy through the host or use one device"
+            ),
+            PoolError::Unsupported { device, what } => {
+                write!(f, "{what} is not supported on {device}")
+            }
+            PoolError::Capture(inner) => fmt::Display::fmt(inner, f),
+            PoolError::Nccl(inner) => fmt::Display::fmt(inner, f),
+            PoolError::Ppl(inner) => fmt::Display::fmt(inner, f),
+        }
+    }
+}
+
+impl Error for PoolError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            PoolError::Capture(inner) => inner.source(),
+            PoolError::Nccl(inner) => inner.source(),
+            PoolError::Ppl(inner) => inner.source(),
+            PoolError::Driver { source, .. } => Some(&**source),
+            PoolError::Nvrtc { source, .. } => Some(&**source),
+            PoolError::Cublas { source, .. } => Some(&**source),
+            PoolError::Io { source, .. } => Some(&**source),
+            _ => None,
+        }
+    }
+}
+
+impl From<CaptureError> for PoolError {
+    fn from(error: CaptureError) -> Self {
+        PoolError::Capture(error)
+    }
+}
+
+impl From<NcclError> for PoolError {
+    fn from(error: NcclError) -> Self {
+        PoolError::Nccl(error)
+    }
+}
+
+impl From<PplError> for PoolError {
+    fn from(error: PplError) -> Self {
+        PoolError::Ppl(error)
+    }
+}
+
+impl fmt::Display for CaptureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CaptureError::NeedsStack {
+                requested,
+                available,
+                context,
+            } => write!(
+                f,
+                "a buffer of {requested} bytes{at} does not fit the stream's stack ({available} bytes \
+                 free) while a CUDA graph is captured, and an allocation from the driver would break the \
+                 capture; raise stack_size with set_buffer_pool_config{hint}, or make the buffer before \
+                 capturing",
+                at = request_paren(context),
+                hint = stack_hint(context)
+            ),
+            CaptureError::Allocates { what, context } => write!(
+                f,
+                "{what}{at} allocates device memory, which would break the CUDA graph capture under way \
+                 on this thread; make it before capturing",
+                at = request_paren(context)
+            ),
+            CaptureError::KeptBuffers => write!(
+                f,
+                "a buffer taken while capturing a CUDA graph was still live when the capture ended; the \
+                 graph reuses that memory on every replay, so release every buffer taken inside (the DSL \
+                 does), and make long-lived outputs before capturing"
+            ),
+            CaptureError::HostCopy { what } => write!(
+                f,
+                "{what} copies to or from a host slice borrowed only for the call, inside a CUDA graph \
+                 capture: every replay would copy from or into the slice after it is gone; copy before or \
+                 after the capture, or through `HostMem` (`upload_async` / `download_async`), whose \
+                 memory the graph can keep"
+            ),
+            CaptureError::CrossStream { what } => write!(
+                f,
+                "{what} crosses streams while a CUDA graph is captured: the graph could only record it by \
+                 pulling the other stream's work (and memory) into every replay; do the cross-stream work \
+                 before or after the capture, or on the capturing stream"
+            ),
+            CaptureError::Elsewhere { what, stream } => write!(
+                f,
+                "{what} on stream {stream}, whose CUDA stream is being captured outside Stream::capture: \
+                 the graph would keep writing pool memory after its buffers are gone; capture pooled work \
+                 with Stream::capture on the stream itself, and end other captures before using the stream"
+            ),
+            CaptureError::SharedAccessOpen {
+                what,
+                replay,
+                open,
+                stream,
+            } => write!(
+                f,
+                "{what} would {replay} shared memory while a {open} of it is open on stream {stream}: the \
+                 replay cannot be ordered after work not queued yet; end that access first (drop its \
+                 guard: hold the lock that guards the SharedMat across the launch, its read lock for a \
+                 graph that reads, its write lock for one that writes). A guard that was forgotten, or \
+                 dropped while its stream was captured outside Stream::capture, stays open until an \
+                 eager access that conflicts with it (a write, for an open read) waits for its stream"
+            ),
+            CaptureError::LegacyStream {
+                what,
+                stream,
+                device,
+            } => write!(
+                f,
+                "{what} on stream {stream}, which wraps the legacy default (null) stream of {device}: the \
+                 driver cannot capture that stream (it synchronizes with every other); capture on a \
+                 stream of its own (Stream::new, or Stream::from_cuda of context.new_stream()). Nothing \
+                 was queued: the stream and its context stay usable"
+            ),
+        }
+    }
+}
+
+impl Error for CaptureError {}
+
+impl fmt::Display for NcclError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NcclError::Call { call, source } => write!(
+                f,
+                "{} failed: {source}; set NCCL_DEBUG=WARN for NCCL's own reason. \
+                 ncclInvalidUsage is a call out of order or ranks that disagree (a rank missing from a \
+                 group, different counts), ncclUnhandledCudaError a CUDA error underneath, ncclSystemError \
+                 the operating system (shared memory, sockets)",
+                nccl_call_words(call)
+            ),
+            NcclError::Group { problem } => write!(
+                f,
+                "the NCCL group was not queued: {problem}. Every rank must make the same collectives in \
+                 the same order with the same count and type, and each send needs a receive of the same \
+                 count and type on its peer"
+            ),
+            NcclError::Id { problem } => write!(
+                f,
+                "not an NCCL unique id: {problem}. Pass on exactly the text rank 0's UniqueId printed \
+                 (its Display: 256 hex digits) or its to_bytes, unchanged, to every other rank"
+            ),
+            NcclError::Rank { rank, world } => write!(
+                f,
+                "NCCL rank {rank} of a world of {world} ranks: ranks are numbered 0 to world - 1, every \
+                 process passes the same world size (at least 1, at most i32::MAX) and a rank of its own"
+            ),
+            NcclError::Timeout { what, waited } => write!(
+                f,
+                "{what} waited {waited:?} for ranks in other processes and gave up: a peer exited, \
+                 hangs, never made this call, or made calls that differ (a count, a type, one call more). \
+                 The communicator was aborted: make a new one from a new UniqueId on every rank, or \
+                 raise the timeout (Communicators::set_timeout) if the peers are only slow"
+            ),
+        }
+    }
+}
+
+impl Error for NcclError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            NcclError::Call { source, .. } => Some(&**source),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for PplError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PplError::State { reason } => write!(f, "ppl.cv memory pool: {reason}"),
+            PplError::InUse { device, live } => write!(
+                f,
+                "cannot shut down the ppl.cv memory pool on {device}: {live} block(s) of it are live; free \
+                 them first (ppl_cuda_free, or drop their GpuMemoryBlock)"
+            ),
+        }
+    }
+}
+
+impl Error for PplError {}
 
 impl PoolError {
     /// The `call` of a [`PoolError::Driver`] converted from cudarc's `DriverError` (with `?` or
@@ -745,8 +922,8 @@ pub struct RequestContext {
 ///     assert_eq!(source.kind(), io::ErrorKind::PermissionDenied);
 /// }
 /// ```
-// Deliberately not `Error` itself: thiserror's `source()` then reaches through `Deref` and returns
-// the error inside.
+// Deliberately not `Error` itself: `source()` of the `PoolError` returns the error inside, through
+// `Deref`, so that it downcasts to its own type.
 pub struct Cause<E: ?Sized + 'static = dyn Error + Send + Sync>(Arc<E>);
 
 impl<E: ?Sized> Clone for Cause<E> {

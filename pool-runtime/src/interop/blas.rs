@@ -49,6 +49,7 @@ impl Stream {
     /// # drop(blas);
     /// # Ok::<(), PoolError>(())
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
     pub fn cublas(&self) -> Result<Blas, PoolError> {
         if !cublas_present() {
             return Err(PoolError::NoCudaLibrary { library: "cublas" });
@@ -125,6 +126,7 @@ impl Stream {
 /// # let _ = handle;
 /// # Ok::<(), PoolError>(())
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub struct Blas {
     handle: CudaBlas,
     /// Taken by the drop, which keeps it for the next handle on its stream.
@@ -236,6 +238,7 @@ impl Drop for Blas {
 
 /// What NVIDIA recommends for a cuBLAS workspace on Hopper GPUs (32 MiB; 4 MiB on earlier ones):
 /// enough that no GEMM picks a slower algorithm for want of room.
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Runs `work` with `blas` working in a pool buffer: the handle's workspace is `workspace` while
@@ -270,6 +273,7 @@ pub const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 /// out of that stream's order), of no CUDA stream, or shared memory, and for one with fewer than 256 bytes from
 /// its first 256-byte boundary (cuBLAS's alignment, where the workspace starts);
 /// `PoolError::NotContinuous` for padded rows; `PoolError::Cublas` if cuBLAS refuses it.
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub fn with_blas_workspace<R>(
     blas: &mut Blas,
     workspace: GpuViewMut<'_, u8>,

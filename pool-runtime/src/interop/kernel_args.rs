@@ -141,6 +141,7 @@ unsafe impl<'a, 'b: 'a, 'h, 's, T> PushKernelArg<&'b mut Pooled<'h, 's, T>> for 
 ///     Ok(())
 /// }
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub trait LaunchArgsExt<'a> {
     /// Pushes the device address of `buffer`'s first element, for a kernel's `const T*`
     /// parameter. The buffer stays borrowed while the builder lives.
@@ -159,6 +160,7 @@ pub trait LaunchArgsExt<'a> {
 }
 
 /// A 2D kernel argument that [`LaunchArgsExt::pitched`] pushes: [`Pitched`] or [`PitchedMut`].
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub trait PitchedArg: DeviceRepr + sealed::Sealed {}
 
 mod sealed {
@@ -192,6 +194,7 @@ impl<'a> LaunchArgsExt<'a> for LaunchArgs<'a> {
 /// `Pitched<const T>` for a [`Pitched`] and `Pitched<T>` for a [`PitchedMut`], and reads
 /// `m.rows`, `m.cols`, `m.row(r)` (a `T*`) or `m(r, c)` (a `T&`). Its `static_assert`s pin the
 /// layout the Rust types have (a unit test checks the two against each other).
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub const PITCHED_H: &str = r#"
 #ifndef GPU_POOL_PITCHED_H
 #define GPU_POOL_PITCHED_H
@@ -234,6 +237,7 @@ unsafe impl<T> DeviceRepr for Pitched<'_, T> {}
 unsafe impl<T> DeviceRepr for PitchedMut<'_, T> {}
 
 /// Threads a block of [`grid_2d`]: 32 along a row (a warp, so a row's loads coalesce) by 8 rows.
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub const BLOCK_2D: (u32, u32) = (32, 8);
 
 /// The launch configuration of a 2D kernel with one thread per element of `rows x cols`: blocks of
@@ -244,6 +248,7 @@ pub const BLOCK_2D: (u32, u32) = (32, 8);
 /// # Errors
 /// [`PoolError::SizeOverflow`] (with an element size of 1) when the grid is larger than CUDA's
 /// limits: 2^31 - 1 blocks along x, 65535 along y.
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub fn grid_2d(rows: usize, cols: usize) -> Result<LaunchConfig, PoolError> {
     const MAX_X: usize = (1 << 31) - 1;
     const MAX_Y: usize = 65535;

@@ -10,14 +10,19 @@ pub(crate) mod device_memory;
 pub(crate) mod kernel_args;
 
 #[cfg(feature = "cublas")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cublas")))]
 pub use blas::{BLAS_WORKSPACE_BYTES, Blas, with_blas_workspace};
 /// The cudarc this crate was built with, for launching kernels on pool buffers.
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use cudarc;
 // The types are the core's (what its traits return); what makes them cudarc's is here.
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use crate::core::lent::{LentSlice, LentSliceMut};
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use crate::core::pitched::{Pitched, PitchedMut};
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use kernel_args::{BLOCK_2D, LaunchArgsExt, PITCHED_H, PitchedArg, grid_2d};
