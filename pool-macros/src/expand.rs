@@ -167,16 +167,47 @@ fn graph_body(function: &mut ItemFn, stream: &syn::Expr, graph: &GraphArg) {
         .map_or_else(|| quote!(16), ToTokens::to_token_stream);
     let site = Ident::new("__GPU_POOL_GRAPH", proc_macro2::Span::mixed_site());
     let keys = Ident::new("__gpu_pool_keys", proc_macro2::Span::mixed_site());
-    let generic = sig.generics.type_params().next().is_some()
-        || sig.inputs.iter().any(|i| match i {
-            FnArg::Typed(t) => t.ty.to_token_stream().to_string().contains("impl"),
-            FnArg::Receiver(_) => false,
-        });
+    let call = Ident::new("__gpu_pool_call", proc_macro2::Span::mixed_site());
+    // One `static` serves every instance of a generic function or method: each instance's types
+    // (its type parameters, `Self`, the anonymous types of `impl Trait` parameters) and const
+    // values are part of its key.
+    let mut instance: Vec<TokenStream> = Vec::new();
+    for param in sig.generics.params.iter() {
+        match param {
+            syn::GenericParam::Type(t) => {
+                let t = &t.ident;
+                instance.push(quote!(#keys.type_name(::core::any::type_name::<#t>());));
+            }
+            syn::GenericParam::Const(c) => {
+                let c = &c.ident;
+                instance.push(quote!(::gpu_pool::__private::GraphKey::graph_key(&#c, #keys);));
+            }
+            syn::GenericParam::Lifetime(_) => {}
+        }
+    }
+    if matches!(sig.inputs.first(), Some(FnArg::Receiver(_))) {
+        instance.push(quote!(#keys.type_name(::core::any::type_name::<Self>());));
+    }
+    let anonymous_params: Vec<Ident> = sig
+        .inputs
+        .iter()
+        .filter_map(|i| match i {
+            FnArg::Typed(t) if has_impl_trait(&t.ty) => Some(&*t.pat),
+            _ => None,
+        })
+        .flat_map(|pat| {
+            let mut names = Vec::new();
+            pattern_idents(pat, &mut names);
+            names
+        })
+        .collect();
     let key_each = parameters(sig).into_iter().map(|p| {
-        let typed = generic.then(|| quote!(#keys.type_of(&#p);));
+        let typed = anonymous_params
+            .contains(&p)
+            .then(|| quote!(#keys.type_of(&#p);));
         quote_spanned! {p.span()=>
             #typed
-            ::gpu_pool::__private::GraphKey::graph_key(&#p, &mut #keys);
+            ::gpu_pool::__private::GraphKey::graph_key(&#p, #keys);
         }
     });
     let by_value = is_by_value_param(sig, stream);
@@ -185,23 +216,45 @@ fn graph_body(function: &mut ItemFn, stream: &syn::Expr, graph: &GraphArg) {
     } else {
         quote_spanned!(stream.span()=> ::gpu_pool::__private::scope(&*#stream))
     };
-    let ret = match &sig.output {
-        syn::ReturnType::Type(_, ty) if !ty.to_token_stream().to_string().contains("impl") => {
-            quote!(-> #ty)
+    let (ret, call_ret) = match &sig.output {
+        syn::ReturnType::Type(_, ty) if !has_impl_trait(ty) => {
+            (quote!(-> #ty), quote!(-> ::core::option::Option<#ty>))
         }
-        _ => quote!(),
+        _ => (quote!(), quote!()),
     };
     // What the function returns is checked by `graphed`'s bounds: reported on the return type.
     let graphed = quote_spanned!(sig.output.span()=> ::gpu_pool::__private::graphed);
     let body = &function.block;
+    // One closure both keys the parameters (given the keys: before the call, and again after a
+    // capture, to see whether the body changed them on the host) and runs the body (given none):
+    // one closure, so the body may borrow its parameters mutably.
     let wrapped = quote! {{
         static #site: ::gpu_pool::__private::GraphSite =
             ::gpu_pool::__private::GraphSite::new(concat!(module_path!(), "::", #name), #cap);
-        let mut #keys = ::gpu_pool::__private::GraphKeys::default();
-        #(#key_each)*
-        #graphed(&#site, #stream_ref, #keys, || #ret #body)
+        let mut #call = |#keys: ::core::option::Option<&mut ::gpu_pool::__private::GraphKeys>| #call_ret {
+            if let ::core::option::Option::Some(#keys) = #keys {
+                #(#instance)*
+                #(#key_each)*
+                return ::core::option::Option::None;
+            }
+            ::core::option::Option::Some((|| #ret #body)())
+        };
+        #graphed(&#site, #stream_ref, &mut #call)
     }};
     *function.block = syn::parse2(wrapped).expect("a block");
+}
+
+/// Whether `ty` holds an `impl Trait` anywhere.
+fn has_impl_trait(ty: &syn::Type) -> bool {
+    struct Finder(bool);
+    impl<'a> syn::visit::Visit<'a> for Finder {
+        fn visit_type_impl_trait(&mut self, _: &'a syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut finder = Finder(false);
+    syn::visit::Visit::visit_type(&mut finder, ty);
+    finder.0
 }
 
 /// Whether the stream is a parameter taken by value (`stream: Stream`), which `&*` cannot reach.
@@ -248,26 +301,28 @@ fn is_shared_ref_param(sig: &syn::Signature, expr: &syn::Expr) -> bool {
 
 /// Every name the function binds: `self`, and the identifiers of its parameter patterns.
 fn parameters(sig: &syn::Signature) -> Vec<Ident> {
-    fn idents(pat: &Pat, out: &mut Vec<Ident>) {
-        match pat {
-            Pat::Ident(p) => out.push(p.ident.clone()),
-            Pat::Reference(r) => idents(&r.pat, out),
-            Pat::Tuple(t) => t.elems.iter().for_each(|p| idents(p, out)),
-            Pat::TupleStruct(t) => t.elems.iter().for_each(|p| idents(p, out)),
-            Pat::Struct(s) => s.fields.iter().for_each(|f| idents(&f.pat, out)),
-            Pat::Type(t) => idents(&t.pat, out),
-            Pat::Paren(p) => idents(&p.pat, out),
-            _ => {}
-        }
-    }
     let mut out = Vec::new();
     for input in &sig.inputs {
         match input {
             FnArg::Receiver(r) => out.push(Ident::new("self", r.self_token.span)),
-            FnArg::Typed(t) => idents(&t.pat, &mut out),
+            FnArg::Typed(t) => pattern_idents(&t.pat, &mut out),
         }
     }
     out
+}
+
+/// The identifiers a parameter pattern binds.
+fn pattern_idents(pat: &Pat, out: &mut Vec<Ident>) {
+    match pat {
+        Pat::Ident(p) => out.push(p.ident.clone()),
+        Pat::Reference(r) => pattern_idents(&r.pat, out),
+        Pat::Tuple(t) => t.elems.iter().for_each(|p| pattern_idents(p, out)),
+        Pat::TupleStruct(t) => t.elems.iter().for_each(|p| pattern_idents(p, out)),
+        Pat::Struct(s) => s.fields.iter().for_each(|f| pattern_idents(&f.pat, out)),
+        Pat::Type(t) => pattern_idents(&t.pat, out),
+        Pat::Paren(p) => pattern_idents(&p.pat, out),
+        _ => {}
+    }
 }
 
 /// Opens the scope, spanned on the user's stream so that a value that is no stream is reported

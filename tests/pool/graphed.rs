@@ -336,6 +336,146 @@ mod gpu {
         Ok(())
     }
 
+    /// What a type parameter chooses: a fill value.
+    trait Fill {
+        const VALUE: u8;
+    }
+    struct One;
+    struct Two;
+    impl Fill for One {
+        const VALUE: u8 = 1;
+    }
+    impl Fill for Two {
+        const VALUE: u8 = 2;
+    }
+
+    /// Its only difference between instances is a type no parameter names.
+    #[pooled(stream, graph)]
+    fn filled<'s, F: Fill>(stream: &'s Stream, n: usize) -> Result<Temp<'s, u8>, PoolError> {
+        let mut y = stream.temp_1d::<u8>(n)?;
+        y.set_to(F::VALUE)?;
+        Ok(y)
+    }
+
+    #[test]
+    fn instances_of_a_generic_function_have_graphs_of_their_own() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_generic") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        for _ in 0..3 {
+            assert_eq!(filled::<One>(&stream, 64)?.to_vec()?, vec![1; 64]);
+            assert_eq!(filled::<Two>(&stream, 64)?.to_vec()?, vec![2; 64]);
+        }
+        let stats = shape_stats(&stream);
+        assert_eq!((stats.captures, stats.replays), (2, 4), "{stats}");
+        Ok(())
+    }
+
+    /// Ping-pong: copies `cur` into `nxt`, adds one, and swaps them on the host.
+    #[pooled(stream, graph)]
+    fn step<'r, 's>(
+        stream: &Stream,
+        k: &Kernels,
+        cur: &mut &'r mut Temp<'s, f32>,
+        nxt: &mut &'r mut Temp<'s, f32>,
+    ) -> Result<(), PoolError> {
+        let n = cur.len();
+        let cuda = stream.cudarc()?;
+        let (n32, a, b) = (n as i32, 1.0f32, 1.0f32);
+        // SAFETY: both hold `n` floats of this stream, alive past the kernel.
+        unsafe {
+            cuda.launch_builder(&k.affine_relu)
+                .buf(&**cur)
+                .buf_mut(&mut **nxt)
+                .arg(&n32)
+                .arg(&a)
+                .arg(&b)
+                .launch(line4(n))?;
+        }
+        std::mem::swap(cur, nxt);
+        Ok(())
+    }
+
+    #[test]
+    fn a_function_that_changes_its_parameters_on_the_host_runs_eagerly() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_swap") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let (mut a, mut b) = (stream.temp_1d::<f32>(256)?, stream.temp_1d::<f32>(256)?);
+        a.set_to(0.0)?;
+        let (mut cur, mut nxt) = (&mut a, &mut b);
+        for _ in 0..6 {
+            step(&stream, &k, &mut cur, &mut nxt)?;
+        }
+        assert_eq!(
+            cur.to_vec()?,
+            vec![6.0; 256],
+            "every call swapped and added one"
+        );
+        let stats = shape_stats(&stream);
+        println!("{stats}");
+        assert_eq!(stats.replays, 0, "{stats}");
+        assert!(
+            stats
+                .eager
+                .iter()
+                .any(|e| e.reason.contains("changes its parameters")),
+            "{stats}"
+        );
+        Ok(())
+    }
+
+    thread_local! {
+        /// A buffer no parameter names, on a stream that lives as long as the thread.
+        static HIDDEN: std::cell::RefCell<Option<DeviceMat<'static, f32>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// Writes the thread-local buffer: memory a replay could not follow.
+    #[pooled(stream, graph)]
+    fn into_hidden(stream: &Stream, x: &Temp<'_, f32>) -> Result<(), PoolError> {
+        let tmp = buffer!(x.len(); f32)?;
+        HIDDEN.with(|h| match h.borrow_mut().as_mut() {
+            Some(m) => m.copy_from(&tmp),
+            None => Ok(()),
+        })
+    }
+
+    #[test]
+    fn memory_no_parameter_names_makes_the_calls_eager() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_hidden") else {
+            return Ok(());
+        };
+        let owner: &'static Stream = Box::leak(Box::new(Stream::new(&device)?));
+        let stream = Stream::new(&device)?;
+        let x = stream.temp_1d::<f32>(128)?;
+        for round in 0..3 {
+            // A new buffer each round, where the last one was freed.
+            HIDDEN.with(|h| -> Result<(), PoolError> {
+                *h.borrow_mut() = Some(DeviceMat::new(owner, 1, 128)?);
+                Ok(())
+            })?;
+            into_hidden(&stream, &x)?;
+            stream.synchronize()?;
+            let _ = round;
+        }
+        HIDDEN.with(|h| h.borrow_mut().take());
+        let stats = shape_stats(&stream);
+        println!("{stats}");
+        assert_eq!(stats.replays, 0, "{stats}");
+        assert!(
+            stats
+                .eager
+                .iter()
+                .any(|e| e.reason.contains("none of its parameters")),
+            "{stats}"
+        );
+        Ok(())
+    }
+
     /// `y = w` (a shared weight) through a scratch copy.
     #[pooled(stream, graph)]
     fn read_weights<'s>(

@@ -60,6 +60,54 @@ pub unsafe trait GraphKey {
     fn graph_key(&self, keys: &mut GraphKeys);
 }
 
+thread_local! {
+    /// While a graphed function is captured on this thread: the device memory its buffers' views
+    /// reached, as `(address, bytes)`, for the capture to check against what its key names.
+    static TOUCHED: std::cell::RefCell<Vec<(u64, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static RECORDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a graphed function's capture records the memory its views reach.
+#[inline]
+pub(crate) fn recording() -> bool {
+    RECORDING.with(std::cell::Cell::get)
+}
+
+/// Notes that a view of `bytes` at `ptr` was made (kept only while a graphed capture records).
+#[inline]
+pub(crate) fn touched(ptr: u64, bytes: u64) {
+    if recording() {
+        TOUCHED.with(|t| t.borrow_mut().push((ptr, bytes)));
+    }
+}
+
+/// Records the memory views reach until the guard is dropped, then hands it over
+/// ([`Touched::take`]).
+#[cfg(feature = "cuda")]
+pub(crate) struct Touched(());
+
+#[cfg(feature = "cuda")]
+impl Touched {
+    pub(crate) fn record() -> Touched {
+        TOUCHED.with(|t| t.borrow_mut().clear());
+        RECORDING.with(|r| r.set(true));
+        Touched(())
+    }
+
+    /// What views reached since [`record`](Self::record).
+    pub(crate) fn take(self) -> Vec<(u64, u64)> {
+        RECORDING.with(|r| r.set(false));
+        TOUCHED.with(|t| std::mem::take(&mut *t.borrow_mut()))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for Touched {
+    fn drop(&mut self) {
+        RECORDING.with(|r| r.set(false));
+    }
+}
+
 /// Words kept inline: the key of a call with a few buffers, a model and scalars allocates nothing.
 const INLINE: usize = 48;
 
@@ -71,6 +119,8 @@ pub struct GraphKeys {
     spilled: Vec<u64>,
     /// A hash of the words, compared before them.
     hash: u64,
+    /// The device memory the keyed values name, where asked for (a capture's check).
+    ranges: Option<Vec<(u64, u64)>>,
     /// Kernels keyed by their handle, held while a graph of the key lives: their module stays
     /// loaded, so no other kernel can get the handle a graph launches. Inline up to a few, so a
     /// call's key allocates nothing.
@@ -91,6 +141,7 @@ impl Default for GraphKeys {
             len: 0,
             spilled: Vec::new(),
             hash: 0,
+            ranges: None,
             #[cfg(feature = "cuda")]
             kernels: Default::default(),
             #[cfg(feature = "cuda")]
@@ -125,11 +176,37 @@ impl GraphKeys {
     /// Adds a buffer: its address, shape, row step and element size.
     #[inline]
     pub fn buffer<T: Pod>(&mut self, buffer: &(impl GpuRead<T> + ?Sized)) {
-        self.word(buffer.device_ptr());
-        self.word(buffer.rows() as u64);
+        let (ptr, rows, step) = (buffer.device_ptr(), buffer.rows(), buffer.step());
+        self.word(ptr);
+        self.word(rows as u64);
         self.word(buffer.cols() as u64);
-        self.word(buffer.step() as u64);
+        self.word(step as u64);
         self.word(size_of::<T>() as u64);
+        self.names_memory(ptr, (rows * step) as u64);
+    }
+
+    /// Says that the keyed value names `bytes` of device memory at `ptr` (what its words stand
+    /// for): a capture checks that its work reaches no other memory.
+    #[inline]
+    pub(crate) fn names_memory(&mut self, ptr: u64, bytes: u64) {
+        if let Some(ranges) = &mut self.ranges {
+            ranges.push((ptr, bytes));
+        }
+    }
+
+    /// Keys that also collect the memory the keyed values name ([`names`](Self::names)).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn naming_memory() -> GraphKeys {
+        GraphKeys {
+            ranges: Some(Vec::new()),
+            ..GraphKeys::default()
+        }
+    }
+
+    /// The memory the keyed values name, for keys made with `naming_memory`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn names(&self) -> &[(u64, u64)] {
+        self.ranges.as_deref().unwrap_or(&[])
     }
 
     /// The words' hash.
@@ -155,14 +232,26 @@ impl GraphKeys {
         }
     }
 
-    /// Adds the type of `value` (for a generic function, whose instances share one cache):
-    /// its name's address and length.
+    /// Adds the type of `value` (an `impl Trait` parameter of a generic function, whose
+    /// instances share one cache).
     #[doc(hidden)]
     #[inline]
     pub fn type_of<T: ?Sized>(&mut self, value: &T) {
-        let name = std::any::type_name_of_val(value);
-        self.word(name.as_ptr() as u64);
+        self.type_name(std::any::type_name_of_val(value));
+    }
+
+    /// Adds a type, by its name: its length and two independent 64-bit hashes of its bytes
+    /// (FNV-1a and FxHash's step), so distinct names of one program never meet.
+    #[doc(hidden)]
+    pub fn type_name(&mut self, name: &'static str) {
+        let (mut fnv, mut fx) = (0xcbf2_9ce4_8422_2325_u64, 0_u64);
+        for &byte in name.as_bytes() {
+            fnv = (fnv ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            fx = (fx.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
         self.word(name.len() as u64);
+        self.word(fnv);
+        self.word(fx);
     }
 }
 

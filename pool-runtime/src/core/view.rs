@@ -177,6 +177,7 @@ macro_rules! view_common {
             /// A view of `window`: memory of `device` the caller keeps borrowed for `'a`, aligned
             /// for `T` (address and step), whose work is ordered on `cuda` where given.
             pub(crate) fn new(window: Window, device: DeviceId, keeper: Keeper<'a>) -> Self {
+                $crate::core::graph_key::touched(window.ptr, (window.rows * window.pitch) as u64);
                 $view {
                     window,
                     device,

@@ -337,15 +337,14 @@ struct Recorded {
     outputs: Vec<OutputLayout>,
 }
 
-/// Calls the graphed function `body` on `stream`: a replay of its graph for this call's key, a
-/// capture of a new one, or, where neither can be, `body` itself. `keys` are the parameters'
-/// words. What `#[pooled(stream, graph)]` expands to.
+/// Calls the graphed function `call` on `stream`: a replay of its graph for this call's key, a
+/// capture of a new one, or, where neither can be, the function itself. `call(Some(keys))` writes
+/// the parameters' words; `call(None)` runs the body. What `#[pooled(stream, graph)]` expands to.
 #[doc(hidden)]
 pub fn graphed<'s, R, E>(
     site: &'static GraphSite,
     stream: &'s Stream,
-    keys: GraphKeys,
-    mut body: impl FnMut() -> Result<R, E>,
+    call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
 ) -> Result<R, E>
 where
     R: Outputs<'s>,
@@ -353,30 +352,69 @@ where
 {
     #[cfg(feature = "cuda")]
     {
-        cuda::call(site, stream, keys, &mut body)
+        cuda::call(site, stream, call)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        drop(keys);
-        eager(site, stream, NO_CUDA, &mut body)
+        eager(site, stream, NO_CUDA, call)
     }
 }
 
+const CHANGES_PARAMETERS: &str = "the function changes its parameters on the host (a `&mut` \
+     parameter or `self`), which a replay would not: its calls run eagerly";
+
+const UNNAMED_MEMORY: &str = "the function reaches device memory none of its parameters \
+     names (a static's, a thread-local's), which a replay would reach even once it is another \
+     buffer's: pass that buffer as a parameter, or its calls run eagerly";
+
 const NO_CUDA: &str = "CUDA graphs need a CUDA device: the host backend runs the calls";
 
-/// Runs `body` eagerly for `reason`, counted.
-fn eager<R, E>(
+/// Runs the body of `call`.
+fn run<R, E: From<PoolError>>(
+    stream: &Stream,
+    call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
+) -> Result<R, E> {
+    call(None).unwrap_or_else(|| {
+        Err(PoolError::Unsupported {
+            device: stream.device().id(),
+            what: "a graphed call whose closure ran no body (not one `#[pooled(stream, graph)]` made)",
+        }
+        .into())
+    })
+}
+
+/// The parameters' words now.
+fn keys_of<R, E>(
+    call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
+) -> GraphKeys {
+    let mut keys = GraphKeys::default();
+    drop(call(Some(&mut keys)));
+    keys
+}
+
+/// The parameters' words now, with the device memory they name.
+#[cfg(feature = "cuda")]
+fn keys_naming<R, E>(
+    call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
+) -> GraphKeys {
+    let mut keys = GraphKeys::naming_memory();
+    drop(call(Some(&mut keys)));
+    keys
+}
+
+/// Runs the body of `call` eagerly for `reason`, counted.
+fn eager<R, E: From<PoolError>>(
     site: &'static GraphSite,
     stream: &Stream,
     reason: &str,
-    body: &mut impl FnMut() -> Result<R, E>,
+    call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
 ) -> Result<R, E> {
     with_shapes(stream, |shapes| {
         shapes.stats.eager_calls += 1;
         count_eager(&mut shapes.stats.eager, site, reason);
     });
     PROCESS.eager_calls.fetch_add(1, Relaxed);
-    body()
+    run(stream, call)
 }
 
 /// `f` on the stream's graphs by shape (made on first use). No `f` runs user code, so none
@@ -408,27 +446,26 @@ mod cuda {
     pub(super) fn call<'s, R, E>(
         site: &'static GraphSite,
         stream: &'s Stream,
-        keys: GraphKeys,
-        body: &mut impl FnMut() -> Result<R, E>,
+        call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
     ) -> Result<R, E>
     where
         R: Outputs<'s>,
         E: From<PoolError> + 'static,
     {
         let Ok(cuda) = stream.cudarc() else {
-            return eager(site, stream, NO_CUDA, body);
+            return eager(site, stream, NO_CUDA, call);
         };
         let cu_stream = cuda.cu_stream();
         if stream.in_own_capture() || capturing::on_this_thread() {
             // Inside a capture (an outer graphed call's, say) the body is captured into it.
             with_shapes(stream, |s| s.stats.eager_calls += 1);
             PROCESS.eager_calls.fetch_add(1, Relaxed);
-            return body();
+            return run(stream, call);
         }
         let key = Key {
             site: site.id(),
             top: stream.stack_top().unwrap_or(0),
-            keys,
+            keys: keys_of(call),
         };
         let plan = with_shapes(stream, |shapes| {
             shapes.clock += 1;
@@ -447,12 +484,12 @@ mod cuda {
         match plan {
             Plan::Replay => match replay(stream, &key, cu_stream) {
                 Ok(outputs) => Ok(outputs),
-                // The outputs moved (the device was configured since): capture this key again.
-                Err(None) => capture(site, stream, cu_stream, key, body),
+                // The outputs landed elsewhere than captured: capture this key again.
+                Err(None) => capture(site, stream, cu_stream, key, call),
                 Err(Some(e)) => Err(e.into()),
             },
-            Plan::Capture => capture(site, stream, cu_stream, key, body),
-            Plan::Eager(reason) => eager(site, stream, &reason, body),
+            Plan::Capture => capture(site, stream, cu_stream, key, call),
+            Plan::Eager(reason) => eager(site, stream, &reason, call),
         }
     }
 
@@ -533,7 +570,7 @@ mod cuda {
         stream: &'s Stream,
         cu_stream: cudarc::driver::sys::CUstream,
         key: Key,
-        body: &mut impl FnMut() -> Result<R, E>,
+        call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
     ) -> Result<R, E>
     where
         R: Outputs<'s>,
@@ -541,9 +578,11 @@ mod cuda {
     {
         let mut capturing = match stream.begin_capture(None, true) {
             Ok(c) => c,
-            Err(e) => return remember_eager(site, stream, key, &e.to_string(), body),
+            Err(e) => return remember_eager(site, stream, key, &e.to_string(), call),
         };
-        let worked = body();
+        let touched = crate::core::graph_key::Touched::record();
+        let worked = run(stream, call);
+        let reached = touched.take();
         let ended = capturing.end();
         let peak = capturing.peak;
         let replays = capturing.replays.take();
@@ -563,9 +602,19 @@ mod cuda {
                     (Ok(_), Err(e)) => e.to_string(),
                     (Ok(_), Ok(_)) => "the driver made no graph of the call".to_owned(),
                 };
-                // Nothing captured ran: the outputs are released before the call runs for real.
+                // Nothing captured ran: the outputs are released before the call runs for real,
+                // unless the body changed its parameters on the host: it ran once already.
                 drop(worked);
-                return remember_eager(site, stream, key, &reason, body);
+                if keys_of(call) != key.keys {
+                    remember(site, stream, key, CHANGES_PARAMETERS);
+                    return Err(E::from(PoolError::Unsupported {
+                        device: stream.device().id(),
+                        what: "a graphed call that changed its parameters on the host while its \
+                               capture failed: it cannot run again (run it eagerly: its later \
+                               calls do)",
+                    }));
+                }
+                return remember_eager(site, stream, key, &reason, call);
             }
         };
         let mut layouts = Vec::new();
@@ -586,7 +635,7 @@ mod cuda {
                 key,
                 "its outputs must be temporaries taken in the call (`stream.temp(..)` first in \
                  the body), and nothing else taken in it may outlive it",
-                body,
+                call,
             );
         }
         // The capture queued nothing: the call's work runs now, as its first replay.
@@ -603,6 +652,28 @@ mod cuda {
             recorded.exec.launch(cu_stream)
         })
         .map_err(|(_, e)| E::from(e))?;
+        let after = keys_naming(call);
+        let scratch = (base + floor as u64, base + recorded.peak as u64);
+        let named = |&(ptr, bytes): &(u64, u64)| {
+            let inside = |(start, end): (u64, u64)| ptr >= start && ptr + bytes <= end;
+            inside(scratch) || after.names().iter().any(|&(p, b)| inside((p, p + b)))
+        };
+        let why = if after != key.keys {
+            // The body changed its parameters on the host (a swap of buffers, a counter in
+            // `self`): this call's work is what was captured, but a replay would not change them.
+            Some(CHANGES_PARAMETERS)
+        } else if !reached.iter().all(named) {
+            // Memory no parameter names (a static's, a thread-local's): a replay would reach it
+            // even once it is another buffer's.
+            Some(UNNAMED_MEMORY)
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            remember(site, stream, key, why);
+            with_shapes(stream, |s| s.stats.eager_calls += 1);
+            return Ok(outputs);
+        }
         insert(stream, site, key, State::Graph(recorded));
         with_shapes(stream, |s| s.stats.captures += 1);
         PROCESS.captures.fetch_add(1, Relaxed);
@@ -636,14 +707,8 @@ mod cuda {
         });
     }
 
-    /// Remembers the key as eager for `reason`, logs it once, and runs the call.
-    fn remember_eager<R, E>(
-        site: &'static GraphSite,
-        stream: &Stream,
-        key: Key,
-        reason: &str,
-        body: &mut impl FnMut() -> Result<R, E>,
-    ) -> Result<R, E> {
+    /// Remembers the key as eager for `reason`, and logs it once.
+    fn remember(site: &'static GraphSite, stream: &Stream, key: Key, reason: &str) {
         let first = with_shapes(stream, |shapes| {
             !shapes
                 .stats
@@ -655,6 +720,17 @@ mod cuda {
             tracing::warn!(function = site.name, reason, "a graphed call runs eagerly");
         }
         insert(stream, site, key, State::Eager(reason.to_owned()));
-        eager(site, stream, reason, body)
+    }
+
+    /// Remembers the key as eager for `reason`, logs it once, and runs the call.
+    fn remember_eager<R, E: From<PoolError>>(
+        site: &'static GraphSite,
+        stream: &Stream,
+        key: Key,
+        reason: &str,
+        call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
+    ) -> Result<R, E> {
+        remember(site, stream, key, reason);
+        eager(site, stream, reason, call)
     }
 }

@@ -175,11 +175,17 @@ impl<T> PitchedArg for PitchedMut<'_, T> {}
 impl<'a> LaunchArgsExt<'a> for LaunchArgs<'a> {
     #[inline(always)]
     fn buf<T: Pod, S: GpuRead<T> + ?Sized>(&mut self, buffer: &'a S) -> &mut Self {
+        if crate::core::graph_key::recording() {
+            let _ = buffer.view(); // the view notes its memory
+        }
         <Self as PushKernelArg<&'a u64>>::arg(self, buffer.addr_ref())
     }
 
     #[inline(always)]
     fn buf_mut<T: Pod, S: GpuWrite<T> + ?Sized>(&mut self, buffer: &'a mut S) -> &mut Self {
+        if crate::core::graph_key::recording() {
+            let _ = buffer.view(); // the view notes its memory
+        }
         <Self as PushKernelArg<&'a u64>>::arg(self, buffer.addr_mut())
     }
 

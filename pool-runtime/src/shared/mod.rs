@@ -384,6 +384,7 @@ unsafe impl<T: Pod> GraphKey for SharedMat<T> {
         keys.word(self.cols as u64);
         keys.word(self.pitch as u64);
         keys.word(size_of::<T>() as u64);
+        keys.names_memory(self.memory.ptr(), (self.rows * self.pitch) as u64);
     }
 }
 
