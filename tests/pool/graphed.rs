@@ -429,17 +429,18 @@ mod gpu {
     }
 
     thread_local! {
-        /// A buffer no parameter names, on a stream that lives as long as the thread.
-        static HIDDEN: std::cell::RefCell<Option<DeviceMat<'static, f32>>> =
+        /// Device memory no parameter names.
+        static HIDDEN: std::cell::RefCell<Option<SharedMat<f32>>> =
             const { std::cell::RefCell::new(None) };
     }
 
-    /// Writes the thread-local buffer: memory a replay could not follow.
+    /// Writes the thread-local memory: memory a replay could not follow.
     #[pooled(stream, graph)]
     fn into_hidden(stream: &Stream, x: &Temp<'_, f32>) -> Result<(), PoolError> {
-        let tmp = buffer!(x.len(); f32)?;
+        let mut tmp = buffer!(x.len(); f32)?;
+        tmp.copy_from(x)?;
         HIDDEN.with(|h| match h.borrow_mut().as_mut() {
-            Some(m) => m.copy_from(&tmp),
+            Some(m) => m.write(stream)?.copy_from(&tmp),
             None => Ok(()),
         })
     }
@@ -449,18 +450,25 @@ mod gpu {
         let Some((device, _lock)) = gpu("graphed_hidden") else {
             return Ok(());
         };
-        let owner: &'static Stream = Box::leak(Box::new(Stream::new(&device)?));
         let stream = Stream::new(&device)?;
-        let x = stream.temp_1d::<f32>(128)?;
+        let mut x = stream.temp_1d::<f32>(128)?;
         for round in 0..3 {
-            // A new buffer each round, where the last one was freed.
+            // New memory each round, where the last one was freed: a replay would write the
+            // old address.
+            let value = round as f32;
             HIDDEN.with(|h| -> Result<(), PoolError> {
-                *h.borrow_mut() = Some(DeviceMat::new(owner, 1, 128)?);
+                *h.borrow_mut() = Some(SharedMat::new(&device, 1, 128)?);
                 Ok(())
             })?;
+            x.set_to(value)?;
             into_hidden(&stream, &x)?;
-            stream.synchronize()?;
-            let _ = round;
+            let got = HIDDEN.with(|h| -> Result<Vec<f32>, PoolError> {
+                match h.borrow().as_ref() {
+                    Some(m) => m.read(&stream)?.to_vec(),
+                    None => Ok(Vec::new()),
+                }
+            })?;
+            assert_eq!(got, vec![value; 128], "round {round}");
         }
         HIDDEN.with(|h| h.borrow_mut().take());
         let stats = shape_stats(&stream);
