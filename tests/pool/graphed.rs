@@ -285,6 +285,51 @@ mod gpu {
         Ok(())
     }
 
+    /// Goes on after a refused download: the graph would lack it.
+    #[pooled(stream, graph)]
+    fn swallows<'s>(stream: &'s Stream, x: &Temp<'_, f32>) -> Result<Temp<'s, f32>, PoolError> {
+        let mut y = stream.temp_1d::<f32>(x.len())?;
+        let mut tmp = buffer!(x.len(); f32)?;
+        tmp.copy_from(x)?;
+        let host = tmp.to_vec().unwrap_or_default(); // refused inside a capture
+        let scale = if host.is_empty() { 0.0 } else { 1.0 };
+        if scale > 0.0 {
+            y.copy_from(&tmp)?;
+        } else {
+            y.set_to(-1.0)?;
+        }
+        Ok(y)
+    }
+
+    #[test]
+    fn a_body_that_swallows_a_refusal_runs_eagerly() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_swallows") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        let mut x = stream.temp_1d::<f32>(64)?;
+        for round in 0..3 {
+            x.set_to(round as f32)?;
+            let y = swallows(&stream, &x)?;
+            assert_eq!(
+                y.to_vec()?,
+                vec![round as f32; 64],
+                "what an eager call computes"
+            );
+        }
+        let stats = shape_stats(&stream);
+        println!("{stats}");
+        assert_eq!((stats.captures, stats.replays), (0, 0), "{stats}");
+        assert!(
+            stats
+                .eager
+                .iter()
+                .any(|e| e.reason.contains("went on after")),
+            "{stats}"
+        );
+        Ok(())
+    }
+
     #[test]
     fn what_cannot_be_captured_runs_eagerly_with_its_reason() -> TestResult {
         let Some((device, _lock)) = gpu("graphed_eager") else {

@@ -119,7 +119,7 @@ impl Stream {
                 .map(|(_, block)| (s, block))
         });
         let Some((stack, fence)) = taken else {
-            return Err(PoolError::Capture(CaptureError::NeedsStack {
+            return Err(crate::core::graph_key::refusal(CaptureError::NeedsStack {
                 requested: 1,
                 available: stack.map_or(0, Stack::free_bytes),
                 context: None,
@@ -150,7 +150,7 @@ impl Stream {
         let may_map = !self.in_own_capture() && !capturing::on_this_thread();
         let storage = self.device().storage();
         if !stack.grow_mapped(fence, end, may_map, storage, self.counters())? {
-            return Err(PoolError::Capture(CaptureError::NeedsStack {
+            return Err(crate::core::graph_key::refusal(CaptureError::NeedsStack {
                 requested: end.saturating_sub(fence.end()),
                 available,
                 context: None,

@@ -65,6 +65,18 @@ thread_local! {
     /// reached, as `(address, bytes)`, for the capture to check against what its key names.
     static TOUCHED: std::cell::RefCell<Vec<(u64, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
     static RECORDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether the pool refused an operation during that capture (the body may have swallowed
+    /// the error: its graph would then lack what the call does eagerly).
+    static REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The error of an operation a capture refuses; noted while a graphed capture records, so that a
+/// body that swallows it gets no graph.
+pub(crate) fn refusal(error: crate::base::error::CaptureError) -> crate::base::error::PoolError {
+    if recording() {
+        REFUSED.with(|r| r.set(true));
+    }
+    crate::base::error::PoolError::Capture(error)
 }
 
 /// Whether a graphed function's capture records the memory its views reach.
@@ -90,14 +102,16 @@ pub(crate) struct Touched(());
 impl Touched {
     pub(crate) fn record() -> Touched {
         TOUCHED.with(|t| t.borrow_mut().clear());
+        REFUSED.with(|r| r.set(false));
         RECORDING.with(|r| r.set(true));
         Touched(())
     }
 
-    /// What views reached since [`record`](Self::record).
-    pub(crate) fn take(self) -> Vec<(u64, u64)> {
+    /// What views reached since [`record`](Self::record), and whether an operation was refused.
+    pub(crate) fn take(self) -> (Vec<(u64, u64)>, bool) {
         RECORDING.with(|r| r.set(false));
-        TOUCHED.with(|t| std::mem::take(&mut *t.borrow_mut()))
+        let reached = TOUCHED.with(|t| std::mem::take(&mut *t.borrow_mut()));
+        (reached, REFUSED.with(std::cell::Cell::get))
     }
 }
 

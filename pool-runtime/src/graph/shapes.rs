@@ -360,12 +360,18 @@ where
     }
 }
 
+#[cfg(feature = "cuda")]
 const CHANGES_PARAMETERS: &str = "the function changes its parameters on the host (a `&mut` \
      parameter or `self`), which a replay would not: its calls run eagerly";
 
+#[cfg(feature = "cuda")]
 const UNNAMED_MEMORY: &str = "the function reaches device memory none of its parameters \
      names (a static's, a thread-local's), which a replay would reach even once it is another \
      buffer's: pass that buffer as a parameter, or its calls run eagerly";
+
+#[cfg(feature = "cuda")]
+const SWALLOWED: &str = "the function went on after the pool refused an operation inside the \
+     capture (its error was not returned), so its graph would lack what an eager call does";
 
 const NO_CUDA: &str = "CUDA graphs need a CUDA device: the host backend runs the calls";
 
@@ -384,6 +390,7 @@ fn run<R, E: From<PoolError>>(
 }
 
 /// The parameters' words now.
+#[cfg(feature = "cuda")]
 fn keys_of<R, E>(
     call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
 ) -> GraphKeys {
@@ -582,16 +589,17 @@ mod cuda {
         };
         let touched = crate::core::graph_key::Touched::record();
         let worked = run(stream, call);
-        let reached = touched.take();
+        let (reached, refused) = touched.take();
         let ended = capturing.end();
         let peak = capturing.peak;
         let replays = capturing.replays.take();
         drop(capturing);
         let (outputs, exec) = match (worked, ended) {
-            (Ok(outputs), Ok(Some(exec))) => (outputs, exec),
+            (Ok(outputs), Ok(Some(exec))) if !refused => (outputs, exec),
             (worked, ended) => {
                 // Why, in words: the pool's refusal, the body's own error, or the driver's.
                 let reason = match (&worked, ended) {
+                    (Ok(_), Ok(Some(_))) => SWALLOWED.to_owned(),
                     (_, Err(e @ PoolError::Capture(CaptureError::CrossStream { .. }))) => {
                         e.to_string()
                     }

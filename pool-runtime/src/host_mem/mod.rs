@@ -143,7 +143,7 @@ impl<T: Pod> HostMem<T> {
             })?;
         if capturing::on_this_thread() {
             // The driver refuses an allocation from a capturing thread, and breaks the capture.
-            return Err(PoolError::Capture(CaptureError::Allocates {
+            return Err(crate::core::graph_key::refusal(CaptureError::Allocates {
                 what: "HostMem::new",
                 context: None,
             }));
@@ -308,7 +308,7 @@ impl<T: Pod> HostMem<T> {
             }
             Ok(_) if captured => {
                 self.lost.set(true);
-                return Err(PoolError::Capture(CaptureError::Elsewhere {
+                return Err(crate::core::graph_key::refusal(CaptureError::Elsewhere {
                     what: "an asynchronous host copy",
                     stream: stream.id(),
                 }));

@@ -61,7 +61,7 @@ impl Stream {
             });
         };
         if capturing::on_this_thread() {
-            return Err(PoolError::Capture(CaptureError::Allocates {
+            return Err(crate::core::graph_key::refusal(CaptureError::Allocates {
                 what: "Stream::cublas (its workspace)",
                 context: None,
             }));

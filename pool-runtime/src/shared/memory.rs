@@ -359,7 +359,7 @@ impl SharedMemory {
                     o.stream != me && (*access == Access::Write || o.access == Access::Write)
                 });
                 if let Some(open) = open {
-                    let error = PoolError::Capture(CaptureError::SharedAccessOpen {
+                    let error = crate::core::graph_key::refusal(CaptureError::SharedAccessOpen {
                         what,
                         replay: access.name(),
                         open: open.access.name(),

@@ -241,7 +241,7 @@ fn allocate(device: &Device, layout: &Layout) -> Result<(SharedMemory, usize), P
         return Ok((unsafe { SharedMemory::adopt(device, 0) }, layout.pitch));
     }
     if capturing::on_this_thread() {
-        return Err(PoolError::Capture(CaptureError::Allocates {
+        return Err(crate::core::graph_key::refusal(CaptureError::Allocates {
             what: "SharedMat::new",
             context: None,
         }));

@@ -410,7 +410,7 @@ impl Stream {
             return Ok(0);
         }
         if self.in_own_capture() || capturing::on_this_thread() {
-            return Err(PoolError::Capture(CaptureError::Allocates {
+            return Err(crate::core::graph_key::refusal(CaptureError::Allocates {
                 what: "Stream::trim",
                 context: None,
             }));

@@ -76,7 +76,7 @@ impl SyncClock {
         what: &'static str,
     ) -> Result<(), PoolError> {
         if backend.is_capturing(raw)? {
-            return Err(PoolError::Capture(CaptureError::Elsewhere {
+            return Err(crate::core::graph_key::refusal(CaptureError::Elsewhere {
                 what,
                 stream: stream_id,
             }));

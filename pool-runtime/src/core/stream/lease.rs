@@ -319,7 +319,7 @@ impl Stream {
         };
         if self.in_own_capture() || capturing::on_this_thread() {
             // The driver refuses allocations from a capturing thread, and invalidates the capture.
-            return Err(PoolError::Capture(CaptureError::NeedsStack {
+            return Err(crate::core::graph_key::refusal(CaptureError::NeedsStack {
                 requested: layout.bytes,
                 available: stack_free,
                 context: None,
@@ -385,7 +385,7 @@ impl Stream {
             stack_needed: None,
         };
         if self.in_own_capture() || capturing::on_this_thread() {
-            return Err(PoolError::Capture(CaptureError::Allocates {
+            return Err(crate::core::graph_key::refusal(CaptureError::Allocates {
                 what: "DeviceMat::new",
                 context: None,
             })

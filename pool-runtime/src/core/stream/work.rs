@@ -15,7 +15,7 @@ impl Stream {
     /// reserve.
     pub(crate) fn work_stream(&self, what: &'static str) -> Result<&RawStream, PoolError> {
         if !self.in_own_capture() && self.device.backend().is_capturing(&self.raw)? {
-            return Err(PoolError::Capture(CaptureError::Elsewhere {
+            return Err(crate::core::graph_key::refusal(CaptureError::Elsewhere {
                 what,
                 stream: self.id(),
             }));
@@ -39,7 +39,9 @@ impl Stream {
         let backend = self.device.backend();
         for s in [self, other] {
             if s.in_own_capture() || backend.is_capturing(&s.raw)? {
-                return Err(PoolError::Capture(CaptureError::CrossStream { what }));
+                return Err(crate::core::graph_key::refusal(CaptureError::CrossStream {
+                    what,
+                }));
             }
         }
         Ok(())
@@ -86,7 +88,9 @@ impl Stream {
     /// long gone. (Another capture of the stream is `work_stream`'s refusal.)
     fn refuse_host_copy_in_capture(&self, what: &'static str) -> Result<(), PoolError> {
         if self.in_own_capture() {
-            return Err(PoolError::Capture(CaptureError::HostCopy { what }));
+            return Err(crate::core::graph_key::refusal(CaptureError::HostCopy {
+                what,
+            }));
         }
         Ok(())
     }
