@@ -389,16 +389,6 @@ fn run<R, E: From<PoolError>>(
     })
 }
 
-/// The parameters' words now.
-#[cfg(feature = "cuda")]
-fn keys_of<R, E>(
-    call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
-) -> GraphKeys {
-    let mut keys = GraphKeys::default();
-    drop(call(Some(&mut keys)));
-    keys
-}
-
 /// The parameters' words now, with the device memory they name.
 #[cfg(feature = "cuda")]
 fn keys_naming<R, E>(
@@ -472,7 +462,12 @@ mod cuda {
         let key = Key {
             site: site.id(),
             top: stream.stack_top().unwrap_or(0),
-            keys: keys_of(call),
+            // No memory collected here: this is every call's key, which allocates nothing.
+            keys: {
+                let mut keys = GraphKeys::default();
+                drop(call(Some(&mut keys)));
+                keys
+            },
         };
         let plan = with_shapes(stream, |shapes| {
             shapes.clock += 1;
@@ -613,7 +608,7 @@ mod cuda {
                 // Nothing captured ran: the outputs are released before the call runs for real,
                 // unless the body changed its parameters on the host: it ran once already.
                 drop(worked);
-                if keys_of(call) != key.keys {
+                if keys_naming(call) != key.keys {
                     remember(site, stream, key, CHANGES_PARAMETERS);
                     return Err(E::from(PoolError::Unsupported {
                         device: stream.device().id(),

@@ -121,24 +121,11 @@ mod tests {
     use super::*;
     use crate::core::device::Device;
 
+    /// A hook type per `N`: two of them are two types.
     #[derive(Default)]
-    struct First;
-    #[derive(Default)]
-    struct Second;
+    struct Hook<const N: u8>;
 
-    impl ReplayHook for First {
-        #[cfg(feature = "cuda")]
-        fn replay(
-            &self,
-            _: &'static str,
-            _: &[(&Stream, Option<&dyn ReplayHook>)],
-            _: &mut dyn FnMut(usize) -> Result<(), crate::base::error::PoolError>,
-        ) -> Result<(), (usize, crate::base::error::PoolError)> {
-            Ok(())
-        }
-    }
-
-    impl ReplayHook for Second {
+    impl<const N: u8> ReplayHook for Hook<N> {
         #[cfg(feature = "cuda")]
         fn replay(
             &self,
@@ -154,7 +141,7 @@ mod tests {
     #[should_panic(expected = "two replay hook types")]
     fn a_second_replay_hook_type_in_one_capture_panics_in_every_build() {
         let stream = Stream::new(&Device::private_host()).unwrap();
-        stream.note_for_replay(|_: &mut First| {});
-        stream.note_for_replay(|_: &mut Second| {});
+        stream.note_for_replay(|_: &mut Hook<1>| {});
+        stream.note_for_replay(|_: &mut Hook<2>| {});
     }
 }
