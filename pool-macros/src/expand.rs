@@ -168,45 +168,11 @@ fn graph_body(function: &mut ItemFn, stream: &syn::Expr, graph: &GraphArg) {
     let site = Ident::new("__GPU_POOL_GRAPH", proc_macro2::Span::mixed_site());
     let keys = Ident::new("__gpu_pool_keys", proc_macro2::Span::mixed_site());
     let call = Ident::new("__gpu_pool_call", proc_macro2::Span::mixed_site());
-    // One `static` serves every instance of a generic function or method: each instance's types
-    // (its type parameters, `Self`, the anonymous types of `impl Trait` parameters) and const
-    // values are part of its key.
-    let mut instance: Vec<TokenStream> = Vec::new();
-    for param in sig.generics.params.iter() {
-        match param {
-            syn::GenericParam::Type(t) => {
-                let t = &t.ident;
-                instance.push(quote!(#keys.type_name(::core::any::type_name::<#t>());));
-            }
-            syn::GenericParam::Const(c) => {
-                let c = &c.ident;
-                instance.push(quote!(::gpu_pool::__private::GraphKey::graph_key(&#c, #keys);));
-            }
-            syn::GenericParam::Lifetime(_) => {}
-        }
-    }
-    if matches!(sig.inputs.first(), Some(FnArg::Receiver(_))) {
-        instance.push(quote!(#keys.type_name(::core::any::type_name::<Self>());));
-    }
-    let anonymous_params: Vec<Ident> = sig
-        .inputs
-        .iter()
-        .filter_map(|i| match i {
-            FnArg::Typed(t) if has_impl_trait(&t.ty) => Some(&*t.pat),
-            _ => None,
-        })
-        .flat_map(|pat| {
-            let mut names = Vec::new();
-            pattern_idents(pat, &mut names);
-            names
-        })
-        .collect();
+    // One `static` serves every instance of a generic function, and of a method of a generic impl
+    // (which the attribute cannot see): a closure made in the body names the instance in its
+    // type (`Layer<f32>::forward::{{closure}}`), so it is part of the key.
     let key_each = parameters(sig).into_iter().map(|p| {
-        let typed = anonymous_params
-            .contains(&p)
-            .then(|| quote!(#keys.type_of(&#p);));
         quote_spanned! {p.span()=>
-            #typed
             ::gpu_pool::__private::GraphKey::graph_key(&#p, #keys);
         }
     });
@@ -233,7 +199,7 @@ fn graph_body(function: &mut ItemFn, stream: &syn::Expr, graph: &GraphArg) {
             ::gpu_pool::__private::GraphSite::new(concat!(module_path!(), "::", #name), #cap);
         let mut #call = |#keys: ::core::option::Option<&mut ::gpu_pool::__private::GraphKeys>| #call_ret {
             if let ::core::option::Option::Some(#keys) = #keys {
-                #(#instance)*
+                #keys.instance(&|| ());
                 #(#key_each)*
                 return ::core::option::Option::None;
             }

@@ -209,6 +209,45 @@ mod gpu {
     }
 
     #[test]
+    fn a_capture_refused_for_a_passing_reason_is_tried_again() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_retry") else {
+            return Ok(());
+        };
+        device.set_pool_config(gpu_pool::config::PoolConfig::new(1 << 20, 1)?)?;
+        let k = Kernels::load(&device);
+        // The device's one stack is another stream's: this one's capture finds no stack for its
+        // scratch (a passing reason), so its calls run eagerly from the fallback.
+        let mut other = Some(Stream::new(&device)?);
+        if let Some(other) = &other {
+            drop(other.temp_1d::<u8>(256)?); // claims the stack, kept until the stream's drop
+        }
+        let stream = Stream::new(&device)?;
+        let mut x = stream.temp_1d::<f32>(4096)?;
+        assert_ne!(x.source(), gpu_pool::Source::Stack);
+        for call in 0..20 {
+            let data = input(4096, call as f32);
+            x.upload(&data)?;
+            let y = affine_twice(&stream, &k, &x, 1.5, -0.5)?;
+            assert_eq!(y.to_vec()?, expected(&data, 1.5, -0.5), "call {call}");
+            drop(y);
+            if call == 0 {
+                // The stack is free from now on: a later try captures.
+                drop(other.take());
+            }
+        }
+        let stats = shape_stats(&stream);
+        eprintln!("graphed_retry: {stats}");
+        // The first call, then the 16 eager calls of the wait; the 18th captures.
+        assert_eq!(
+            (stats.captures, stats.replays, stats.eager_calls),
+            (1, 2, 17),
+            "{stats}"
+        );
+        assert!(stats.eager[0].reason.contains("stack"), "{stats}");
+        Ok(())
+    }
+
+    #[test]
     fn every_shape_shares_one_scratch_and_other_buffers_give_their_results() -> TestResult {
         let Some((device, _lock)) = gpu("graphed_shapes") else {
             return Ok(());
@@ -414,6 +453,68 @@ mod gpu {
         }
         let stats = shape_stats(&stream);
         assert_eq!((stats.captures, stats.replays), (2, 4), "{stats}");
+        Ok(())
+    }
+
+    /// A generic impl whose associated function (no `self`, no `Self` in its signature) differs
+    /// between instances only by the impl's type parameter, which the attribute cannot see.
+    struct Filler<F>(std::marker::PhantomData<F>);
+
+    impl<F: Fill> Filler<F> {
+        #[pooled(stream, graph)]
+        fn fill<'s>(stream: &'s Stream, n: usize) -> Result<Temp<'s, u8>, PoolError> {
+            let mut y = stream.temp_1d::<u8>(n)?;
+            y.set_to(F::VALUE)?;
+            Ok(y)
+        }
+    }
+
+    /// What an `impl Trait` parameter's type chooses; a unit type writes no words.
+    trait Kind: GraphKey {
+        fn value(&self) -> u8;
+    }
+    #[derive(GraphKey)]
+    struct Three;
+    #[derive(GraphKey)]
+    struct Four;
+    impl Kind for Three {
+        fn value(&self) -> u8 {
+            3
+        }
+    }
+    impl Kind for Four {
+        fn value(&self) -> u8 {
+            4
+        }
+    }
+
+    /// Its only difference between instances is an `impl Trait` parameter's type.
+    #[pooled(stream, graph)]
+    fn filled_by<'s>(
+        stream: &'s Stream,
+        n: usize,
+        kind: impl Kind,
+    ) -> Result<Temp<'s, u8>, PoolError> {
+        let mut y = stream.temp_1d::<u8>(n)?;
+        y.set_to(kind.value())?;
+        Ok(y)
+    }
+
+    #[test]
+    fn instances_of_a_generic_impl_and_of_impl_trait_have_graphs_of_their_own() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_generic_impl") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        for _ in 0..3 {
+            assert_eq!(Filler::<One>::fill(&stream, 64)?.to_vec()?, vec![1; 64]);
+            assert_eq!(Filler::<Two>::fill(&stream, 64)?.to_vec()?, vec![2; 64]);
+            assert_eq!(filled_by(&stream, 64, Three)?.to_vec()?, vec![3; 64]);
+            assert_eq!(filled_by(&stream, 64, Four)?.to_vec()?, vec![4; 64]);
+        }
+        let stats = shape_stats(&stream);
+        eprintln!("generic impl and impl Trait: {stats}");
+        assert_eq!((stats.captures, stats.replays), (4, 8), "{stats}");
         Ok(())
     }
 

@@ -246,26 +246,22 @@ impl GraphKeys {
         }
     }
 
-    /// Adds the type of `value` (an `impl Trait` parameter of a generic function, whose
-    /// instances share one cache).
+    /// Adds which instance of a generic function (or of a method of a generic impl) is called:
+    /// `marker` is a closure made in its body, whose type's name spells every type and const the
+    /// instance was made with (`model::Layer<f32>::forward::{{closure}}`, `blur<3>::{{closure}}`,
+    /// an `impl Trait` parameter's type included). One `static` site serves every instance, so
+    /// this keeps their graphs apart.
+    ///
+    /// The name goes in as its address and length, not its bytes: a name is a `'static` string
+    /// no one writes, so equal address and length mean equal text, and costs no hashing. The one
+    /// name compiled into two places of a program makes two keys, which costs a second capture,
+    /// never a wrong replay.
     #[doc(hidden)]
     #[inline]
-    pub fn type_of<T: ?Sized>(&mut self, value: &T) {
-        self.type_name(std::any::type_name_of_val(value));
-    }
-
-    /// Adds a type, by its name: its length and two independent 64-bit hashes of its bytes
-    /// (FNV-1a and FxHash's step), so distinct names of one program never meet.
-    #[doc(hidden)]
-    pub fn type_name(&mut self, name: &'static str) {
-        let (mut fnv, mut fx) = (0xcbf2_9ce4_8422_2325_u64, 0_u64);
-        for &byte in name.as_bytes() {
-            fnv = (fnv ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-            fx = (fx.rotate_left(5) ^ u64::from(byte)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
+    pub fn instance<C>(&mut self, marker: &C) {
+        let name = std::any::type_name_of_val(marker);
+        self.word(name.as_ptr() as u64);
         self.word(name.len() as u64);
-        self.word(fnv);
-        self.word(fx);
     }
 }
 

@@ -18,8 +18,8 @@
 //! again without capture, its key is remembered as eager, and the reason is counted
 //! ([`shape_stats`]) and logged once.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 use crate::base::error::PoolError;
 use crate::core::buffer::Temp;
@@ -192,7 +192,11 @@ impl ShapeStats {
             replays: PROCESS.replays.load(Relaxed),
             eager_calls: PROCESS.eager_calls.load(Relaxed),
             evictions: PROCESS.evictions.load(Relaxed),
-            eager: crate::base::sync::lock(&PROCESS.eager).clone(),
+            eager: crate::base::sync::lock(&PROCESS.reasons)
+                .iter()
+                .map(|r| r.counted(r.calls.load(Relaxed)))
+                .filter(|e| e.calls > 0)
+                .collect(),
             ..ShapeStats::default()
         }
     }
@@ -221,7 +225,9 @@ struct Process {
     replays: AtomicU64,
     eager_calls: AtomicU64,
     evictions: AtomicU64,
-    eager: Mutex<Vec<EagerCalls>>,
+    /// Every function's reasons, each registered once (the first call it sends eagerly) and
+    /// counted with no lock after.
+    reasons: Mutex<Vec<Arc<Reason>>>,
 }
 
 static PROCESS: Process = Process {
@@ -229,22 +235,45 @@ static PROCESS: Process = Process {
     replays: AtomicU64::new(0),
     eager_calls: AtomicU64::new(0),
     evictions: AtomicU64::new(0),
-    eager: Mutex::new(Vec::new()),
+    reasons: Mutex::new(Vec::new()),
 };
 
-/// Counts an eager call for `reason`, in `into` and process-wide; the first of each is logged.
-fn count_eager(into: &mut Vec<EagerCalls>, site: &'static GraphSite, reason: &str) {
-    for list in [into, &mut *crate::base::sync::lock(&PROCESS.eager)] {
-        match list
-            .iter_mut()
-            .find(|e| e.function == site.name && e.reason == reason)
+/// Why calls of one function run eagerly, counted process-wide.
+struct Reason {
+    function: &'static str,
+    text: Box<str>,
+    calls: AtomicU64,
+}
+
+impl Reason {
+    /// The one `Reason` of `site` for `text`, registered (and logged) the first time.
+    fn of(site: &'static GraphSite, text: &str) -> Arc<Reason> {
+        let mut reasons = crate::base::sync::lock(&PROCESS.reasons);
+        if let Some(known) = reasons
+            .iter()
+            .find(|r| r.function == site.name && *r.text == *text)
         {
-            Some(e) => e.calls += 1,
-            None => list.push(EagerCalls {
-                function: site.name,
-                reason: reason.to_owned(),
-                calls: 1,
-            }),
+            return Arc::clone(known);
+        }
+        tracing::warn!(
+            function = site.name,
+            reason = text,
+            "a graphed call runs eagerly"
+        );
+        let reason = Arc::new(Reason {
+            function: site.name,
+            text: text.into(),
+            calls: AtomicU64::new(0),
+        });
+        reasons.push(Arc::clone(&reason));
+        reason
+    }
+
+    fn counted(&self, calls: u64) -> EagerCalls {
+        EagerCalls {
+            function: self.function,
+            reason: self.text.to_string(),
+            calls,
         }
     }
 }
@@ -278,6 +307,7 @@ pub fn shape_stats(stream: &Stream) -> ShapeStats {
     };
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     let mut stats = shapes.stats.clone();
+    stats.eager = shapes.eager.iter().map(|(r, n)| r.counted(*n)).collect();
     #[cfg(feature = "cuda")]
     {
         stats.graphs = shapes.entries.len();
@@ -295,6 +325,8 @@ pub fn shape_stats(stream: &Stream) -> ShapeStats {
 #[derive(Default)]
 struct Shapes {
     stats: ShapeStats,
+    /// Why calls ran eagerly here, and how many for each.
+    eager: Vec<(Arc<Reason>, u64)>,
     #[cfg(feature = "cuda")]
     entries: Vec<Entry>,
     /// Calls so far, for least-recently-used eviction.
@@ -319,9 +351,25 @@ struct Entry {
 #[cfg(feature = "cuda")]
 enum State {
     Graph(Recorded),
-    /// The key's calls run eagerly, for this reason.
-    Eager(String),
+    Eager(Eager),
 }
+
+/// A key whose calls run eagerly.
+#[cfg(feature = "cuda")]
+struct Eager {
+    reason: Arc<Reason>,
+    /// Eager calls left before its capture is tried again: `None` where the reason is the
+    /// function's own (a host copy, a change of its parameters), which no retry changes.
+    retry_in: Option<u32>,
+    /// The wait this retry had, doubled at each failure.
+    backoff: u32,
+}
+
+/// The first wait, in eager calls, before a capture that failed for a passing reason (a full
+/// stack, an open shared-memory write, memory the device lacked) is tried again, and the longest
+/// it doubles to: a retry costs a capture (and a second run of the body's host code).
+#[cfg(feature = "cuda")]
+const RETRY_WAIT: std::ops::RangeInclusive<u32> = 16..=65_536;
 
 /// A capture at the stack's top: its graph, and where the stack stood.
 #[cfg(feature = "cuda")]
@@ -399,7 +447,8 @@ fn keys_naming<R, E>(
     keys
 }
 
-/// Runs the body of `call` eagerly for `reason`, counted.
+/// Runs the body of `call` eagerly for `reason`, counted (a lock only the first time the
+/// stream sees the reason).
 fn eager<R, E: From<PoolError>>(
     site: &'static GraphSite,
     stream: &Stream,
@@ -407,11 +456,27 @@ fn eager<R, E: From<PoolError>>(
     call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
 ) -> Result<R, E> {
     with_shapes(stream, |shapes| {
-        shapes.stats.eager_calls += 1;
-        count_eager(&mut shapes.stats.eager, site, reason);
+        let known = shapes
+            .eager
+            .iter()
+            .find(|(r, _)| r.function == site.name && *r.text == *reason)
+            .map(|(r, _)| Arc::clone(r));
+        shapes.count_eager(&known.unwrap_or_else(|| Reason::of(site, reason)));
     });
-    PROCESS.eager_calls.fetch_add(1, Relaxed);
     run(stream, call)
+}
+
+impl Shapes {
+    /// Counts a call run eagerly for `reason`, here and process-wide.
+    fn count_eager(&mut self, reason: &Arc<Reason>) {
+        self.stats.eager_calls += 1;
+        PROCESS.eager_calls.fetch_add(1, Relaxed);
+        reason.calls.fetch_add(1, Relaxed);
+        match self.eager.iter_mut().find(|(r, _)| Arc::ptr_eq(r, reason)) {
+            Some((_, calls)) => *calls += 1,
+            None => self.eager.push((Arc::clone(reason), 1)),
+        }
+    }
 }
 
 /// `f` on the stream's graphs by shape (made on first use). No `f` runs user code, so none
@@ -436,8 +501,11 @@ mod cuda {
     /// What a call does, decided under the slot's borrow and done after it.
     enum Plan {
         Replay,
-        Capture,
-        Eager(String),
+        /// Capture it; a failure waits `backoff` eager calls, doubled, before the next try.
+        Capture {
+            backoff: u32,
+        },
+        Eager,
     }
 
     pub(super) fn call<'s, R, E>(
@@ -472,26 +540,36 @@ mod cuda {
         let plan = with_shapes(stream, |shapes| {
             shapes.clock += 1;
             let clock = shapes.clock;
-            match shapes.entries.iter_mut().find(|e| key.is(e)) {
-                Some(entry) => {
-                    entry.last_use = clock;
-                    match &entry.state {
-                        State::Graph(_) => Plan::Replay,
-                        State::Eager(reason) => Plan::Eager(reason.clone()),
+            let Some(entry) = shapes.entries.iter_mut().find(|e| key.is(e)) else {
+                return Plan::Capture { backoff: 0 };
+            };
+            entry.last_use = clock;
+            let State::Eager(eager) = &mut entry.state else {
+                return Plan::Replay;
+            };
+            match &mut eager.retry_in {
+                Some(0) => Plan::Capture {
+                    backoff: eager.backoff,
+                },
+                left => {
+                    if let Some(left) = left {
+                        *left -= 1;
                     }
+                    let reason = Arc::clone(&eager.reason);
+                    shapes.count_eager(&reason);
+                    Plan::Eager
                 }
-                None => Plan::Capture,
             }
         });
         match plan {
             Plan::Replay => match replay(stream, &key, cu_stream) {
                 Ok(outputs) => Ok(outputs),
                 // The outputs landed elsewhere than captured: capture this key again.
-                Err(None) => capture(site, stream, cu_stream, key, call),
+                Err(None) => capture(site, stream, cu_stream, key, 0, call),
                 Err(Some(e)) => Err(e.into()),
             },
-            Plan::Capture => capture(site, stream, cu_stream, key, call),
-            Plan::Eager(reason) => eager(site, stream, &reason, call),
+            Plan::Capture { backoff } => capture(site, stream, cu_stream, key, backoff, call),
+            Plan::Eager => run(stream, call),
         }
     }
 
@@ -566,12 +644,14 @@ mod cuda {
         Ok(outputs)
     }
 
-    /// Captures the call at the stack's top; where that fails, runs it eagerly and remembers why.
+    /// Captures the call at the stack's top; where that fails, runs it eagerly and remembers why
+    /// (a passing reason for `backoff` eager calls, doubled).
     fn capture<'s, R, E>(
         site: &'static GraphSite,
         stream: &'s Stream,
         cu_stream: cudarc::driver::sys::CUstream,
         key: Key,
+        backoff: u32,
         call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
     ) -> Result<R, E>
     where
@@ -580,7 +660,10 @@ mod cuda {
     {
         let mut capturing = match stream.begin_capture(None, true) {
             Ok(c) => c,
-            Err(e) => return remember_eager(site, stream, key, &e.to_string(), call),
+            Err(e) => {
+                let wait = (!lasting(&e)).then_some(backoff);
+                return remember_eager(site, stream, key, &e.to_string(), wait, call);
+            }
         };
         let touched = crate::core::graph_key::Touched::record();
         let worked = run(stream, call);
@@ -592,24 +675,26 @@ mod cuda {
         let (outputs, exec) = match (worked, ended) {
             (Ok(outputs), Ok(Some(exec))) if !refused => (outputs, exec),
             (worked, ended) => {
-                // Why, in words: the pool's refusal, the body's own error, or the driver's.
-                let reason = match (&worked, ended) {
-                    (Ok(_), Ok(Some(_))) => SWALLOWED.to_owned(),
+                // Why, in words: the pool's refusal, the body's own error, or the driver's; and
+                // whether it is the function's own, or may pass.
+                let (reason, lasts) = match (&worked, ended) {
+                    (Ok(_), Ok(Some(_))) => (SWALLOWED.to_owned(), true),
                     (_, Err(e @ PoolError::Capture(CaptureError::CrossStream { .. }))) => {
-                        e.to_string()
+                        (e.to_string(), true)
                     }
                     (Err(e), _) => match (e as &dyn std::any::Any).downcast_ref::<PoolError>() {
-                        Some(e) => e.to_string(),
-                        None => "the function failed while captured".to_owned(),
+                        Some(e) => (e.to_string(), lasting(e)),
+                        None => ("the function failed while captured".to_owned(), false),
                     },
-                    (Ok(_), Err(e)) => e.to_string(),
-                    (Ok(_), Ok(_)) => "the driver made no graph of the call".to_owned(),
+                    (Ok(_), Err(e)) => (e.to_string(), lasting(&e)),
+                    (Ok(_), Ok(_)) => ("the driver made no graph of the call".to_owned(), false),
                 };
+                let wait = (!lasts).then_some(backoff);
                 // Nothing captured ran: the outputs are released before the call runs for real,
                 // unless the body changed its parameters on the host: it ran once already.
                 drop(worked);
                 if keys_naming(call) != key.keys {
-                    remember(site, stream, key, CHANGES_PARAMETERS);
+                    remember(site, stream, key, CHANGES_PARAMETERS, None);
                     return Err(E::from(PoolError::Unsupported {
                         device: stream.device().id(),
                         what: "a graphed call that changed its parameters on the host while its \
@@ -617,7 +702,7 @@ mod cuda {
                                calls do)",
                     }));
                 }
-                return remember_eager(site, stream, key, &reason, call);
+                return remember_eager(site, stream, key, &reason, wait, call);
             }
         };
         let mut layouts = Vec::new();
@@ -638,6 +723,7 @@ mod cuda {
                 key,
                 "its outputs must be temporaries taken in the call (`stream.temp(..)` first in \
                  the body), and nothing else taken in it may outlive it",
+                None,
                 call,
             );
         }
@@ -673,8 +759,8 @@ mod cuda {
             None
         };
         if let Some(why) = why {
-            remember(site, stream, key, why);
-            with_shapes(stream, |s| s.stats.eager_calls += 1);
+            let reason = remember(site, stream, key, why, None);
+            with_shapes(stream, |s| s.count_eager(&reason));
             return Ok(outputs);
         }
         insert(stream, site, key, State::Graph(recorded));
@@ -683,10 +769,11 @@ mod cuda {
         Ok(outputs)
     }
 
-    /// Keeps `state` for the key just built, dropping the least recently used graph of the
-    /// function if it has its cap.
+    /// Keeps `state` for the key just built (in place of what it had), dropping the least
+    /// recently used graph of the function if it has its cap.
     fn insert(stream: &Stream, site: &'static GraphSite, mut key: Key, state: State) {
         with_shapes(stream, |shapes| {
+            shapes.entries.retain(|e| !key.is(e));
             let mine = shapes.entries.iter().filter(|e| e.site == site.id());
             if mine.clone().count() >= site.cap.max(1) {
                 let oldest = mine.min_by_key(|e| e.last_use).map(|e| e.last_use);
@@ -710,30 +797,59 @@ mod cuda {
         });
     }
 
-    /// Remembers the key as eager for `reason`, and logs it once.
-    fn remember(site: &'static GraphSite, stream: &Stream, key: Key, reason: &str) {
-        let first = with_shapes(stream, |shapes| {
-            !shapes
-                .stats
-                .eager
-                .iter()
-                .any(|e| e.function == site.name && e.reason == reason)
-        });
-        if first {
-            tracing::warn!(function = site.name, reason, "a graphed call runs eagerly");
+    /// Whether a capture's failure is the function's own (what it does, which every later
+    /// capture meets again) rather than the moment's (a full stack, memory, an open write).
+    fn lasting(e: &PoolError) -> bool {
+        match e {
+            PoolError::Capture(e) => matches!(
+                e,
+                CaptureError::HostCopy { .. }
+                    | CaptureError::CrossStream { .. }
+                    | CaptureError::Allocates { .. }
+                    | CaptureError::KeptBuffers
+                    | CaptureError::Elsewhere { .. }
+                    | CaptureError::LegacyStream { .. }
+            ),
+            // The driver ended the capture: the body did what a capture cannot (a host wait).
+            PoolError::Driver { .. } | PoolError::Unsupported { .. } => true,
+            _ => false,
         }
-        insert(stream, site, key, State::Eager(reason.to_owned()));
     }
 
-    /// Remembers the key as eager for `reason`, logs it once, and runs the call.
+    /// Remembers the key as eager for `reason` (tried again after `wait` eager calls, doubled,
+    /// where it is `Some`).
+    fn remember(
+        site: &'static GraphSite,
+        stream: &Stream,
+        key: Key,
+        reason: &str,
+        wait: Option<u32>,
+    ) -> Arc<Reason> {
+        let reason = Reason::of(site, reason);
+        let backoff = wait.map_or(0, |w| {
+            w.saturating_mul(2)
+                .clamp(*RETRY_WAIT.start(), *RETRY_WAIT.end())
+        });
+        let eager = Eager {
+            reason: Arc::clone(&reason),
+            retry_in: wait.map(|_| backoff),
+            backoff,
+        };
+        insert(stream, site, key, State::Eager(eager));
+        reason
+    }
+
+    /// Remembers the key as eager for `reason`, and runs the call.
     fn remember_eager<R, E: From<PoolError>>(
         site: &'static GraphSite,
         stream: &Stream,
         key: Key,
         reason: &str,
+        wait: Option<u32>,
         call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
     ) -> Result<R, E> {
-        remember(site, stream, key, reason);
-        eager(site, stream, reason, call)
+        let reason = remember(site, stream, key, reason, wait);
+        with_shapes(stream, |s| s.count_eager(&reason));
+        run(stream, call)
     }
 }
