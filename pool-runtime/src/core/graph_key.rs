@@ -208,7 +208,8 @@ impl GraphKeys {
         }
     }
 
-    /// Keys that also collect the memory the keyed values name ([`names`](Self::names)).
+    /// Keys that also collect the memory the keyed values name ([`names`](Self::names)) and hold
+    /// the kernels they name ([`kernels`](Self::kernels)): the key a graph keeps.
     #[cfg(feature = "cuda")]
     pub(crate) fn naming_memory() -> GraphKeys {
         GraphKeys {
@@ -286,6 +287,10 @@ impl std::fmt::Debug for GraphKeys {
 unsafe impl GraphKey for cudarc::driver::CudaFunction {
     fn graph_key(&self, keys: &mut GraphKeys) {
         keys.word(self.cu_function() as u64);
+        // Only a key a graph keeps holds its kernels: a call's lookup clones none.
+        if keys.ranges.is_none() {
+            return;
+        }
         match keys.kernels.iter_mut().find(|k| k.is_none()) {
             Some(slot) => *slot = Some(self.clone()),
             None => keys.more_kernels.push(self.clone()),

@@ -763,7 +763,8 @@ mod cuda {
             with_shapes(stream, |s| s.count_eager(&reason));
             return Ok(outputs);
         }
-        insert(stream, site, key, State::Graph(recorded));
+        let graph = Key { keys: after, ..key };
+        insert(stream, site, graph, State::Graph(recorded));
         with_shapes(stream, |s| s.stats.captures += 1);
         PROCESS.captures.fetch_add(1, Relaxed);
         Ok(outputs)
