@@ -179,7 +179,9 @@ fn main() -> Res<()> {
         gpu_pool::graph::shape_stats(&stream)
     );
 
-    // Another output each call, among more than the function keeps: every call captures.
+    // Another output each call, among more than the function keeps: captured while it has
+    // room, then run eagerly (capturing each would evict a graph in use, for a call that costs
+    // more captured than run).
     let outs = (0..32)
         .map(|_| GpuMat::<u8>::new(&stream, SIDE, SIDE))
         .collect::<Result<Vec<_>, _>>()?;
@@ -192,8 +194,10 @@ fn main() -> Res<()> {
     let after = gpu_pool::graph::shape_stats(&stream);
     println!(
         "a new output every call (32 outputs cycled, 16 graphs kept): {per_call:?} a call; \
-         {} captures, {} evictions",
+         {} captures, {} replays, {} eager, {} evictions",
         after.captures - before.captures,
+        after.replays - before.replays,
+        after.eager_calls - before.eager_calls,
         after.evictions - before.evictions
     );
     drop(outs);

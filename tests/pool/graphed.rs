@@ -247,6 +247,87 @@ mod gpu {
         Ok(())
     }
 
+    /// `y = x + 1`, keeping two graphs.
+    #[pooled(stream, graph(cap = 2))]
+    fn plus_one<'s>(
+        stream: &'s Stream,
+        k: &Kernels,
+        x: &Temp<'_, f32>,
+    ) -> Result<Temp<'s, f32>, PoolError> {
+        let mut y = stream.temp_1d::<f32>(x.len())?;
+        let cuda = stream.cudarc()?;
+        let (n, a, b) = (x.len() as i32, 1.0f32, 1.0f32);
+        // SAFETY: `x` and `y` hold `n` floats of this stream, alive past the kernel.
+        unsafe {
+            cuda.launch_builder(&k.affine_relu)
+                .buf(x)
+                .buf_mut(&mut y)
+                .arg(&n)
+                .arg(&a)
+                .arg(&b)
+                .launch(line4(x.len()))?;
+        }
+        Ok(y)
+    }
+
+    #[test]
+    fn keys_that_come_and_go_faster_than_the_cap_run_eagerly_and_the_graphs_in_use_stay()
+    -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_over_cap") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        // Six inputs (six keys), live throughout, so the stack's top stays where it is.
+        let mut inputs = Vec::new();
+        for i in 0..6 {
+            let mut x = stream.temp_1d::<f32>(1024)?;
+            x.upload(&vec![i as f32; 1024])?;
+            inputs.push(x);
+        }
+        let mut call = |i: usize| -> TestResult {
+            let y = plus_one(&stream, &k, &inputs[i])?;
+            assert_eq!(y.to_vec()?, vec![i as f32 + 1.0; 1024], "input {i}");
+            Ok(())
+        };
+        // Six keys in turn, a cap of two: captured and evicted on every call, were each new key
+        // captured. The first two stay and replay; the other four run eagerly.
+        for _ in 0..5 {
+            (0..6).try_for_each(&mut call)?;
+        }
+        let stats = shape_stats(&stream);
+        eprintln!("graphed_over_cap, six keys in turn: {stats}");
+        assert_eq!(
+            (
+                stats.captures,
+                stats.replays,
+                stats.eager_calls,
+                stats.evictions
+            ),
+            (2, 8, 20, 0),
+            "{stats}"
+        );
+        assert!(stats.eager[0].reason.contains("cap"), "{stats}");
+        // A new working set of two: once the old graphs have gone unused a while (4 x cap
+        // calls), its keys are captured and replayed.
+        for i in 0..20 {
+            call(4 + i % 2)?;
+        }
+        let after = shape_stats(&stream);
+        eprintln!("graphed_over_cap, then two other keys: {after}");
+        assert_eq!(
+            (
+                after.captures - stats.captures,
+                after.replays - stats.replays,
+                after.eager_calls - stats.eager_calls,
+                after.evictions,
+            ),
+            (2, 16, 2, 2),
+            "{after}"
+        );
+        Ok(())
+    }
+
     #[test]
     fn every_shape_shares_one_scratch_and_other_buffers_give_their_results() -> TestResult {
         let Some((device, _lock)) = gpu("graphed_shapes") else {

@@ -421,6 +421,11 @@ const UNNAMED_MEMORY: &str = "the function reaches device memory none of its par
 const SWALLOWED: &str = "the function went on after the pool refused an operation inside the \
      capture (its error was not returned), so its graph would lack what an eager call does";
 
+#[cfg(feature = "cuda")]
+const OVER_CAP: &str = "more of its keys come and go than its cap holds (new buffers each call, or \
+     more shapes than `graph(cap = N)`): a new key runs eagerly, where capturing it would cost \
+     more than running it, until one of its graphs has gone unused a while";
+
 const NO_CUDA: &str = "CUDA graphs need a CUDA device: the host backend runs the calls";
 
 /// Runs the body of `call`.
@@ -455,18 +460,22 @@ fn eager<R, E: From<PoolError>>(
     reason: &str,
     call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
 ) -> Result<R, E> {
-    with_shapes(stream, |shapes| {
-        let known = shapes
-            .eager
-            .iter()
-            .find(|(r, _)| r.function == site.name && *r.text == *reason)
-            .map(|(r, _)| Arc::clone(r));
-        shapes.count_eager(&known.unwrap_or_else(|| Reason::of(site, reason)));
-    });
+    with_shapes(stream, |shapes| shapes.count_eager_for(site, reason));
     run(stream, call)
 }
 
 impl Shapes {
+    /// Counts a call run eagerly for `reason`, found in the stream's own list (registered
+    /// process-wide, under its lock, only the first time the stream meets it).
+    fn count_eager_for(&mut self, site: &'static GraphSite, reason: &str) {
+        let known = self
+            .eager
+            .iter()
+            .find(|(r, _)| r.function == site.name && *r.text == *reason)
+            .map(|(r, _)| Arc::clone(r));
+        self.count_eager(&known.unwrap_or_else(|| Reason::of(site, reason)));
+    }
+
     /// Counts a call run eagerly for `reason`, here and process-wide.
     fn count_eager(&mut self, reason: &Arc<Reason>) {
         self.stats.eager_calls += 1;
@@ -541,6 +550,10 @@ mod cuda {
             shapes.clock += 1;
             let clock = shapes.clock;
             let Some(entry) = shapes.entries.iter_mut().find(|e| key.is(e)) else {
+                if shapes.thrashes(site) {
+                    shapes.count_eager_for(site, OVER_CAP);
+                    return Plan::Eager;
+                }
                 return Plan::Capture { backoff: 0 };
             };
             entry.last_use = clock;
@@ -768,6 +781,26 @@ mod cuda {
         with_shapes(stream, |s| s.stats.captures += 1);
         PROCESS.captures.fetch_add(1, Relaxed);
         Ok(outputs)
+    }
+
+    impl Shapes {
+        /// Whether a new key of `site` should run eagerly rather than be captured: the function
+        /// holds its cap of graphs and each was used within the last `IDLE_PER_GRAPH x cap`
+        /// calls on the stream. Capturing it would evict a graph still in use: keys that come
+        /// and go faster than the cap holds would capture on every call (a capture costs
+        /// several eager calls), where this keeps the graphs in use replaying and runs the rest
+        /// eagerly. A graph left unused that long makes room again, so a new working set is
+        /// captured.
+        pub(super) fn thrashes(&self, site: &'static GraphSite) -> bool {
+            const IDLE_PER_GRAPH: u64 = 4;
+            let mine = self.entries.iter().filter(|e| e.site == site.id());
+            let idle = (site.cap.max(1) as u64).saturating_mul(IDLE_PER_GRAPH);
+            mine.clone().count() >= site.cap.max(1)
+                && mine
+                    .map(|e| e.last_use)
+                    .min()
+                    .is_some_and(|lru| self.clock - lru < idle)
+        }
     }
 
     /// Keeps `state` for the key just built (in place of what it had), dropping the least
