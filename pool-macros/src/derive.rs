@@ -1,5 +1,5 @@
-//! `#[derive(GraphKey)]`: a type's graph key is every field's, in order (an enum's, its variant's
-//! index first).
+//! `#[derive(GraphKey)]`: a type's graph key is its type, then every field's, in order (an enum's,
+//! its variant's index first).
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
@@ -67,6 +67,9 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
         // own contract), so the key covers all the value is.
         unsafe impl #impl_generics #key for #name #ty_generics #where_clause {
             fn graph_key(&self, keys: &mut #keys) {
+                // The type too: two types that write the same words behind one `&dyn Trait`
+                // parameter are two keys.
+                keys.type_of::<Self>();
                 #body
             }
         }

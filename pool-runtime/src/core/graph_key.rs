@@ -29,7 +29,9 @@ use crate::core::view::{GpuView, GpuViewMut};
 /// reaches a kernel or a copy. A replay queues the captured work unchanged, so a value whose words
 /// stayed the same while its device memory moved would have the replay write memory that is no
 /// longer its own. The derive and the implementations here keep that; a hand-written
-/// implementation must key every field.
+/// implementation must key every field, and its type too where values of several types can
+/// stand behind one parameter (`&dyn Trait`): [`GraphKeys::type_of`]. A kernel is keyed through
+/// its own `GraphKey` (which holds it while a graph of the key lives), never as a raw handle.
 ///
 /// ```
 /// use gpu_pool::graph::{GraphKey, GraphKeys};
@@ -65,16 +67,19 @@ thread_local! {
     /// reached, as `(address, bytes)`, for the capture to check against what its key names.
     static TOUCHED: std::cell::RefCell<Vec<(u64, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
     static RECORDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Whether the pool refused an operation during that capture (the body may have swallowed
-    /// the error: its graph would then lack what the call does eagerly).
-    static REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The first operation the pool refused during that capture (the body may have swallowed
+    /// the error, or wrapped it in a type of its own: the capture still knows why it failed).
+    static REFUSED: std::cell::RefCell<Option<crate::base::error::CaptureError>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// The error of an operation a capture refuses; noted while a graphed capture records, so that a
 /// body that swallows it gets no graph.
 pub(crate) fn refusal(error: crate::base::error::CaptureError) -> crate::base::error::PoolError {
     if recording() {
-        REFUSED.with(|r| r.set(true));
+        REFUSED.with(|r| {
+            r.borrow_mut().get_or_insert_with(|| error.clone());
+        });
     }
     crate::base::error::PoolError::Capture(error)
 }
@@ -102,16 +107,16 @@ pub(crate) struct Touched(());
 impl Touched {
     pub(crate) fn record() -> Touched {
         TOUCHED.with(|t| t.borrow_mut().clear());
-        REFUSED.with(|r| r.set(false));
+        REFUSED.with(|r| r.borrow_mut().take());
         RECORDING.with(|r| r.set(true));
         Touched(())
     }
 
-    /// What views reached since [`record`](Self::record), and whether an operation was refused.
-    pub(crate) fn take(self) -> (Vec<(u64, u64)>, bool) {
+    /// What views reached since [`record`](Self::record), and the first operation refused.
+    pub(crate) fn take(self) -> (Vec<(u64, u64)>, Option<crate::base::error::CaptureError>) {
         RECORDING.with(|r| r.set(false));
         let reached = TOUCHED.with(|t| std::mem::take(&mut *t.borrow_mut()));
-        (reached, REFUSED.with(std::cell::Cell::get))
+        (reached, REFUSED.with(|r| r.borrow_mut().take()))
     }
 }
 
@@ -133,6 +138,8 @@ pub struct GraphKeys {
     spilled: Vec<u64>,
     /// A hash of the words, compared before them.
     hash: u64,
+    /// Which instance of a generic function is called ([`instance`](Self::instance)).
+    instance: Option<std::any::TypeId>,
     /// The device memory the keyed values name, where asked for (a capture's check).
     ranges: Option<Vec<(u64, u64)>>,
     /// Kernels keyed by their handle, held while a graph of the key lives: their module stays
@@ -155,6 +162,7 @@ impl Default for GraphKeys {
             len: 0,
             spilled: Vec::new(),
             hash: 0,
+            instance: None,
             ranges: None,
             #[cfg(feature = "cuda")]
             kernels: Default::default(),
@@ -230,6 +238,12 @@ impl GraphKeys {
         self.hash
     }
 
+    /// The instance of the function called, if it said.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn instance_id(&self) -> Option<std::any::TypeId> {
+        self.instance
+    }
+
     /// The kernels keyed, for a graph to hold.
     #[cfg(feature = "cuda")]
     pub(crate) fn kernels(&mut self) -> Vec<cudarc::driver::CudaFunction> {
@@ -247,39 +261,33 @@ impl GraphKeys {
         }
     }
 
-    /// Adds which instance of a generic function (or of a method of a generic impl) is called:
-    /// `marker` is a closure made in its body, whose type's name spells every type and const the
-    /// instance was made with (`model::Layer<f32>::forward::{{closure}}`, `blur<3>::{{closure}}`,
-    /// an `impl Trait` parameter's type included). One `static` site serves every instance, so
-    /// this keeps their graphs apart.
-    ///
-    /// The name goes in as its length and two independent 64-bit hashes of its bytes, eight at a
-    /// time (a few nanoseconds), so distinct names of one program never meet. Not its address:
-    /// the one name is a constant that each code unit inlining the key may hold a copy of.
+    /// Says which instance of a generic function (or of a method of a generic impl) is called:
+    /// `marker` is a closure made in its body, whose type is one per instance, whatever types and
+    /// consts it was made with (the function's, its impl's, an `impl Trait` parameter's). One
+    /// `static` site serves every instance, so this keeps their graphs apart. Compared exactly
+    /// (its `TypeId`, lifetimes aside), not by name: two types can share a name.
     #[doc(hidden)]
     #[inline]
-    pub fn instance<C>(&mut self, marker: &C) {
-        let name = std::any::type_name_of_val(marker).as_bytes();
-        let (mut a, mut b) = (0x9e37_79b9_7f4a_7c15_u64, 0_u64);
-        for chunk in name.chunks(8) {
-            let mut bytes = [0; 8];
-            bytes[..chunk.len()].copy_from_slice(chunk);
-            let word = u64::from_le_bytes(bytes);
-            // MurmurHash64's and FxHash's steps.
-            a = (a ^ word.wrapping_mul(0x87c3_7b91_1142_53d5).rotate_left(31))
-                .wrapping_mul(0x4cf5_ad43_2745_937f);
-            b = (b.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-        self.word(name.len() as u64);
-        self.word(a);
-        self.word(b);
+    pub fn instance<C>(&mut self, _marker: &C) {
+        self.instance = Some(typeid::of::<C>());
+    }
+
+    /// Adds a word for the type `T` (64 bits of its `TypeId`): what `#[derive(GraphKey)]` writes
+    /// first, so values of two types that write the same words (two unit structs behind one
+    /// `&dyn Trait` parameter) are two keys.
+    #[inline]
+    pub fn type_of<T: ?Sized>(&mut self) {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        typeid::of::<T>().hash(&mut hasher);
+        self.word(hasher.finish());
     }
 }
 
 impl PartialEq for GraphKeys {
     #[inline]
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.words() == other.words()
+        self.hash == other.hash && self.instance == other.instance && self.words() == other.words()
     }
 }
 

@@ -238,34 +238,63 @@ static PROCESS: Process = Process {
     reasons: Mutex::new(Vec::new()),
 };
 
+/// What a reason is, for counting: one row per function and kind, whatever numbers its text
+/// holds (a refusal's sizes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// One of this module's own reasons.
+    Text(&'static str),
+    /// A pool error, by its variant (and its capture error's).
+    #[cfg(feature = "cuda")]
+    Error(u64),
+}
+
+#[cfg(feature = "cuda")]
+impl Kind {
+    fn of(e: &PoolError) -> Kind {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::mem::discriminant(e).hash(&mut hasher);
+        if let PoolError::Capture(c) = e {
+            std::mem::discriminant(c).hash(&mut hasher);
+        }
+        Kind::Error(hasher.finish())
+    }
+}
+
 /// Why calls of one function run eagerly, counted process-wide.
 struct Reason {
     function: &'static str,
+    kind: Kind,
+    /// The text of the first call of its kind.
     text: Box<str>,
     calls: AtomicU64,
 }
 
 impl Reason {
-    /// The one `Reason` of `site` for `text`, registered (and logged) the first time.
-    fn of(site: &'static GraphSite, text: &str) -> Arc<Reason> {
+    /// The one `Reason` of `site` for `kind`, registered (and logged, outside the lock) the
+    /// first time.
+    fn of(site: &'static GraphSite, kind: Kind, text: &str) -> Arc<Reason> {
         let mut reasons = crate::base::sync::lock(&PROCESS.reasons);
         if let Some(known) = reasons
             .iter()
-            .find(|r| r.function == site.name && *r.text == *text)
+            .find(|r| r.function == site.name && r.kind == kind)
         {
             return Arc::clone(known);
         }
+        let reason = Arc::new(Reason {
+            function: site.name,
+            kind,
+            text: text.into(),
+            calls: AtomicU64::new(0),
+        });
+        reasons.push(Arc::clone(&reason));
+        drop(reasons);
         tracing::warn!(
             function = site.name,
             reason = text,
             "a graphed call runs eagerly"
         );
-        let reason = Arc::new(Reason {
-            function: site.name,
-            text: text.into(),
-            calls: AtomicU64::new(0),
-        });
-        reasons.push(Arc::clone(&reason));
         reason
     }
 
@@ -310,7 +339,11 @@ pub fn shape_stats(stream: &Stream) -> ShapeStats {
     stats.eager = shapes.eager.iter().map(|(r, n)| r.counted(*n)).collect();
     #[cfg(feature = "cuda")]
     {
-        stats.graphs = shapes.entries.len();
+        stats.graphs = shapes
+            .entries
+            .iter()
+            .filter(|e| matches!(e.state, State::Graph(_)))
+            .count();
         let scratch = shapes.entries.iter().filter_map(|e| match &e.state {
             State::Graph(g) => Some(g.peak - g.floor),
             State::Eager(_) => None,
@@ -329,9 +362,9 @@ struct Shapes {
     eager: Vec<(Arc<Reason>, u64)>,
     #[cfg(feature = "cuda")]
     entries: Vec<Entry>,
-    /// Calls so far, for least-recently-used eviction.
+    /// Each function's calls so far (by site), for least-recently-used eviction.
     #[cfg(feature = "cuda")]
-    clock: u64,
+    clocks: Vec<(u64, u64)>,
 }
 
 #[cfg(feature = "cuda")]
@@ -339,13 +372,15 @@ struct Entry {
     site: u64,
     /// The stack's top at the call.
     top: usize,
-    /// The parameters' words and their hash.
+    /// The instance, the parameters' words and their hash.
+    instance: Option<std::any::TypeId>,
     words: Box<[u64]>,
     hash: u64,
-    /// The kernels the words name by handle, held so no other kernel gets their handles.
-    _kernels: Vec<cudarc::driver::CudaFunction>,
     last_use: u64,
     state: State,
+    /// The kernels the words name by handle, held so no other kernel gets their handles (after
+    /// the graph that launches them: fields drop in order).
+    _kernels: Vec<cudarc::driver::CudaFunction>,
 }
 
 #[cfg(feature = "cuda")]
@@ -404,7 +439,7 @@ where
     }
     #[cfg(not(feature = "cuda"))]
     {
-        eager(site, stream, NO_CUDA, call)
+        eager(site, stream, Kind::Text(NO_CUDA), NO_CUDA, call)
     }
 }
 
@@ -420,6 +455,16 @@ const UNNAMED_MEMORY: &str = "the function reaches device memory none of its par
 #[cfg(feature = "cuda")]
 const SWALLOWED: &str = "the function went on after the pool refused an operation inside the \
      capture (its error was not returned), so its graph would lack what an eager call does";
+
+#[cfg(feature = "cuda")]
+const OUTPUTS: &str = "its outputs must be temporaries taken in the call (`stream.temp(..)` first \
+     in the body), and nothing else taken in it may outlive it";
+
+#[cfg(feature = "cuda")]
+const FAILED: &str = "the function failed while captured";
+
+#[cfg(feature = "cuda")]
+const NO_GRAPH: &str = "the driver made no graph of the call";
 
 #[cfg(feature = "cuda")]
 const OVER_CAP: &str = "more of its keys come and go than its cap holds (new buffers each call, or \
@@ -452,30 +497,34 @@ fn keys_naming<R, E>(
     keys
 }
 
-/// Runs the body of `call` eagerly for `reason`, counted (a lock only the first time the
-/// stream sees the reason).
+/// Runs the body of `call` eagerly, counted for `kind`.
 fn eager<R, E: From<PoolError>>(
     site: &'static GraphSite,
     stream: &Stream,
-    reason: &str,
+    kind: Kind,
+    text: &str,
     call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
 ) -> Result<R, E> {
-    with_shapes(stream, |shapes| shapes.count_eager_for(site, reason));
+    count_eager(site, stream, kind, text);
     run(stream, call)
 }
 
-impl Shapes {
-    /// Counts a call run eagerly for `reason`, found in the stream's own list (registered
-    /// process-wide, under its lock, only the first time the stream meets it).
-    fn count_eager_for(&mut self, site: &'static GraphSite, reason: &str) {
-        let known = self
+/// Counts a call of `site` run eagerly for `kind`: found in the stream's own list, else
+/// registered process-wide (under its lock, logged) outside the stream's state, so no subscriber
+/// of the log finds it borrowed.
+fn count_eager(site: &'static GraphSite, stream: &Stream, kind: Kind, text: &str) {
+    let known = with_shapes(stream, |shapes| {
+        shapes
             .eager
             .iter()
-            .find(|(r, _)| r.function == site.name && *r.text == *reason)
-            .map(|(r, _)| Arc::clone(r));
-        self.count_eager(&known.unwrap_or_else(|| Reason::of(site, reason)));
-    }
+            .find(|(r, _)| r.function == site.name && r.kind == kind)
+            .map(|(r, _)| Arc::clone(r))
+    });
+    let reason = known.unwrap_or_else(|| Reason::of(site, kind, text));
+    with_shapes(stream, |shapes| shapes.count_eager(&reason));
+}
 
+impl Shapes {
     /// Counts a call run eagerly for `reason`, here and process-wide.
     fn count_eager(&mut self, reason: &Arc<Reason>) {
         self.stats.eager_calls += 1;
@@ -514,7 +563,10 @@ mod cuda {
         Capture {
             backoff: u32,
         },
+        /// Run it eagerly (counted already).
         Eager,
+        /// Run it eagerly: a new key while every graph of the function is in use.
+        OverCap,
     }
 
     pub(super) fn call<'s, R, E>(
@@ -527,7 +579,7 @@ mod cuda {
         E: From<PoolError> + 'static,
     {
         let Ok(cuda) = stream.cudarc() else {
-            return eager(site, stream, NO_CUDA, call);
+            return eager(site, stream, Kind::Text(NO_CUDA), NO_CUDA, call);
         };
         let cu_stream = cuda.cu_stream();
         if stream.in_own_capture() || capturing::on_this_thread() {
@@ -547,12 +599,10 @@ mod cuda {
             },
         };
         let plan = with_shapes(stream, |shapes| {
-            shapes.clock += 1;
-            let clock = shapes.clock;
+            let clock = shapes.tick(site);
             let Some(entry) = shapes.entries.iter_mut().find(|e| key.is(e)) else {
                 if shapes.thrashes(site) {
-                    shapes.count_eager_for(site, OVER_CAP);
-                    return Plan::Eager;
+                    return Plan::OverCap;
                 }
                 return Plan::Capture { backoff: 0 };
             };
@@ -583,6 +633,7 @@ mod cuda {
             },
             Plan::Capture { backoff } => capture(site, stream, cu_stream, key, backoff, call),
             Plan::Eager => run(stream, call),
+            Plan::OverCap => eager(site, stream, Kind::Text(OVER_CAP), OVER_CAP, call),
         }
     }
 
@@ -598,6 +649,7 @@ mod cuda {
             entry.hash == self.keys.hash()
                 && entry.site == self.site
                 && entry.top == self.top
+                && entry.instance == self.keys.instance_id()
                 && *entry.words == *self.keys.words()
         }
     }
@@ -674,8 +726,11 @@ mod cuda {
         let mut capturing = match stream.begin_capture(None, true) {
             Ok(c) => c,
             Err(e) => {
-                let wait = (!lasting(&e)).then_some(backoff);
-                return remember_eager(site, stream, key, &e.to_string(), wait, call);
+                // Someone else's capture on the stream (cudarc's) passes when it ends.
+                let passes =
+                    !lasting(&e) || matches!(e, PoolError::Capture(CaptureError::Elsewhere { .. }));
+                let wait = passes.then_some(backoff);
+                return remember_eager(site, stream, key, Kind::of(&e), &e.to_string(), wait, call);
             }
         };
         let touched = crate::core::graph_key::Touched::record();
@@ -686,28 +741,38 @@ mod cuda {
         let replays = capturing.replays.take();
         drop(capturing);
         let (outputs, exec) = match (worked, ended) {
-            (Ok(outputs), Ok(Some(exec))) if !refused => (outputs, exec),
+            (Ok(outputs), Ok(Some(exec))) if refused.is_none() => (outputs, exec),
             (worked, ended) => {
-                // Why, in words: the pool's refusal, the body's own error, or the driver's; and
-                // whether it is the function's own, or may pass.
-                let (reason, lasts) = match (&worked, ended) {
-                    (Ok(_), Ok(Some(_))) => (SWALLOWED.to_owned(), true),
-                    (_, Err(e @ PoolError::Capture(CaptureError::CrossStream { .. }))) => {
-                        (e.to_string(), true)
+                // Why: the pool's refusal (whatever the body made of it: returned, wrapped in an
+                // error of its own, or swallowed), else the body's own error, else the driver's;
+                // and whether it is the function's own, or may pass.
+                let (kind, reason, lasts) = match (refused, &worked, ended) {
+                    (Some(e), worked, _) => {
+                        let e = PoolError::Capture(e);
+                        let text = match worked {
+                            Ok(_) => format!("{SWALLOWED} ({e})"),
+                            Err(_) => e.to_string(),
+                        };
+                        (Kind::of(&e), text, lasting(&e))
                     }
-                    (Err(e), _) => match (e as &dyn std::any::Any).downcast_ref::<PoolError>() {
-                        Some(e) => (e.to_string(), lasting(e)),
-                        None => ("the function failed while captured".to_owned(), false),
-                    },
-                    (Ok(_), Err(e)) => (e.to_string(), lasting(&e)),
-                    (Ok(_), Ok(_)) => ("the driver made no graph of the call".to_owned(), false),
+                    (None, _, Err(e @ PoolError::Capture(CaptureError::CrossStream { .. }))) => {
+                        (Kind::of(&e), e.to_string(), true)
+                    }
+                    (None, Err(e), _) => {
+                        match (e as &dyn std::any::Any).downcast_ref::<PoolError>() {
+                            Some(e) => (Kind::of(e), e.to_string(), lasting(e)),
+                            None => (Kind::Text(FAILED), FAILED.to_owned(), false),
+                        }
+                    }
+                    (None, Ok(_), Err(e)) => (Kind::of(&e), e.to_string(), lasting(&e)),
+                    (None, Ok(_), Ok(_)) => (Kind::Text(NO_GRAPH), NO_GRAPH.to_owned(), false),
                 };
                 let wait = (!lasts).then_some(backoff);
                 // Nothing captured ran: the outputs are released before the call runs for real,
                 // unless the body changed its parameters on the host: it ran once already.
                 drop(worked);
                 if keys_naming(call) != key.keys {
-                    remember(site, stream, key, CHANGES_PARAMETERS, None);
+                    text_reason(site, stream, key, CHANGES_PARAMETERS);
                     return Err(E::from(PoolError::Unsupported {
                         device: stream.device().id(),
                         what: "a graphed call that changed its parameters on the host while its \
@@ -715,7 +780,7 @@ mod cuda {
                                calls do)",
                     }));
                 }
-                return remember_eager(site, stream, key, &reason, wait, call);
+                return remember_eager(site, stream, key, kind, &reason, wait, call);
             }
         };
         let mut layouts = Vec::new();
@@ -730,15 +795,7 @@ mod cuda {
             // An output that is no stack temporary of the capture (or a buffer kept past it)
             // cannot be taken again at its address: the graph would write memory of others.
             drop(outputs);
-            return remember_eager(
-                site,
-                stream,
-                key,
-                "its outputs must be temporaries taken in the call (`stream.temp(..)` first in \
-                 the body), and nothing else taken in it may outlive it",
-                None,
-                call,
-            );
+            return remember_eager(site, stream, key, Kind::Text(OUTPUTS), OUTPUTS, None, call);
         }
         // The capture queued nothing: the call's work runs now, as its first replay.
         let recorded = Recorded {
@@ -772,7 +829,7 @@ mod cuda {
             None
         };
         if let Some(why) = why {
-            let reason = remember(site, stream, key, why, None);
+            let reason = text_reason(site, stream, key, why);
             with_shapes(stream, |s| s.count_eager(&reason));
             return Ok(outputs);
         }
@@ -784,22 +841,50 @@ mod cuda {
     }
 
     impl Shapes {
+        /// Counts a call of `site`: its clock, for least-recently-used eviction and the idle
+        /// window (one per function, so other functions' calls on the stream age no graph).
+        pub(super) fn tick(&mut self, site: &'static GraphSite) -> u64 {
+            let id = site.id();
+            match self.clocks.iter_mut().find(|(s, _)| *s == id) {
+                Some((_, clock)) => {
+                    *clock += 1;
+                    *clock
+                }
+                None => {
+                    self.clocks.push((id, 1));
+                    1
+                }
+            }
+        }
+
+        /// The clock of `site`: its calls so far on this stream.
+        pub(super) fn now(&self, site: &'static GraphSite) -> u64 {
+            let id = site.id();
+            self.clocks
+                .iter()
+                .find(|(s, _)| *s == id)
+                .map_or(0, |&(_, c)| c)
+        }
+
         /// Whether a new key of `site` should run eagerly rather than be captured: the function
         /// holds its cap of graphs and each was used within the last `IDLE_PER_GRAPH x cap`
-        /// calls on the stream. Capturing it would evict a graph still in use: keys that come
+        /// calls of it on the stream. Capturing it would evict a graph still in use: keys that come
         /// and go faster than the cap holds would capture on every call (a capture costs
         /// several eager calls), where this keeps the graphs in use replaying and runs the rest
         /// eagerly. A graph left unused that long makes room again, so a new working set is
         /// captured.
         pub(super) fn thrashes(&self, site: &'static GraphSite) -> bool {
             const IDLE_PER_GRAPH: u64 = 4;
-            let mine = self.entries.iter().filter(|e| e.site == site.id());
+            let mine = self
+                .entries
+                .iter()
+                .filter(|e| e.site == site.id() && matches!(e.state, State::Graph(_)));
             let idle = (site.cap.max(1) as u64).saturating_mul(IDLE_PER_GRAPH);
             mine.clone().count() >= site.cap.max(1)
                 && mine
                     .map(|e| e.last_use)
                     .min()
-                    .is_some_and(|lru| self.clock - lru < idle)
+                    .is_some_and(|lru| self.now(site) - lru < idle)
         }
     }
 
@@ -808,25 +893,33 @@ mod cuda {
     fn insert(stream: &Stream, site: &'static GraphSite, mut key: Key, state: State) {
         with_shapes(stream, |shapes| {
             shapes.entries.retain(|e| !key.is(e));
-            let mine = shapes.entries.iter().filter(|e| e.site == site.id());
+            // Graphs and eager keys are capped apart: an eager key never evicts a graph.
+            let graph = matches!(state, State::Graph(_));
+            let mine = shapes
+                .entries
+                .iter()
+                .filter(|e| e.site == site.id() && matches!(e.state, State::Graph(_)) == graph);
             if mine.clone().count() >= site.cap.max(1) {
                 let oldest = mine.min_by_key(|e| e.last_use).map(|e| e.last_use);
                 if let Some(oldest) = oldest {
                     shapes
                         .entries
                         .retain(|e| !(e.site == site.id() && e.last_use == oldest));
-                    shapes.stats.evictions += 1;
-                    PROCESS.evictions.fetch_add(1, Relaxed);
+                    if graph {
+                        shapes.stats.evictions += 1;
+                        PROCESS.evictions.fetch_add(1, Relaxed);
+                    }
                 }
             }
             shapes.entries.push(Entry {
                 site: key.site,
                 top: key.top,
+                instance: key.keys.instance_id(),
                 words: key.keys.words().into(),
                 hash: key.keys.hash(),
-                _kernels: key.keys.kernels(),
-                last_use: shapes.clock,
+                last_use: shapes.now(site),
                 state,
+                _kernels: key.keys.kernels(),
             });
         });
     }
@@ -844,22 +937,45 @@ mod cuda {
                     | CaptureError::Elsewhere { .. }
                     | CaptureError::LegacyStream { .. }
             ),
-            // The driver ended the capture: the body did what a capture cannot (a host wait).
-            PoolError::Driver { .. } | PoolError::Unsupported { .. } => true,
+            // The driver refused the capture: the body did what a capture cannot (a host wait,
+            // a synchronization). Its other errors (memory to instantiate the graph) pass.
+            PoolError::Driver { .. } => {
+                use cudarc::driver::sys::CUresult as R;
+                let code = std::error::Error::source(e)
+                    .and_then(|s| s.downcast_ref::<cudarc::driver::DriverError>())
+                    .map(|d| d.0);
+                matches!(
+                    code,
+                    Some(
+                        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+                            | R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                            | R::CUDA_ERROR_STREAM_CAPTURE_MERGE
+                            | R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
+                            | R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+                            | R::CUDA_ERROR_STREAM_CAPTURE_ISOLATION
+                            | R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+                            | R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+                            | R::CUDA_ERROR_CAPTURED_EVENT
+                            | R::CUDA_ERROR_NOT_PERMITTED
+                    )
+                )
+            }
+            PoolError::Unsupported { .. } => true,
             _ => false,
         }
     }
 
-    /// Remembers the key as eager for `reason` (tried again after `wait` eager calls, doubled,
+    /// Remembers the key as eager for `kind` (tried again after `wait` eager calls, doubled,
     /// where it is `Some`).
     fn remember(
         site: &'static GraphSite,
         stream: &Stream,
         key: Key,
-        reason: &str,
+        kind: Kind,
+        text: &str,
         wait: Option<u32>,
     ) -> Arc<Reason> {
-        let reason = Reason::of(site, reason);
+        let reason = Reason::of(site, kind, text);
         let backoff = wait.map_or(0, |w| {
             w.saturating_mul(2)
                 .clamp(*RETRY_WAIT.start(), *RETRY_WAIT.end())
@@ -873,16 +989,27 @@ mod cuda {
         reason
     }
 
-    /// Remembers the key as eager for `reason`, and runs the call.
+    /// Remembers the key as eager for good, for one of this module's reasons.
+    fn text_reason(
+        site: &'static GraphSite,
+        stream: &Stream,
+        key: Key,
+        text: &'static str,
+    ) -> Arc<Reason> {
+        remember(site, stream, key, Kind::Text(text), text, None)
+    }
+
+    /// Remembers the key as eager for `kind`, and runs the call.
     fn remember_eager<R, E: From<PoolError>>(
         site: &'static GraphSite,
         stream: &Stream,
         key: Key,
-        reason: &str,
+        kind: Kind,
+        text: &str,
         wait: Option<u32>,
         call: &mut impl FnMut(Option<&mut GraphKeys>) -> Option<Result<R, E>>,
     ) -> Result<R, E> {
-        let reason = remember(site, stream, key, reason, wait);
+        let reason = remember(site, stream, key, kind, text, wait);
         with_shapes(stream, |s| s.count_eager(&reason));
         run(stream, call)
     }
