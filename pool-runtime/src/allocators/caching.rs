@@ -355,7 +355,7 @@ impl IdleMemory for Cache {
     fn give_back_idle(&self, _storage: &crate::storage::Storage) -> GaveBack {
         // `cuMemFree` waits for the work that may still use a held block: none is in flight after.
         let bytes = self.free_held().unwrap_or_else(|e| {
-            tracing::warn!(device = %self.id, error = %e, "freeing the caching pool's blocks failed");
+            crate::base::event::warn!(device = %self.id, error = %e, "freeing the caching pool's blocks failed");
             0
         });
         GaveBack {
@@ -459,7 +459,7 @@ unsafe impl GpuAllocator for CachingPool {
 impl Drop for CachingPool {
     fn drop(&mut self) {
         if let Err(e) = self.cache.free_held() {
-            tracing::error!(device = %self.cache.id, error = %e, "freeing the caching pool's blocks failed");
+            crate::base::event::error!(device = %self.cache.id, error = %e, "freeing the caching pool's blocks failed");
         }
     }
 }

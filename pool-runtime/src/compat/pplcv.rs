@@ -147,7 +147,7 @@ impl Drop for GpuMemoryBlock {
         if self.is_allocated()
             && let Err(e) = ppl_cuda_free(self)
         {
-            tracing::error!(error = %e, "freeing a ppl.cv pool block failed");
+            crate::base::event::error!(error = %e, "freeing a ppl.cv pool block failed");
         }
     }
 }
@@ -342,7 +342,7 @@ impl Drop for PplPool {
         }
         // SAFETY: as in `close`: freed once, and no block borrows the pool any more.
         if let Err(e) = unsafe { self.device.storage().free(self.base, None) } {
-            tracing::error!(error = %e, "freeing a ppl.cv pool failed");
+            crate::base::event::error!(error = %e, "freeing a ppl.cv pool failed");
         }
     }
 }

@@ -720,7 +720,7 @@ mod cuda {
                 .any(|e| e.function == site.name && e.reason == reason)
         });
         if first {
-            tracing::warn!(function = site.name, reason, "a graphed call runs eagerly");
+            crate::base::event::warn!(function = site.name, reason, "a graphed call runs eagerly");
         }
         insert(stream, site, key, State::Eager(reason.to_owned()));
     }
