@@ -5,6 +5,9 @@
 #   benches/build_cost.sh [AFTER_REF] [BEFORE_REF]   defaults: HEAD, 2e1683a
 #   ROUNDS=3 benches/build_cost.sh                      cold builds repeated, every round printed
 #   PARTS=oneline benches/build_cost.sh                 only part 1 (PARTS=pipeline: only part 2)
+#   INCREMENTAL=0 benches/build_cost.sh                 part 1 as a registry dependency builds:
+#       cargo compiles path dependencies (these programs' gpu-pool) incrementally, which a crate
+#       from crates.io is not (cudarc, here); CARGO_INCREMENTAL=0 builds all alike
 #
 # 1. A one-line program (`gpu_pool::Device::host()`), built cold (debug, fresh target directory,
 #    warm registry, --offline) on gpu-pool with default features at AFTER_REF and at BEFORE_REF,
@@ -56,7 +59,7 @@ crates() { # distinct packages (name + version) in the normal dependency tree, t
 
 cold() { # cold NAME: a debug build in a fresh target directory
   rm -rf "$S/$1/target"
-  (cd "$S/$1" && /usr/bin/time -o "$S/$1.time" -f "%e %U %S" cargo build --offline -q >/dev/null 2>"$S/$1.err")
+  (cd "$S/$1" && /usr/bin/time -o "$S/$1.time" -f "%e %U %S" env ${INCREMENTAL:+CARGO_INCREMENTAL=$INCREMENTAL} cargo build --offline -q >/dev/null 2>"$S/$1.err")
   if [ ! -x "$S/$1/target/debug/$1" ]; then echo "$1: build failed:"; cat "$S/$1.err"; return; fi
   read -r wall user sys < "$S/$1.time"
   printf '%-11s wall %6.1f s   cpu %6.1f s   crates %s\n' "$1" "$wall" "$(echo "$user + $sys" | bc)" "$(crates "$1")"
@@ -65,7 +68,7 @@ cold() { # cold NAME: a debug build in a fresh target directory
 
 if [[ $PARTS == *oneline* ]]; then
 echo
-echo "== one-line program, cold debug build ($(nproc) cores)"
+echo "== one-line program, cold debug build ($(nproc) cores${INCREMENTAL:+, CARGO_INCREMENTAL=$INCREMENTAL})"
 for r in $(seq "$ROUNDS"); do
   [ "$ROUNDS" -gt 1 ] && echo "-- round $r"
   for v in one-cudarc one-after one-before; do cold "$v"; done

@@ -59,6 +59,7 @@
 //! | `nccl` | no | the `nccl` module: collectives on pool buffers, stacks NCCL can register | cudarc's NCCL bindings (`libnccl` loaded at run time) |
 //! | `timeline` | no | `observe::timeline`: recordings as a Chrome trace and an SVG chart | serde_json and plotters, with their dependencies |
 //! | `testing` | no | the `testing` module: fault injection and leak checks on the host backend | nothing |
+//! | `tracing` | no | the runtime's events (a free that failed in a `Drop`, a fallback taken, a LIFO violation) as `tracing` events for your subscriber; without it, errors and warnings go to stderr, one line each | tracing, tracing-core, once_cell, pin-project-lite |
 //!
 //! Element types of your own are `#[repr(C)]` structs that implement `bytemuck::Pod`: derive it
 //! with bytemuck's `derive` feature in your own bytemuck dependency (gpu-pool does not turn it on,

@@ -32,7 +32,6 @@
 
 use proc_macro2::{TokenStream, TokenTree};
 use quote::quote;
-use syn::visit::{self, Visit};
 use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, ExprCall, Ident, Item, Macro, Pat, Stmt, UseTree};
 
@@ -82,19 +81,8 @@ impl DropCheck {
     /// unit struct (`None`) is bound too: it can only hide a buffer, never make one up. So is every
     /// name given to a macro in the pattern, which may bind it.
     fn bind(&mut self, pat: &Pat, buffer: bool) {
-        struct Names<'a>(&'a mut Vec<String>);
-        impl<'ast> Visit<'ast> for Names<'_> {
-            fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
-                self.0.push(unraw(&p.ident));
-                visit::visit_pat_ident(self, p);
-            }
-
-            fn visit_macro(&mut self, mac: &'ast Macro) {
-                mentioned(mac.tokens.clone(), self.0);
-            }
-        }
         let mut names = Vec::new();
-        Names(&mut names).visit_pat(pat);
+        pattern_names(pat, &mut names);
         self.bind_names(names.into_iter().map(Some), buffer);
     }
 
@@ -374,6 +362,61 @@ fn macro_names(mac: &Macro, out: &mut Vec<Option<String>>) {
 }
 
 /// Every identifier in `tokens`, unraw, in groups too.
+/// Every name `pat` binds, and every name given to a macro in it (`m!(name)` may bind `name`).
+/// Walked by hand rather than with syn's `Visit`, whose generic walk was a fifth of this crate's
+/// compiled code (issue 34).
+fn pattern_names(pat: &Pat, out: &mut Vec<String>) {
+    use quote::ToTokens;
+    match pat {
+        Pat::Ident(p) => {
+            out.push(unraw(&p.ident));
+            if let Some((_, sub)) = &p.subpat {
+                pattern_names(sub, out);
+            }
+        }
+        Pat::Or(p) => p.cases.iter().for_each(|p| pattern_names(p, out)),
+        Pat::Paren(p) => pattern_names(&p.pat, out),
+        Pat::Reference(p) => pattern_names(&p.pat, out),
+        Pat::Slice(p) => p.elems.iter().for_each(|p| pattern_names(p, out)),
+        Pat::Tuple(p) => p.elems.iter().for_each(|p| pattern_names(p, out)),
+        Pat::TupleStruct(p) => {
+            called_macro_names(p.path.to_token_stream(), out);
+            p.elems.iter().for_each(|p| pattern_names(p, out));
+        }
+        Pat::Struct(p) => {
+            called_macro_names(p.path.to_token_stream(), out);
+            p.fields.iter().for_each(|f| pattern_names(&f.pat, out));
+        }
+        Pat::Type(p) => {
+            pattern_names(&p.pat, out);
+            called_macro_names(p.ty.to_token_stream(), out);
+        }
+        Pat::Macro(p) => mentioned(p.mac.tokens.clone(), out),
+        // Literals, ranges, paths, `const` blocks, `_` and `..` bind nothing; a macro in them may.
+        other => called_macro_names(other.to_token_stream(), out),
+    }
+}
+
+/// The names given to each macro called in `tokens` (`m!(..)`, `m![..]`, `m!{..}`); outside
+/// them, nothing.
+fn called_macro_names(tokens: TokenStream, out: &mut Vec<String>) {
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    for (at, token) in tokens.iter().enumerate() {
+        match (token, at.checked_sub(1).map(|before| &tokens[before])) {
+            (TokenTree::Group(group), Some(TokenTree::Punct(bang))) if bang.as_char() == '!' => {
+                let called = at >= 2 && matches!(tokens[at - 2], TokenTree::Ident(_));
+                if called {
+                    mentioned(group.stream(), out);
+                } else {
+                    called_macro_names(group.stream(), out);
+                }
+            }
+            (TokenTree::Group(group), _) => called_macro_names(group.stream(), out),
+            _ => {}
+        }
+    }
+}
+
 fn mentioned(tokens: TokenStream, out: &mut Vec<String>) {
     for token in tokens {
         match token {
@@ -431,6 +474,34 @@ fn unraw(ident: &Ident) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pattern_binds_its_names_and_those_given_to_its_macros() {
+        let names = |pat: proc_macro2::TokenStream| {
+            let Ok(Stmt::Local(local)) = syn::parse2(quote!(let #pat = 0;)) else {
+                panic!("a let");
+            };
+            let mut names = Vec::new();
+            pattern_names(&local.pat, &mut names);
+            names
+        };
+        assert_eq!(
+            names(quote!(
+                (a, ref mut b @ Some(c), S { d, e: [f, ..], .. }, &(g | g), None)
+            )),
+            ["a", "b", "c", "d", "f", "g", "g", "None"]
+        );
+        // Every name given to a macro, in the pattern or in its type; not the macro's own path,
+        // nor the names of a path, a literal or a `!=` in a constant.
+        assert_eq!(names(quote!(m!(h, i::j))), ["h", "i", "j"]);
+        assert_eq!(
+            names(quote!((k, l): (ty!(x), Vec<n!{y}>))),
+            ["k", "l", "x", "y"]
+        );
+        assert_eq!(names(quote!(T::<z!(w)> { v })), ["w", "v"]);
+        assert_eq!(names(quote!(const { A != B })), Vec::<String>::new());
+        assert_eq!(names(quote!(r#type)), ["type"]);
+    }
 
     fn messages(body: proc_macro2::TokenStream) -> Vec<String> {
         let mut block: Block = syn::parse2(body).expect("a block");

@@ -5,7 +5,7 @@
 //! parameter) leaves the scope unusable, so the scope's hidden local is bound to that error
 //! instead: the body's `buffer!`s take from it, type-check against it, and report nothing more.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
@@ -210,17 +210,19 @@ fn graph_body(function: &mut ItemFn, stream: &syn::Expr, graph: &GraphArg) {
     *function.block = syn::parse2(wrapped).expect("a block");
 }
 
-/// Whether `ty` holds an `impl Trait` anywhere.
+/// Whether `ty` holds an `impl Trait` anywhere: an `impl` token at any depth. Read on the tokens
+/// rather than with syn's `Visit`, whose generic walk was a fifth of this crate's compiled code
+/// (issue 34); an `impl` in a macro's tokens or in an array length's block counts too, which only
+/// leaves the type to inference.
 fn has_impl_trait(ty: &syn::Type) -> bool {
-    struct Finder(bool);
-    impl<'a> syn::visit::Visit<'a> for Finder {
-        fn visit_type_impl_trait(&mut self, _: &'a syn::TypeImplTrait) {
-            self.0 = true;
-        }
+    fn any_impl(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|token| match token {
+            TokenTree::Ident(ident) => ident == "impl",
+            TokenTree::Group(group) => any_impl(group.stream()),
+            TokenTree::Punct(_) | TokenTree::Literal(_) => false,
+        })
     }
-    let mut finder = Finder(false);
-    syn::visit::Visit::visit_type(&mut finder, ty);
-    finder.0
+    any_impl(ty.to_token_stream())
 }
 
 /// Whether the stream is a parameter taken by value (`stream: Stream`), which `&*` cannot reach.

@@ -9,7 +9,7 @@
 //! It serves a stream on its own (`Stream::with_allocator(&device, pool)`) or as the stack's
 //! fallback (`device.set_fallback(Fallback::Caching)`, one shared pool per device).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::allocators::{AllocContext, AllocRequest, Allocation, GpuAllocator};
@@ -92,8 +92,33 @@ struct Active {
     requested: usize,
 }
 
+/// Held blocks by bin, sorted by bin, no bin empty. A sorted `Vec` and not a `BTreeMap`: bins are
+/// few, and each map type is thousands of lines of generic code in every build (issue 34).
+#[derive(Default)]
+struct Bins(Vec<(u64, Vec<Held>)>);
+
+impl Bins {
+    fn push(&mut self, bin: u64, held: Held) {
+        match self.0.binary_search_by_key(&bin, |&(b, _)| b) {
+            Ok(at) => self.0[at].1.push(held),
+            Err(at) => self.0.insert(at, (bin, vec![held])),
+        }
+    }
+
+    /// Takes the held block of `bin` at the index `choose` picks in the bin's list.
+    fn take(&mut self, bin: u64, choose: impl FnOnce(&[Held]) -> Option<usize>) -> Option<Held> {
+        let at_bin = self.0.binary_search_by_key(&bin, |&(b, _)| b).ok()?;
+        let list = &mut self.0[at_bin].1;
+        let held = list.swap_remove(choose(list)?);
+        if list.is_empty() {
+            self.0.remove(at_bin);
+        }
+        Some(held)
+    }
+}
+
 struct State {
-    bins: BTreeMap<u64, Vec<Held>>,
+    bins: Bins,
     /// Live blocks, by address.
     active: HashMap<DevPtr, Active>,
     holding: bool,
@@ -212,7 +237,7 @@ impl CachingPool {
             storage: Arc::downgrade(storage),
             id: storage.id,
             state: Mutex::new(State {
-                bins: BTreeMap::new(),
+                bins: Bins::default(),
                 active: HashMap::new(),
                 holding: true,
                 stats: CachingStats::default(),
@@ -286,6 +311,7 @@ impl Cache {
         let held: Vec<(u64, Held)> = {
             let mut state = self.lock();
             std::mem::take(&mut state.bins)
+                .0
                 .into_iter()
                 .flat_map(|(bin, blocks)| blocks.into_iter().map(move |h| (bin, h)))
                 .collect()
@@ -314,7 +340,7 @@ impl Cache {
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);
-                    self.lock().bins.entry(bin).or_default().push(block);
+                    self.lock().bins.push(bin, block);
                 }
             }
         }
@@ -324,22 +350,17 @@ impl Cache {
     /// A held block of `bin` this stream may use now: one it freed itself, else one whose freeing
     /// stream has finished.
     fn take_held(&self, state: &mut State, bin: u64, ctx: &AllocContext<'_>) -> Option<Held> {
-        let list = state.bins.get_mut(&bin)?;
-        let at = list
-            .iter()
-            .position(|h| h.stream == ctx.stream_id)
-            .or_else(|| {
-                list.iter().position(|h| {
-                    h.ready
-                        .as_ref()
-                        .is_none_or(|e| ctx.storage.backend.event_done(e).unwrap_or(false))
+        state.bins.take(bin, |list| {
+            list.iter()
+                .position(|h| h.stream == ctx.stream_id)
+                .or_else(|| {
+                    list.iter().position(|h| {
+                        h.ready
+                            .as_ref()
+                            .is_none_or(|e| ctx.storage.backend.event_done(e).unwrap_or(false))
+                    })
                 })
-            })?;
-        let held = list.swap_remove(at);
-        if list.is_empty() {
-            state.bins.remove(&bin);
-        }
-        Some(held)
+        })
     }
 }
 
@@ -355,7 +376,7 @@ impl IdleMemory for Cache {
     fn give_back_idle(&self, _storage: &crate::storage::Storage) -> GaveBack {
         // `cuMemFree` waits for the work that may still use a held block: none is in flight after.
         let bytes = self.free_held().unwrap_or_else(|e| {
-            tracing::warn!(device = %self.id, error = %e, "freeing the caching pool's blocks failed");
+            crate::base::event::warn!(device = %self.id, error = %e, "freeing the caching pool's blocks failed");
             0
         });
         GaveBack {
@@ -446,12 +467,15 @@ unsafe impl GpuAllocator for CachingPool {
         let mut state = self.cache.lock();
         state.stats.held_blocks += 1;
         state.stats.held_bytes += size;
-        state.bins.entry(bin).or_default().push(Held {
-            ptr: a.ptr,
-            size,
-            stream: ctx.stream_id,
-            ready,
-        });
+        state.bins.push(
+            bin,
+            Held {
+                ptr: a.ptr,
+                size,
+                stream: ctx.stream_id,
+                ready,
+            },
+        );
         Ok(())
     }
 }
@@ -459,7 +483,7 @@ unsafe impl GpuAllocator for CachingPool {
 impl Drop for CachingPool {
     fn drop(&mut self) {
         if let Err(e) = self.cache.free_held() {
-            tracing::error!(device = %self.cache.id, error = %e, "freeing the caching pool's blocks failed");
+            crate::base::event::error!(device = %self.cache.id, error = %e, "freeing the caching pool's blocks failed");
         }
     }
 }
@@ -467,6 +491,37 @@ impl Drop for CachingPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_blocks_stay_sorted_by_bin_and_an_emptied_bin_goes() {
+        let held = |ptr| Held {
+            ptr,
+            size: 0,
+            stream: 0,
+            ready: None,
+        };
+        let mut bins = Bins::default();
+        for (bin, ptr) in [(7, 1), (3, 2), (7, 3), (5, 4)] {
+            bins.push(bin, held(ptr));
+        }
+        let shape = |bins: &Bins| -> Vec<(u64, usize)> {
+            bins.0
+                .iter()
+                .map(|(bin, list)| (*bin, list.len()))
+                .collect()
+        };
+        assert_eq!(shape(&bins), [(3, 1), (5, 1), (7, 2)]);
+        // `choose` sees the bin's list in push order and picks by index.
+        let taken = bins.take(7, |list| list.iter().position(|h| h.ptr == 3));
+        assert_eq!(taken.map(|h| h.ptr), Some(3));
+        assert!(
+            bins.take(7, |_| None).is_none(),
+            "nothing chosen: nothing taken"
+        );
+        assert!(bins.take(4, |_| Some(0)).is_none(), "no such bin");
+        assert_eq!(bins.take(5, |_| Some(0)).map(|h| h.ptr), Some(4));
+        assert_eq!(shape(&bins), [(3, 1), (7, 1)]);
+    }
 
     #[test]
     fn bins_round_up_and_never_wrap() {
@@ -531,12 +586,15 @@ mod tests {
         let (bin, size) = CachingPool::bin_of(5000, cache.leading_bits);
         {
             let mut state = cache.cache.lock();
-            state.bins.entry(bin).or_default().push(Held {
-                ptr: 0xdead_0000,
-                size,
-                stream: 0,
-                ready: None,
-            });
+            state.bins.push(
+                bin,
+                Held {
+                    ptr: 0xdead_0000,
+                    size,
+                    stream: 0,
+                    ready: None,
+                },
+            );
             state.stats.held_blocks += 1;
             state.stats.held_bytes += size;
         }
@@ -554,7 +612,7 @@ mod tests {
             Some(0),
             "the good one was freed"
         );
-        cache.cache.lock().bins.clear(); // the forged block is no memory: forget it before drop
+        cache.cache.lock().bins.0.clear(); // the forged block is no memory: forget it before drop
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 
 pub(crate) mod counters;
 pub(crate) mod error;
+pub(crate) mod event;
 pub(crate) mod holders;
 pub(crate) mod id;
 pub(crate) mod layout;

@@ -361,7 +361,7 @@ fn byte_len<T>(n: usize) -> Result<usize, PoolError> {
 impl Drop for MixMemory<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.release_all() {
-            tracing::error!(error = %e, "releasing MixMemory failed");
+            crate::base::event::error!(error = %e, "releasing MixMemory failed");
         }
         let own = std::mem::replace(&mut self.own, RawStream::Host);
         self.device.backend().drop_stream(own);

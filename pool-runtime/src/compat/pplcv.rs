@@ -36,7 +36,6 @@
 //! # Ok::<(), PoolError>(())
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::base::error::PoolError;
@@ -147,7 +146,7 @@ impl Drop for GpuMemoryBlock {
         if self.is_allocated()
             && let Err(e) = ppl_cuda_free(self)
         {
-            tracing::error!(error = %e, "freeing a ppl.cv pool block failed");
+            crate::base::event::error!(error = %e, "freeing a ppl.cv pool block failed");
         }
     }
 }
@@ -186,11 +185,13 @@ pub struct PplPool {
 
 #[derive(Debug, Default)]
 struct Blocks {
-    /// Live blocks that hold bytes, by offset: (size, block id). They never overlap.
-    by_offset: BTreeMap<usize, (usize, u64)>,
-    /// Live zero-byte blocks: they hold no bytes, so they stay out of the first-fit map (where one
-    /// would share an offset with a real block and replace its record).
-    empty: BTreeSet<u64>,
+    /// Live blocks that hold bytes, sorted by offset: (offset, size, block id). They never
+    /// overlap. A sorted `Vec`, not a `BTreeMap`: first fit walks them all anyway, and each map
+    /// type is thousands of lines of generic code in every build of the crate (issue 34).
+    by_offset: Vec<(usize, usize, u64)>,
+    /// Live zero-byte blocks' ids: they hold no bytes, so they stay out of the first-fit list
+    /// (where one would share an offset with a real block).
+    empty: Vec<u64>,
 }
 
 impl Blocks {
@@ -202,7 +203,7 @@ impl Blocks {
     /// the tail of a pool of `capacity` bytes.
     fn first_fit(&self, size: usize, capacity: usize) -> Option<usize> {
         let mut start: usize = 0;
-        for (&offset, &(len, _)) in &self.by_offset {
+        for &(offset, len, _) in &self.by_offset {
             if start.checked_add(size).is_some_and(|end| end <= offset) {
                 return Some(start);
             }
@@ -275,7 +276,7 @@ impl PplPool {
     /// Bytes held by live blocks.
     #[must_use]
     pub fn in_use(&self) -> usize {
-        self.lock().by_offset.values().map(|&(size, _)| size).sum()
+        self.lock().by_offset.iter().map(|&(_, size, _)| size).sum()
     }
 
     /// Frees the pool's allocation now and reports a driver error (dropping it logs one).
@@ -296,7 +297,7 @@ impl PplPool {
         let mut blocks = self.lock();
         let id = BLOCK_IDS.next();
         let offset = if size == 0 {
-            blocks.empty.insert(id);
+            blocks.empty.push(id);
             0
         } else {
             let offset = blocks
@@ -307,7 +308,8 @@ impl PplPool {
                     context: None,
                     reclaimed: None,
                 })?;
-            blocks.by_offset.insert(offset, (size, id));
+            let at = blocks.by_offset.partition_point(|&(o, ..)| o < offset);
+            blocks.by_offset.insert(at, (offset, size, id));
             offset
         };
         Ok(Placed {
@@ -321,13 +323,15 @@ impl PplPool {
     /// Gives `placed`'s bytes back; `false` if the pool holds no such block.
     fn remove(&self, placed: &Placed) -> bool {
         let mut blocks = self.lock();
-        if placed.size == 0 {
-            blocks.empty.remove(&placed.id)
-        } else if blocks.by_offset.get(&placed.offset) == Some(&(placed.size, placed.id)) {
-            blocks.by_offset.remove(&placed.offset).is_some()
+        let found = if placed.size == 0 {
+            let at = blocks.empty.iter().position(|&id| id == placed.id);
+            at.map(|at| blocks.empty.swap_remove(at))
         } else {
-            false
-        }
+            let entry = (placed.offset, placed.size, placed.id);
+            let at = blocks.by_offset.binary_search(&entry).ok();
+            at.map(|at| blocks.by_offset.remove(at).2)
+        };
+        found.is_some()
     }
 
     fn live_blocks(&self) -> usize {
@@ -342,7 +346,7 @@ impl Drop for PplPool {
         }
         // SAFETY: as in `close`: freed once, and no block borrows the pool any more.
         if let Err(e) = unsafe { self.device.storage().free(self.base, None) } {
-            tracing::error!(error = %e, "freeing a ppl.cv pool failed");
+            crate::base::event::error!(error = %e, "freeing a ppl.cv pool failed");
         }
     }
 }

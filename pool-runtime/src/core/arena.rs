@@ -170,7 +170,7 @@ impl Arena {
             None => unsafe { storage.backend.free(self.base) },
         };
         if let Err(e) = freed {
-            tracing::error!(device = %storage.id, error = %e, "freeing the stack memory failed");
+            crate::base::event::error!(device = %storage.id, error = %e, "freeing the stack memory failed");
         }
     }
 

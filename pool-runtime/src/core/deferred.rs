@@ -98,7 +98,7 @@ impl After {
                         Ok(true) => backend.drop_event(events.swap_remove(i)),
                         Ok(false) => i += 1,
                         Err(e) => {
-                            tracing::error!(error = %e, "asking whether work is done failed: what waits for it is kept");
+                            crate::base::event::error!(error = %e, "asking whether work is done failed: what waits for it is kept");
                             i += 1;
                         }
                     }
@@ -376,7 +376,7 @@ impl DeviceDeferred {
                 if let Err(e) = unsafe { device.storage.backend.free_pinned(ptr.0, bytes) } {
                     // A capture elsewhere on this thread (cudarc's, in global mode) may refuse
                     // it: kept for a later check, never lost.
-                    tracing::warn!(error = %e, "freeing page-locked memory failed: kept for the next check");
+                    crate::base::event::warn!(error = %e, "freeing page-locked memory failed: kept for the next check");
                     self.keep(
                         After::Events(Vec::new()),
                         GiveBack(Gone::Pinned { ptr, bytes }),
@@ -452,7 +452,7 @@ impl Stream {
             .take_ready(|after| self.must_wait(after));
         for memory in ready {
             if let Err(e) = self.give_back_now(memory) {
-                tracing::error!(stream = self.id(), error = %e, "freeing memory kept for a graph failed");
+                crate::base::event::error!(stream = self.id(), error = %e, "freeing memory kept for a graph failed");
             }
         }
     }
@@ -465,11 +465,11 @@ impl Stream {
             // No graph of the stream is left (graphs borrow their stream).
             for (_, memory) in kept {
                 if let Err(e) = self.give_back_now(memory) {
-                    tracing::error!(stream = self.id(), error = %e, "freeing kept memory failed");
+                    crate::base::event::error!(stream = self.id(), error = %e, "freeing kept memory failed");
                 }
             }
         } else if !kept.is_empty() {
-            tracing::error!(
+            crate::base::event::error!(
                 stream = self.id(),
                 blocks = kept.len(),
                 "a stream dropped with work nobody could wait for: its kept fallback memory is leaked"

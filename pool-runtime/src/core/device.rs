@@ -1122,7 +1122,7 @@ impl Drop for DeviceInner {
         // device (what cannot be waited for stays, logged).
         self.deferred.check(self, true);
         if self.deferred.waiting() != 0 {
-            tracing::error!(device = %self.storage.id, "memory whose work could not be waited for is leaked");
+            crate::base::event::error!(device = %self.storage.id, "memory whose work could not be waited for is leaked");
         }
         if let Some(arena) = self.lock_state().arena.take() {
             arena.free_at_exit(&self.storage);

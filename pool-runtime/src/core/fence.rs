@@ -57,7 +57,7 @@ impl Fence {
     /// The block, if `stream` made the fence; logged otherwise (the block is another stack's).
     fn block_on(&mut self, stream: &Stream) -> Option<&mut Block> {
         if self.stream != stream.id() {
-            tracing::error!(
+            crate::base::event::error!(
                 stream = stream.id(),
                 fence_of = self.stream,
                 "a fence was handed to a stream other than its own: refused"
@@ -78,7 +78,7 @@ impl Fence {
 impl Drop for Fence {
     fn drop(&mut self) {
         if self.block.is_some() {
-            tracing::error!(
+            crate::base::event::error!(
                 stream = self.stream,
                 "a stack fence was dropped without being released: its memory stays reserved \
                  until the stream goes"

@@ -429,7 +429,7 @@ impl Capturing<'_> {
         if made.is_err() {
             // SAFETY: a plain device-wide wait, outside any capture of this thread now.
             if let Err(e) = unsafe { sys::cuCtxSynchronize() }.result() {
-                tracing::error!(error = %driver_error("cuCtxSynchronize", e), "waiting after a failed capture failed");
+                crate::base::event::error!(error = %driver_error("cuCtxSynchronize", e), "waiting after a failed capture failed");
             }
         }
         made

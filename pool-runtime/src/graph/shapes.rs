@@ -290,7 +290,7 @@ impl Reason {
         });
         reasons.push(Arc::clone(&reason));
         drop(reasons);
-        tracing::warn!(
+        crate::base::event::warn!(
             function = site.name,
             reason = text,
             "a graphed call runs eagerly"

@@ -377,7 +377,7 @@ impl<T: Pod> Drop for HostMem<T> {
                 Ok(after) => after,
                 Err(e) => {
                     // A copy may still use the memory: leaked rather than freed under it.
-                    tracing::error!(error = %e, "waiting for copies of host memory failed: it is leaked");
+                    crate::base::event::error!(error = %e, "waiting for copies of host memory failed: it is leaked");
                     in_flight
                         .into_iter()
                         .for_each(|entry| release_mark(backend, entry));
@@ -474,7 +474,7 @@ fn event_after(
     match backend.record_event(raw) {
         Ok(event) => Ok(event),
         Err(e) => {
-            tracing::warn!(error = %e, "no event after a host copy: waiting for its stream to free the memory");
+            crate::base::event::warn!(error = %e, "no event after a host copy: waiting for its stream to free the memory");
             clock.synchronize(backend, raw).map(|()| None)
         }
     }

@@ -208,14 +208,14 @@ impl Workspace {
             crate::core::deferred::after_captures(Box::new(move || {
                 if let Err(e) = w.stream.synchronize() {
                     // Work queued on it may still run: leaking the memory is the safe outcome.
-                    tracing::error!(error = ?e, "waiting for a cuBLAS workspace's stream failed; the workspace is leaked");
+                    crate::base::event::error!(error = ?e, "waiting for a cuBLAS workspace's stream failed; the workspace is leaked");
                     return;
                 }
                 // SAFETY: allocated from this storage by `Stream::cublas`, owned by this
                 // workspace alone; nothing can queue work on its stream any more (this is the
                 // last holder), and the work queued there is done.
                 if let Err(e) = unsafe { w.storage.free(w.ptr, None) } {
-                    tracing::error!(error = %e, "freeing a cuBLAS workspace failed");
+                    crate::base::event::error!(error = %e, "freeing a cuBLAS workspace failed");
                 }
             }));
         }
@@ -348,7 +348,7 @@ impl Drop for Restore {
         };
         if let Err(e) = restored.result() {
             // The handle would go on writing into memory about to be handed out again.
-            tracing::error!(error = ?e, "giving a cuBLAS handle its own workspace back failed");
+            crate::base::event::error!(error = ?e, "giving a cuBLAS handle its own workspace back failed");
             std::process::abort();
         }
     }

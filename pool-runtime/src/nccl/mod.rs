@@ -868,7 +868,7 @@ impl<'s> Communicators<'s> {
             // SAFETY: our communicator, aborted once (`aborted` is set above); nothing uses it
             // after (every call checks `aborted` first).
             if let Err(e) = unsafe { result::comm_abort(rank.comm) } {
-                tracing::error!(error = %failed("ncclCommAbort")(e), "aborting an NCCL communicator failed");
+                crate::base::event::error!(error = %failed("ncclCommAbort")(e), "aborting an NCCL communicator failed");
             }
         }
     }
@@ -1394,13 +1394,13 @@ impl Drop for Communicators<'_> {
         for rank in &self.ranks {
             // Work NCCL queued must finish before its communicator goes.
             if let Err(e) = rank.stream.synchronize() {
-                tracing::error!(error = %e, "waiting for NCCL work before destroying its communicator failed");
+                crate::base::event::error!(error = %e, "waiting for NCCL work before destroying its communicator failed");
             }
         }
         for rank in &self.ranks {
             // SAFETY: our communicator, its work done, destroyed once.
             if let Err(e) = unsafe { result::comm_destroy(rank.comm) } {
-                tracing::error!(error = %failed("ncclCommDestroy")(e), "destroying an NCCL communicator failed");
+                crate::base::event::error!(error = %failed("ncclCommDestroy")(e), "destroying an NCCL communicator failed");
             }
         }
     }
@@ -1416,7 +1416,7 @@ impl Communicators<'_> {
             .refuse_aborted()
             .and_then(|()| self.wait_streams("dropping Communicators", Instant::now()));
         if let Err(e) = finished {
-            tracing::error!(error = %e, "NCCL work of communicators being dropped did not finish; aborted");
+            crate::base::event::error!(error = %e, "NCCL work of communicators being dropped did not finish; aborted");
         }
         if !remote.aborted.get() {
             let finalized = self.ranks.iter().try_for_each(|rank| {
@@ -1431,12 +1431,12 @@ impl Communicators<'_> {
                     for rank in &self.ranks {
                         // SAFETY: our communicator, finalized above, destroyed once.
                         if let Err(e) = unsafe { result::comm_destroy(rank.comm) } {
-                            tracing::error!(error = %failed("ncclCommDestroy")(e), "destroying an NCCL communicator failed");
+                            crate::base::event::error!(error = %failed("ncclCommDestroy")(e), "destroying an NCCL communicator failed");
                         }
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "finalizing NCCL communicators failed; aborting them");
+                    crate::base::event::error!(error = %e, "finalizing NCCL communicators failed; aborting them");
                     self.abort();
                 }
             }
@@ -1449,7 +1449,7 @@ impl Communicators<'_> {
             };
             // SAFETY: our allocation; every kernel that used it is done (above), freed once.
             if let Err(e) = unsafe { cudarc::driver::result::free_sync(*scratch) } {
-                tracing::error!(error = %crate::storage::backend::cuda::driver_error("cuMemFree", e), "freeing NCCL check memory failed");
+                crate::base::event::error!(error = %crate::storage::backend::cuda::driver_error("cuMemFree", e), "freeing NCCL check memory failed");
             }
         }
     }
@@ -1531,14 +1531,14 @@ impl Drop for Registered<'_, '_> {
                 }
             };
             if let Err(e) = status.result() {
-                tracing::error!(error = %failed("ncclCommDeregister")(e), "deregistering stack memory failed");
+                crate::base::event::error!(error = %failed("ncclCommDeregister")(e), "deregistering stack memory failed");
             }
         }
         if any && self.as_window {
             let _ = result::group_end();
         }
         if let Err(e) = self.comms.settle("ncclCommDeregister", start) {
-            tracing::error!(error = %e, "deregistering stack memory did not finish; aborted");
+            crate::base::event::error!(error = %e, "deregistering stack memory did not finish; aborted");
         }
         // The pins in `handles` go after this: the memory stays until deregistered.
     }

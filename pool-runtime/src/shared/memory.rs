@@ -396,7 +396,7 @@ impl SharedMemory {
                     Err(e) => {
                         // No event marks the replay: it stays open, so later accesses treat it
                         // as a forgotten guard's (an eager one waits for the stream).
-                        tracing::error!(stream = stream.id(), error = %e, "marking the end of a graph replay on shared memory failed; it stays open");
+                        crate::base::event::error!(stream = stream.id(), error = %e, "marking the end of a graph replay on shared memory failed; it stays open");
                         uses.open.push(Open {
                             stream: stream.id(),
                             raw: stream.raw().clone(),
@@ -546,7 +546,7 @@ impl SharedMemory {
             Ok(stale) => stale,
             Err(e) => {
                 uses.open[i].unmarked = true;
-                tracing::error!(stream = me, error = %e, "marking a shared-memory access that ended inside a capture failed; it stays open");
+                crate::base::event::error!(stream = me, error = %e, "marking a shared-memory access that ended inside a capture failed; it stays open");
                 return;
             }
         };
@@ -671,7 +671,7 @@ fn free(device: &Device, ptr: DevPtr, uses: Uses) {
     }
     if let Err(e) = waited {
         // Work queued on it may still run: leaking the memory is the safe outcome.
-        tracing::error!(error = %e, "waiting for the work on shared memory failed; its memory is leaked");
+        crate::base::event::error!(error = %e, "waiting for the work on shared memory failed; its memory is leaked");
         return;
     }
     if ptr != 0 {
@@ -679,7 +679,7 @@ fn free(device: &Device, ptr: DevPtr, uses: Uses) {
         // `SharedMemory`'s alone, and every access's work is done (waited for above); called once,
         // from that drop.
         if let Err(e) = unsafe { device.storage().free(ptr, None) } {
-            tracing::error!(error = %e, "freeing shared memory failed");
+            crate::base::event::error!(error = %e, "freeing shared memory failed");
         }
     }
 }

@@ -291,7 +291,7 @@ impl Drop for Guard<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.memory.end(self.stream, self.access, self.in_capture) {
             // No event marks the access: the host waits for it instead.
-            tracing::error!(stream = self.stream.id(), error = %e, "ending a shared-memory access failed; waiting for the stream");
+            crate::base::event::error!(stream = self.stream.id(), error = %e, "ending a shared-memory access failed; waiting for the stream");
             let _ = self.stream.synchronize();
         }
     }

@@ -137,7 +137,7 @@ impl Storage {
         let held = self.backend.pool_idle_bytes();
         // The driver releases only memory no allocation holds, and waits for pending frees.
         let given_back = self.backend.trim_pool().unwrap_or_else(|e| {
-            tracing::warn!(device = %self.id, error = %e, "trimming the stream-ordered pool failed");
+            crate::base::event::warn!(device = %self.id, error = %e, "trimming the stream-ordered pool failed");
             0
         });
         reclaimed.holders.push(ReclaimedFrom {
@@ -171,7 +171,7 @@ impl Storage {
                 // trying (the issue saw 71 GiB of free memory become 9 MiB): none of it is used,
                 // and none of it was the device's idle memory before the request.
                 if let Err(e) = self.backend.trim_pool() {
-                    tracing::warn!(device = %self.id, error = %e, "trimming the stream-ordered pool failed");
+                    crate::base::event::warn!(device = %self.id, error = %e, "trimming the stream-ordered pool failed");
                 }
             }
             e.with_reclaimed(reclaimed)

@@ -232,7 +232,7 @@ impl Stack {
             unsafe { storage.unreserve(self.base, self.size()) }
         })();
         if let Err(e) = released {
-            tracing::error!(device = %storage.id, error = %e, "giving a growable stack back failed");
+            crate::base::event::error!(device = %storage.id, error = %e, "giving a growable stack back failed");
         }
     }
 
@@ -460,7 +460,7 @@ impl Stream {
             return; // an unmap is a driver call a capture must not see; asked again next time
         }
         if let Err(e) = self.give_back_idle() {
-            tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
+            crate::base::event::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
         }
     }
 
@@ -497,7 +497,7 @@ impl Stream {
         let before = stack.mapped();
         let held = stack.bounds().idle_bytes();
         let given = self.give_back_idle().unwrap_or_else(|e| {
-            tracing::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
+            crate::base::event::warn!(stream = self.id(), error = %e, "giving idle stack memory back failed");
             Some(0)
         });
         Some(ReclaimedFrom {
@@ -522,7 +522,7 @@ impl Stream {
             return;
         }
         if let Err(e) = stack.map_to(size, self.device().storage(), Some(self.counters())) {
-            tracing::debug!(stream = self.id(), error = %e, "mapping the configured stack size failed: the stack grows on demand");
+            crate::base::event::debug!(stream = self.id(), error = %e, "mapping the configured stack size failed: the stack grows on demand");
         }
     }
 }
@@ -562,7 +562,7 @@ impl IdleMemory for Ledger {
                 GaveBack { bytes: 0, deferred }
             }
             Err(e) => {
-                tracing::warn!(stream = self.id, error = %e, "giving idle stack memory back failed");
+                crate::base::event::warn!(stream = self.id, error = %e, "giving idle stack memory back failed");
                 GaveBack::default()
             }
         }

@@ -168,7 +168,7 @@ impl Drop for Lease<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Err(e) = self.give_back() {
-            tracing::error!(error = %e, "releasing a buffer failed");
+            crate::base::event::error!(error = %e, "releasing a buffer failed");
         }
     }
 }
@@ -288,7 +288,7 @@ impl Stream {
         match grow().or_else(|e| self.retry_after_reclaim(e, false, &mut { grow })) {
             Ok(taken) => taken,
             Err(e) => {
-                tracing::warn!(stream = self.id(), error = %e, bytes, "mapping stack memory failed: the request falls back");
+                crate::base::event::warn!(stream = self.id(), error = %e, bytes, "mapping stack memory failed: the request falls back");
                 None
             }
         }

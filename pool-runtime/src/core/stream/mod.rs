@@ -412,7 +412,7 @@ impl Stream {
             Ok(None) => Ok(None),
             Err(PoolError::OutOfMemory { requested, .. }) => {
                 // OpenCV's rule: no memory for the stacks is no error; the buffers fall back.
-                tracing::warn!(
+                crate::base::event::warn!(
                     stream = self.id(),
                     requested,
                     "no device memory for the stacks: this stream's buffers come from its fallback"
@@ -465,7 +465,7 @@ impl Stream {
             offset: offset as usize,
         };
         if !self.device.inner.lifo_warned.swap(true, Relaxed) {
-            tracing::warn!(
+            crate::base::event::warn!(
                 stream = self.id(),
                 "{error} (logged once per device; see lifo_violations in the stats)"
             );
@@ -551,7 +551,7 @@ impl Stream {
                 None => {}
             },
             Err(e) => {
-                tracing::error!(stream = self.id(), error = %e, "a stream dropped with work nobody can wait for: its stack is kept out of use")
+                crate::base::event::error!(stream = self.id(), error = %e, "a stream dropped with work nobody can wait for: its stack is kept out of use")
             }
         }
     }

@@ -113,7 +113,7 @@ impl Drop for ContextGuard {
             // SAFETY: `previous` was current when the guard was made (or null, which unbinds);
             // restoring it is what the caller had.
             if let Err(e) = unsafe { result::ctx::set_current(self.previous) } {
-                tracing::error!(error = %driver_error("cuCtxSetCurrent", e), "restoring the caller's context failed");
+                crate::base::event::error!(error = %driver_error("cuCtxSetCurrent", e), "restoring the caller's context failed");
             }
         }
     }
@@ -433,7 +433,7 @@ impl Backend for CudaBackend {
         if let Err(e) = unsafe { sys::cuMemRelease(handle) }.result() {
             // The range is unmapped either way: the stack must stop counting it as mapped, so
             // this is no error of the unmap; the physical memory may leak, and is said so.
-            tracing::error!(error = %driver_error("cuMemRelease", e), bytes, "releasing unmapped stack memory failed");
+            crate::base::event::error!(error = %driver_error("cuMemRelease", e), bytes, "releasing unmapped stack memory failed");
         }
         Ok(())
     }
@@ -945,7 +945,7 @@ impl Drop for CudaBackend {
             // SAFETY: the backend is going away with its last device handle; every buffer of the
             // pool borrowed a stream that held that handle, so none is live.
             if let Err(e) = unsafe { result::mem_pool::destroy(pool) } {
-                tracing::error!(error = %driver_error("cuMemPoolDestroy", e), "destroying the memory pool failed");
+                crate::base::event::error!(error = %driver_error("cuMemPoolDestroy", e), "destroying the memory pool failed");
             }
         }
     }
