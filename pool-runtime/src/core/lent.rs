@@ -19,6 +19,7 @@ use crate::core::view::{GpuView, GpuViewMut, Window};
 /// [`GpuView::as_cudarc`](crate::GpuView::as_cudarc).
 #[derive(Debug)]
 #[must_use = "lent memory does nothing until passed to a cudarc call"]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub struct LentSlice<'a, T> {
     pub(crate) ptr: u64,
     pub(crate) len: usize,
@@ -34,6 +35,7 @@ pub struct LentSlice<'a, T> {
 /// [`GpuViewMut::as_cudarc_mut`](crate::GpuViewMut::as_cudarc_mut).
 #[derive(Debug)]
 #[must_use = "lent memory does nothing until passed to a cudarc call"]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub struct LentSliceMut<'a, T> {
     pub(crate) ptr: u64,
     pub(crate) len: usize,
@@ -113,6 +115,7 @@ lent!(LentSlice, LentSliceMut);
 impl<'a, T: Pod> GpuView<'a, T> {
     /// This view lent to cudarc (`DevicePtr`), for cuBLAS and the like; see [`LentSlice`].
     /// `PoolError::Unsupported` on the host backend.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn as_cudarc(&self) -> Result<LentSlice<'a, T>, PoolError> {
         LentSlice::new(self.window, self.device, self.keeper.cuda())
     }
@@ -121,6 +124,7 @@ impl<'a, T: Pod> GpuView<'a, T> {
 impl<'a, T: Pod> GpuViewMut<'a, T> {
     /// This view lent to cudarc for writing (`DevicePtrMut`); see [`LentSliceMut`].
     /// `PoolError::Unsupported` on the host backend.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn as_cudarc_mut(&mut self) -> Result<LentSliceMut<'_, T>, PoolError> {
         LentSliceMut::new(self.window, self.device, self.keeper.cuda())
     }

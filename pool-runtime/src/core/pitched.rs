@@ -33,6 +33,7 @@ impl Shape {
 macro_rules! pitched {
     ($(#[$doc:meta])* $name:ident, $borrow:ty) => {
         $(#[$doc])*
+        #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
         #[repr(transparent)]
         #[must_use = "a kernel argument does nothing unless pushed"]
         pub struct $name<'a, T> {
@@ -143,6 +144,7 @@ impl<T> PitchedMut<'_, T> {
 impl<'a, T> GpuView<'a, T> {
     /// The view as a read-only 2D kernel argument; a region's address is its first element's,
     /// its step the parent's.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn pitched(&self) -> Pitched<'a, T> {
         Pitched::of(&self.window)
     }
@@ -156,11 +158,13 @@ impl<'a, T> GpuViewMut<'a, T> {
     }
 
     /// The view as a read-only 2D kernel argument.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn pitched(&self) -> Pitched<'_, T> {
         Pitched::of(&self.window)
     }
 
     /// The view as a writable 2D kernel argument.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn pitched_mut(&mut self) -> PitchedMut<'_, T> {
         PitchedMut::of(&self.window)
     }

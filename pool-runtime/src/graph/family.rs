@@ -78,6 +78,7 @@ impl Stream {
     /// A [`GraphFamily`] on this stream: graphs captured in it share one region of the stack for
     /// their temporaries. `PoolError::Unsupported` on the host backend; `CaptureNeedsStack` if the
     /// stream has no stack room for the region's fence.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn graph_family(&self) -> Result<GraphFamily<'_>, PoolError> {
         if self.cuda_stream().is_none() {
             return Err(PoolError::Unsupported {

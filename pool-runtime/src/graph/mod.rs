@@ -518,6 +518,7 @@ impl Stream {
     /// `CaptureHostCopy` for an `upload` or `download` of a host slice inside it; the closure's
     /// own error; `PoolError::Driver` if the driver refused the capture (a synchronizing call
     /// inside it). The stream stays usable after any of them.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn capture<'a, F>(&'a self, work: F) -> Result<Graph<'a>, PoolError>
     where
         F: FnOnce(&'a Stream) -> Result<(), PoolError> + 'a,
@@ -558,6 +559,7 @@ impl Stream {
     /// graph.launch()?;
     /// # Ok(()) }
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn capture_with<'a, E>(
         &'a self,
         work: impl FnOnce(&'a Stream) -> Result<(), E> + 'a,
