@@ -529,10 +529,33 @@ mod gpu {
         let stats = shape_stats(&stream);
         eprintln!("graphed_eager_wrapped: {stats}");
         // The host copy is the function's own: never tried again (a retry would run the host
-        // code twice more at the 17th call).
+        // code once more, at the 18th call: 42).
         assert_eq!((stats.captures, stats.eager_calls), (0, 40), "{stats}");
         assert_eq!(HOST_RUNS.load(std::sync::atomic::Ordering::Relaxed), 41);
         assert!(stats.eager[0].reason.contains("host"), "{stats}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_function_whose_captures_fail_and_whose_keys_come_and_go_stops_trying() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_eager_new_keys") else {
+            return Ok(());
+        };
+        let stream = Stream::new(&device)?;
+        // Forty inputs, live throughout: a new key each call.
+        let inputs = (0..40)
+            .map(|_| stream.temp_1d::<f32>(256))
+            .collect::<Result<Vec<_>, _>>()?;
+        HOST_RUNS.store(0, std::sync::atomic::Ordering::Relaxed);
+        for x in &inputs {
+            sum_on_host_wrapped(&stream, x).map_err(|e| format!("{e:?}"))?;
+        }
+        let stats = shape_stats(&stream);
+        eprintln!("graphed_eager_new_keys: {stats}");
+        // Sixteen keys (the cap) tried and failed, each run twice; then, with every eager key in
+        // use, a new one runs eagerly untried: 16 x 2 + 24, where trying each would be 80.
+        assert_eq!((stats.captures, stats.eager_calls), (0, 40), "{stats}");
+        assert_eq!(HOST_RUNS.load(std::sync::atomic::Ordering::Relaxed), 56);
         Ok(())
     }
 
@@ -652,27 +675,22 @@ mod gpu {
             assert_eq!(filled_by(&stream, 64, Three)?.to_vec()?, vec![3; 64]);
             assert_eq!(filled_by(&stream, 64, Four)?.to_vec()?, vec![4; 64]);
         }
-        // Two types of one name (local to two blocks): two instances.
+        // Two types of one name (local to two blocks), which no parameter names: only the
+        // instance tells them apart (their type names are the same).
         for _ in 0..3 {
             {
-                #[derive(GraphKey)]
                 struct Local;
-                impl Kind for Local {
-                    fn value(&self) -> u8 {
-                        5
-                    }
+                impl Fill for Local {
+                    const VALUE: u8 = 5;
                 }
-                assert_eq!(filled_by(&stream, 64, Local)?.to_vec()?, vec![5; 64]);
+                assert_eq!(Filler::<Local>::fill(&stream, 64)?.to_vec()?, vec![5; 64]);
             }
             {
-                #[derive(GraphKey)]
                 struct Local;
-                impl Kind for Local {
-                    fn value(&self) -> u8 {
-                        6
-                    }
+                impl Fill for Local {
+                    const VALUE: u8 = 6;
                 }
-                assert_eq!(filled_by(&stream, 64, Local)?.to_vec()?, vec![6; 64]);
+                assert_eq!(Filler::<Local>::fill(&stream, 64)?.to_vec()?, vec![6; 64]);
             }
         }
         let stats = shape_stats(&stream);

@@ -64,8 +64,13 @@ macro_rules! emit {
 pub(crate) fn write(line: std::fmt::Arguments<'_>) {
     #[cfg(test)]
     tests::LINES.with_borrow_mut(|lines| lines.push(line.to_string()));
+    // A closed stderr (`prog 2>&1 | head`) loses the line: most events come from a `Drop`, where
+    // a panic would abort an unwinding thread.
     #[cfg(not(test))]
-    std::eprintln!("{line}");
+    {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    }
 }
 
 // After the definitions: a `macro_rules!` is in scope only below it. `warning` is exported as

@@ -278,9 +278,25 @@ impl GraphKeys {
     #[inline]
     pub fn type_of<T: ?Sized>(&mut self) {
         use std::hash::{Hash, Hasher};
-        let mut hasher = std::hash::DefaultHasher::new();
-        typeid::of::<T>().hash(&mut hasher);
-        self.word(hasher.finish());
+        /// Takes what `TypeId` hashes (already a hash: 64 of its bits) as it is, not through
+        /// SipHash: this runs for every derived value of every call.
+        struct Bits(u64);
+        impl Hasher for Bits {
+            fn write(&mut self, bytes: &[u8]) {
+                for &byte in bytes {
+                    self.0 = (self.0.rotate_left(8)) ^ u64::from(byte);
+                }
+            }
+            fn write_u64(&mut self, bits: u64) {
+                self.0 ^= bits;
+            }
+            fn finish(&self) -> u64 {
+                self.0
+            }
+        }
+        let mut bits = Bits(0);
+        typeid::of::<T>().hash(&mut bits);
+        self.word(bits.finish());
     }
 }
 
@@ -295,7 +311,10 @@ impl Eq for GraphKeys {}
 
 impl std::fmt::Debug for GraphKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.words()).finish()
+        f.debug_struct("GraphKeys")
+            .field("instance", &self.instance)
+            .field("words", &self.words())
+            .finish()
     }
 }
 

@@ -140,7 +140,6 @@ impl GraphSite {
         GraphSite { name, cap }
     }
 
-    #[cfg(feature = "cuda")]
     fn id(&'static self) -> u64 {
         std::ptr::from_ref(self) as u64
     }
@@ -255,15 +254,28 @@ impl Kind {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::hash::DefaultHasher::new();
         std::mem::discriminant(e).hash(&mut hasher);
-        if let PoolError::Capture(c) = e {
-            std::mem::discriminant(c).hash(&mut hasher);
+        match e {
+            PoolError::Capture(c) => std::mem::discriminant(c).hash(&mut hasher),
+            // A driver error by its code too: out of memory passes, a capture error lasts.
+            PoolError::Driver { .. } => driver_code(e).hash(&mut hasher),
+            _ => {}
         }
         Kind::Error(hasher.finish())
     }
 }
 
+/// The `CUresult` of a driver error.
+#[cfg(feature = "cuda")]
+fn driver_code(e: &PoolError) -> Option<cudarc::driver::sys::CUresult> {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<cudarc::driver::DriverError>())
+        .map(|d| d.0)
+}
+
 /// Why calls of one function run eagerly, counted process-wide.
 struct Reason {
+    /// The graphed function's site, and its name.
+    site: u64,
     function: &'static str,
     kind: Kind,
     /// The text of the first call of its kind.
@@ -278,11 +290,12 @@ impl Reason {
         let mut reasons = crate::base::sync::lock(&PROCESS.reasons);
         if let Some(known) = reasons
             .iter()
-            .find(|r| r.function == site.name && r.kind == kind)
+            .find(|r| r.site == site.id() && r.kind == kind)
         {
             return Arc::clone(known);
         }
         let reason = Arc::new(Reason {
+            site: site.id(),
             function: site.name,
             kind,
             text: text.into(),
@@ -290,11 +303,20 @@ impl Reason {
         });
         reasons.push(Arc::clone(&reason));
         drop(reasons);
-        crate::base::event::warn!(
-            function = site.name,
-            reason = text,
-            "a graphed call runs eagerly"
-        );
+        if kind == Kind::Text(NO_CUDA) {
+            // Every graphed call on the host backend: what it is for, not worth a warning.
+            crate::base::event::debug!(
+                function = site.name,
+                reason = text,
+                "a graphed call runs eagerly"
+            );
+        } else {
+            crate::base::event::warn!(
+                function = site.name,
+                reason = text,
+                "a graphed call runs eagerly"
+            );
+        }
         reason
     }
 
@@ -517,7 +539,7 @@ fn count_eager(site: &'static GraphSite, stream: &Stream, kind: Kind, text: &str
         shapes
             .eager
             .iter()
-            .find(|(r, _)| r.function == site.name && r.kind == kind)
+            .find(|(r, _)| r.site == site.id() && r.kind == kind)
             .map(|(r, _)| Arc::clone(r))
     });
     let reason = known.unwrap_or_else(|| Reason::of(site, kind, text));
@@ -758,10 +780,15 @@ mod cuda {
                     (None, _, Err(e @ PoolError::Capture(CaptureError::CrossStream { .. }))) => {
                         (Kind::of(&e), e.to_string(), true)
                     }
-                    (None, Err(e), _) => {
+                    (None, Err(e), ended) => {
                         match (e as &dyn std::any::Any).downcast_ref::<PoolError>() {
                             Some(e) => (Kind::of(e), e.to_string(), lasting(e)),
-                            None => (Kind::Text(FAILED), FAILED.to_owned(), false),
+                            // An error of the body's own type, where the driver says why the
+                            // capture failed (cudarc called directly): the driver's reason.
+                            None => match ended {
+                                Err(d) if lasting(&d) => (Kind::of(&d), d.to_string(), true),
+                                _ => (Kind::Text(FAILED), FAILED.to_owned(), false),
+                            },
                         }
                     }
                     (None, Ok(_), Err(e)) => (Kind::of(&e), e.to_string(), lasting(&e)),
@@ -873,18 +900,22 @@ mod cuda {
         /// several eager calls), where this keeps the graphs in use replaying and runs the rest
         /// eagerly. A graph left unused that long makes room again, so a new working set is
         /// captured.
+        /// The same holds for its eager keys: a function whose captures fail and whose keys
+        /// come and go would otherwise try (and fail) a capture on every call.
         pub(super) fn thrashes(&self, site: &'static GraphSite) -> bool {
             const IDLE_PER_GRAPH: u64 = 4;
-            let mine = self
-                .entries
-                .iter()
-                .filter(|e| e.site == site.id() && matches!(e.state, State::Graph(_)));
             let idle = (site.cap.max(1) as u64).saturating_mul(IDLE_PER_GRAPH);
-            mine.clone().count() >= site.cap.max(1)
-                && mine
-                    .map(|e| e.last_use)
-                    .min()
-                    .is_some_and(|lru| self.now(site) - lru < idle)
+            let full_and_in_use = |graphs: bool| {
+                let mine = self.entries.iter().filter(|e| {
+                    e.site == site.id() && matches!(e.state, State::Graph(_)) == graphs
+                });
+                mine.clone().count() >= site.cap.max(1)
+                    && mine
+                        .map(|e| e.last_use)
+                        .min()
+                        .is_some_and(|lru| self.now(site) - lru < idle)
+            };
+            full_and_in_use(true) || full_and_in_use(false)
         }
     }
 
@@ -902,9 +933,11 @@ mod cuda {
             if mine.clone().count() >= site.cap.max(1) {
                 let oldest = mine.min_by_key(|e| e.last_use).map(|e| e.last_use);
                 if let Some(oldest) = oldest {
-                    shapes
-                        .entries
-                        .retain(|e| !(e.site == site.id() && e.last_use == oldest));
+                    shapes.entries.retain(|e| {
+                        !(e.site == site.id()
+                            && e.last_use == oldest
+                            && matches!(e.state, State::Graph(_)) == graph)
+                    });
                     if graph {
                         shapes.stats.evictions += 1;
                         PROCESS.evictions.fetch_add(1, Relaxed);
@@ -941,11 +974,8 @@ mod cuda {
             // a synchronization). Its other errors (memory to instantiate the graph) pass.
             PoolError::Driver { .. } => {
                 use cudarc::driver::sys::CUresult as R;
-                let code = std::error::Error::source(e)
-                    .and_then(|s| s.downcast_ref::<cudarc::driver::DriverError>())
-                    .map(|d| d.0);
                 matches!(
-                    code,
+                    driver_code(e),
                     Some(
                         R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
                             | R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED

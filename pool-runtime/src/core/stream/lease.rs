@@ -288,7 +288,8 @@ impl Stream {
         match grow().or_else(|e| self.retry_after_reclaim(e, false, &mut { grow })) {
             Ok(taken) => taken,
             Err(e) => {
-                crate::base::event::warn!(stream = self.id(), error = %e, bytes, "mapping stack memory failed: the request falls back");
+                // Counted as a fallback in the stats; under memory pressure it is every request.
+                crate::base::event::debug!(stream = self.id(), error = %e, bytes, "mapping stack memory failed: the request falls back");
                 None
             }
         }
