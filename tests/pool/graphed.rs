@@ -872,4 +872,92 @@ mod gpu {
         assert_eq!(out.borrow().to_vec()?, expected(&data, 1.0, 1.0));
         Ok(())
     }
+
+    thread_local! {
+        /// Whether `panics_once` panics on its next call (per thread).
+        static PANIC_NEXT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// `affine_twice`, panicking when told to (after taking its output and scratch).
+    #[pooled(stream, graph)]
+    fn panics_once<'s>(
+        stream: &'s Stream,
+        k: &Kernels,
+        x: &Temp<'_, f32>,
+    ) -> Result<Temp<'s, f32>, PoolError> {
+        let y = affine_twice(stream, k, x, 1.0, 1.0)?;
+        let _scratch = buffer!(x.len(); f32)?;
+        if PANIC_NEXT.with(|p| p.replace(false)) {
+            panic!("user code panics inside a graphed capture");
+        }
+        Ok(y)
+    }
+
+    #[test]
+    fn a_panic_inside_a_graphed_capture_leaves_the_function_and_the_stream_working() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_panic") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let stream = Stream::new(&device)?;
+        let mut x = stream.temp_1d::<f32>(4096)?;
+        let data = input(4096, 2.0);
+        x.upload(&data)?;
+        let in_use = stream.stats().stack_in_use;
+        PANIC_NEXT.with(|p| p.set(true));
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            panics_once(&stream, &k, &x)
+        }));
+        assert!(caught.is_err(), "the body panicked during the capture");
+        assert_eq!(
+            stream.stats().stack_in_use,
+            in_use,
+            "every buffer of the call went back"
+        );
+        // The same key again: captured this time, then replayed, with the right values.
+        for _ in 0..3 {
+            let y = panics_once(&stream, &k, &x)?;
+            assert_eq!(y.to_vec()?, expected(&data, 1.0, 1.0));
+        }
+        let stats = shape_stats(&stream);
+        eprintln!("graphed_panic: {stats}");
+        assert_eq!((stats.captures, stats.replays), (1, 2), "{stats}");
+        // A plain capture of the stream works too.
+        let graph = stream.capture(|s| s.temp_1d::<f32>(16).map(drop))?;
+        graph.launch()?;
+        Ok(())
+    }
+
+    #[test]
+    fn one_graphed_function_on_two_threads_keeps_each_streams_graphs_apart() -> TestResult {
+        let Some((device, _lock)) = gpu("graphed_threads") else {
+            return Ok(());
+        };
+        let k = Kernels::load(&device);
+        let results = std::thread::scope(|scope| {
+            let runs = [1.5f32, -2.0].map(|a| {
+                let (device, k) = (&device, &k);
+                scope.spawn(move || -> Result<(u64, u64), String> {
+                    let stream = Stream::new(device).map_err(|e| e.to_string())?;
+                    let mut x = stream.temp_1d::<f32>(8192).map_err(|e| e.to_string())?;
+                    for call in 0..50 {
+                        let data = input(8192, call as f32 + a);
+                        x.upload(&data).map_err(|e| e.to_string())?;
+                        let y = affine_twice(&stream, k, &x, a, 0.25).map_err(|e| e.to_string())?;
+                        let got = y.to_vec().map_err(|e| e.to_string())?;
+                        if got != expected(&data, a, 0.25) {
+                            return Err(format!("a = {a}, call {call}: wrong values"));
+                        }
+                    }
+                    let stats = shape_stats(&stream);
+                    Ok((stats.captures, stats.replays))
+                })
+            });
+            runs.map(|r| r.join().expect("no panic"))
+        });
+        for r in results {
+            assert_eq!(r?, (1, 49));
+        }
+        Ok(())
+    }
 }
