@@ -274,7 +274,23 @@ impl GraphKeys {
 
     /// Adds a word for the type `T` (64 bits of its `TypeId`): what `#[derive(GraphKey)]` writes
     /// first, so values of two types that write the same words (two unit structs behind one
-    /// `&dyn Trait` parameter) are two keys.
+    /// `&dyn Trait` parameter) are two keys. A hand-written `GraphKey` of a type that can stand
+    /// behind `dyn` writes it too.
+    ///
+    /// ```
+    /// use gpu_pool::graph::{GraphKey, GraphKeys};
+    ///
+    /// struct Relu;
+    /// // SAFETY: `Relu` has no fields; its type is all it is.
+    /// unsafe impl GraphKey for Relu {
+    ///     fn graph_key(&self, keys: &mut GraphKeys) {
+    ///         keys.type_of::<Self>();
+    ///     }
+    /// }
+    /// let (mut a, b) = (GraphKeys::default(), GraphKeys::default());
+    /// Relu.graph_key(&mut a);
+    /// assert_ne!(a, b);
+    /// ```
     #[inline]
     pub fn type_of<T: ?Sized>(&mut self) {
         use std::hash::{Hash, Hasher};
