@@ -6,7 +6,7 @@
 //! host (post-process), checked against a CPU reference. Batch sizes vary, so the pairs grow a few
 //! times and then serve every batch with no allocation.
 //!
-//! `cargo run --release --example mix_inference [-- BATCHES]`
+//! `cargo run --release --features mix --example mix_inference [-- BATCHES]`
 
 mod support;
 

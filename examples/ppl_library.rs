@@ -3,7 +3,7 @@
 //! it otherwise; the application calls them 1000 times, first without the pool, then with it.
 //! Checks both against a CPU reference and prints the driver allocations of each run.
 //!
-//! `cargo run --release --example ppl_library [-- ITERATIONS]`
+//! `cargo run --release --features pplcv --example ppl_library [-- ITERATIONS]`
 
 mod support;
 

@@ -59,6 +59,8 @@
 //! | `nccl` | no | the `nccl` module: collectives on pool buffers, stacks NCCL can register | cudarc's NCCL bindings (`libnccl` loaded at run time) |
 //! | `timeline` | no | `observe::timeline`: recordings as a Chrome trace and an SVG chart | serde_json and plotters, with their dependencies |
 //! | `testing` | no | the `testing` module: fault injection and leak checks on the host backend | nothing |
+//! | `pplcv` | no | `compat::pplcv`: ppl.cv's memory pool (`PplPool` and the ppl.cv-named functions) | nothing (its code only) |
+//! | `mix` | no | `compat::mix`: TensorRT-style `MixMemory`, a page-locked host and device pair | nothing (its code only) |
 //! | `tracing` | no | the runtime's events (a free that failed in a `Drop`, a fallback taken, a LIFO violation) as `tracing` events for your subscriber; without it, errors and warnings go to stderr, one line each | tracing, tracing-core, once_cell, pin-project-lite |
 //!
 //! Element types of your own are `#[repr(C)]` structs that implement `bytemuck::Pod`: derive it

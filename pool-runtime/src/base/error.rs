@@ -835,7 +835,7 @@ impl PoolError {
     /// [`CaptureNeedsStack`](CaptureError::NeedsStack),
     /// [`AllocatorContract`](PoolError::AllocatorContract)), where a buffer asked: `None` for
     /// other errors, and for memory that was not for a buffer (the stacks themselves,
-    /// [`MixMemory`](crate::compat::mix::MixMemory), the ppl.cv pool, the stack a capture keeps).
+    /// `MixMemory` (feature `mix`), the ppl.cv pool, the stack a capture keeps).
     ///
     /// ```
     /// use gpu_pool::{compat::opencv::BufferPool, Device, PoolError, Stream};

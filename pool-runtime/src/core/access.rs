@@ -198,7 +198,7 @@ pub trait GpuWrite<T: Pod>: GpuRead<T> {
 
     /// Copies `data` (`rows * cols` elements, row-major) in, on the memory's stream, and waits
     /// until `data` has been read: `data` may be changed or freed as soon as this returns, even if
-    /// it is page-locked memory (such as [`MixMemory::cpu`](crate::compat::mix::MixMemory::cpu)'s), which the
+    /// it is page-locked memory (such as `MixMemory::cpu`'s), which the
     /// driver copies asynchronously. A region's rows are written without touching its parent's
     /// other columns, so a varying batch can fill the first rows of a fixed buffer.
     ///

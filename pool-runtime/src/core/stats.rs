@@ -226,7 +226,7 @@ pub struct DeviceStats {
     /// Fallback buffers over all streams, live and dropped, by reason.
     pub fallback_allocations: FallbackCounts,
     /// Every driver allocation of device memory on this device: stack memory, fallbacks, custom
-    /// allocators, pools, long-lived buffers. [`MixMemory`](crate::compat::mix::MixMemory)'s page-locked host
+    /// allocators, pools, long-lived buffers. `MixMemory`'s page-locked host
     /// memory is not counted here.
     pub driver_alloc_calls: u64,
     /// Every driver free of device memory on this device.

@@ -132,7 +132,14 @@ pub struct GpuViewMut<'a, T> {
 /// Whose order a view's memory follows, which decides how work on it is queued.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Keeper<'a> {
-    /// No stream's (a [`MixMemory`](crate::compat::mix::MixMemory)'s device side): kernel arguments only.
+    /// No stream's (a `MixMemory`'s device side): kernel arguments only.
+    #[cfg_attr(
+        not(feature = "mix"),
+        expect(
+            dead_code,
+            reason = "only `compat::mix` (feature `mix`) makes memory of no stream"
+        )
+    )]
     Unordered,
     /// A buffer of this pool stream, whose memory is reused in the stream's order.
     Stream(&'a Stream),
@@ -192,7 +199,7 @@ macro_rules! view_common {
                 self.window.is_continuous::<T>()
             }
             /// The stream work on this view is queued on; `None` for memory of no stream (a
-            /// [`MixMemory`](crate::compat::mix::MixMemory)'s device side).
+            /// `MixMemory`'s device side).
             #[must_use]
             pub fn stream(&self) -> Option<&'a Stream> {
                 self.keeper.stream()
