@@ -317,6 +317,17 @@ pub fn check(twin: &str, expected: &[Vec<f64>], outputs: &[Vec<f32>]) -> Result<
     Ok(worst)
 }
 
+/// Readies `ctx` for an MLP app's twins, before any cudarc slice exists, and loads the kernels.
+pub(crate) fn prepare(ctx: &Arc<CudaContext>) -> Result<Kernels, Box<dyn Error>> {
+    // SAFETY: called before any cudarc slice exists. Every cudarc slice of the cudarc twins is
+    // made, used (also by their graphs) and freed on its one stream; gpu-pool's memory does not
+    // use cudarc's events.
+    unsafe { ctx.disable_event_tracking() };
+    crate::harness::keep_freed_pool_memory(ctx)?;
+    ctx.bind_to_thread()?; // cuBLAS launches in the thread's current context
+    Ok(Kernels::load(ctx)?)
+}
+
 /// Runs every step of `work` with the gpu-pool twin on `device` (the CPU twins of the kernels and
 /// GEMMs where there is no CUDA) and checks the outputs: the host backend's run, and the test's.
 pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> {
@@ -336,12 +347,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         println!("host backend: gpu-pool twin checked, no cudarc twin (needs CUDA)");
         return Ok(());
     };
-    // SAFETY: before any cudarc slice exists. Every cudarc slice of the cudarc twin is made, used
-    // and freed on its one stream; gpu-pool's memory does not use cudarc's events.
-    unsafe { ctx.disable_event_tracking() };
-    crate::harness::keep_freed_pool_memory(&ctx)?;
-    ctx.bind_to_thread()?; // cuBLAS launches in the thread's current context
-    let kernels = Kernels::load(&ctx)?;
+    let kernels = prepare(&ctx)?;
     let work = Work::new(&Config::FULL);
     let n = work.steps();
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use gpu_pool::prelude::*;
 
 use crate::harness::{Samples, rounds_arg};
-use crate::mlp_eager::{self, CLASSES, Config, IN, Kernels, Work};
+use crate::mlp_eager::{self, CLASSES, Config, IN, Work};
 use crate::mlp_graph;
 
 const IDS: [&str; 5] = [
@@ -36,33 +36,16 @@ const IDS: [&str; 5] = [
 /// Where `cudarc_graphs` is in `IDS`: the base of the ratios.
 const BASE: usize = 2;
 
-/// Checks the graphed twin on the host backend (eagerly there: no graphs without CUDA).
-pub fn run_on_host(device: &Device, work: &Work) -> Result<f64, Box<dyn Error>> {
-    let stream = Stream::new(device)?;
-    let model = mlp_eager::pooled::Model::load(&stream, &work.weights)?;
-    let mut outputs = Vec::new();
-    mlp_eager::pooled::run(&stream, None, &model, work, |_, p| outputs.push(p.to_vec()))?;
-    Ok(mlp_eager::check(
-        "gpu-pool",
-        &mlp_eager::expected(work),
-        &outputs,
-    )?)
-}
-
 /// Runs the four twins (or, without CUDA, checks the graphed one eagerly).
 pub fn main() -> Result<(), Box<dyn Error>> {
     let device = Device::cuda_or_host();
     let Ok(ctx) = device.cudarc().cloned() else {
-        run_on_host(&device, &Work::new(&Config::HOST))?;
+        // The graphed forward needs cuBLAS: its eager twin's forward is what the host checks.
+        mlp_eager::run_on_host(&device, &Work::new(&Config::HOST))?;
         println!("host backend: checked eagerly, no graphs and no cudarc twin (need CUDA)");
         return Ok(());
     };
-    // SAFETY: before any cudarc slice exists; the cudarc twins' slices are made, used (also by
-    // their graphs) and freed on their one stream. gpu-pool's memory does not use cudarc's events.
-    unsafe { ctx.disable_event_tracking() };
-    crate::harness::keep_freed_pool_memory(&ctx)?;
-    ctx.bind_to_thread()?; // cuBLAS launches in the thread's current context
-    let kernels = Kernels::load(&ctx)?;
+    let kernels = mlp_eager::prepare(&ctx)?;
     let work = Work::new(&Config::FULL);
     let n = work.steps();
 
