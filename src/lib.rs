@@ -45,8 +45,9 @@
 //! - [`prelude`]: what most code needs, macros included.
 //! - The root: the core types ([`Stream`], [`Device`], [`PoolError`], the [`GpuRead`] /
 //!   [`GpuWrite`] traits, views, [`Source`], [`Pooled`], [`HostMem`]).
-//! - One module per feature: [`config`], [`alloc`], `graph`, [`shared`], `nccl`, [`observe`],
-//!   [`interop`] (cudarc, cuBLAS, kernel arguments), [`compat`] (the seed APIs), `testing`.
+//! - One module per job: [`config`], [`alloc`], [`observe`], [`interop`] (cudarc, cuBLAS, kernel
+//!   arguments), [`compat`] (the seed APIs); and one per feature: `graph`, `shared`, `nccl`,
+//!   `testing`.
 //!
 //! # Features
 //! The default is what the example above needs. Each other feature is opt-in; what each adds to a
@@ -54,9 +55,11 @@
 //!
 //! | feature | default | gives | adds to the build |
 //! |---|---|---|---|
-//! | `cuda` | yes | the CUDA backend (`Device::cuda`, graphs, kernel arguments); without it, the host backend only | cudarc and libloading; CUDA is loaded at run time, so it builds without CUDA installed |
+//! | `cuda` | yes | the CUDA backend (`Device::cuda`, kernel arguments); without it, the host backend only | cudarc and libloading; CUDA is loaded at run time, so it builds without CUDA installed |
+//! | `graph` | no | the `graph` module: `Stream::capture`, graph families, and graphed functions (`#[pooled(stream, graph)]`, one graph per shape; eager on the host backend) | nothing (its code only: a tenth of the runtime's compile) |
+//! | `shared` | no | the `shared` module: `SharedMat`, memory every stream reads and writes, ordered by events | nothing (its code only: a seventh of the runtime's compile) |
 //! | `cublas` | no | `Stream::cublas`, cuBLAS workspaces from the stack, `gpu_pool::interop::cudarc::cublas` | cudarc's cuBLAS bindings (`libcublas` loaded at run time) |
-//! | `nccl` | no | the `nccl` module: collectives on pool buffers, stacks NCCL can register | cudarc's NCCL bindings (`libnccl` loaded at run time) |
+//! | `nccl` | no | the `nccl` module: collectives on pool buffers, stacks NCCL can register (turns on `graph`) | cudarc's NCCL bindings (`libnccl` loaded at run time) |
 //! | `timeline` | no | `observe::timeline`: recordings as a Chrome trace and an SVG chart | serde_json and plotters, with their dependencies |
 //! | `testing` | no | the `testing` module: fault injection and leak checks on the host backend | nothing |
 //! | `pplcv` | no | `compat::pplcv`: ppl.cv's memory pool (`PplPool` and the ppl.cv-named functions) | nothing (its code only) |
@@ -83,10 +86,15 @@ pub use gpu_pool_runtime::{
     Source, Stream, Temp,
 };
 
-// One module per feature: `graph` (cuda), `nccl` and `testing` are there when the runtime was built
-// with them (the glob names only those three).
+// One module per feature: `graph`, `shared`, `nccl` and `testing` are there when the runtime was
+// built with them (the glob names only those four).
+#[allow(
+    unused_imports,
+    unreachable_pub,
+    reason = "a build without any of the four has none"
+)]
 pub use gpu_pool_runtime::__features::*;
-pub use gpu_pool_runtime::{alloc, compat, config, interop, observe, shared};
+pub use gpu_pool_runtime::{alloc, compat, config, interop, observe};
 
 #[doc(hidden)]
 pub use gpu_pool_runtime::__private;
@@ -116,13 +124,17 @@ pub use gpu_pool_runtime::__private;
 pub mod prelude {
     #[doc(no_inline)]
     pub use gpu_pool_macros::{GraphKey, buffer, gpu_scope, pooled};
+    // `GraphKey` (feature `graph`) and `SharedMat` (feature `shared`) where the runtime has them.
+    #[allow(
+        unused_imports,
+        unreachable_pub,
+        reason = "a build without `graph` and `shared` has neither"
+    )]
     #[doc(no_inline)]
-    pub use gpu_pool_runtime::graph::GraphKey;
+    pub use gpu_pool_runtime::__features::prelude::*;
     #[cfg(feature = "cuda")]
     #[doc(no_inline)]
     pub use gpu_pool_runtime::interop::{LaunchArgsExt, Pitched, grid_2d};
-    #[doc(no_inline)]
-    pub use gpu_pool_runtime::shared::SharedMat;
     #[doc(no_inline)]
     pub use gpu_pool_runtime::{
         Device, DeviceMat, GpuRead, GpuView, GpuViewMut, GpuWrite, HostMem, PoolError, Pooled,

@@ -17,8 +17,10 @@ pub(crate) fn graph_key(input: TokenStream) -> TokenStream {
 
 fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
     let name = &input.ident;
-    let key = quote!(::gpu_pool::graph::GraphKey);
-    let keys = quote!(::gpu_pool::graph::GraphKeys);
+    // Through `__private`, there in every build: a type can be a key (a library's model, say)
+    // whether or not the build has the `graph` feature that uses keys.
+    let key = quote!(::gpu_pool::__private::GraphKey);
+    let keys = quote!(::gpu_pool::__private::GraphKeys);
     let mut bounds = Vec::new();
     let body = match &input.data {
         Data::Struct(s) => {

@@ -51,17 +51,21 @@ mod allocators;
 mod base;
 pub mod compat;
 mod core;
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "graph", feature = "cuda"))]
 pub mod graph;
 /// CUDA graphs; without CUDA only what graphed functions need, which then run eagerly.
-#[cfg(not(feature = "cuda"))]
+#[cfg(all(feature = "graph", not(feature = "cuda")))]
 #[path = "graph/eager.rs"]
 pub mod graph;
+#[cfg(not(feature = "graph"))]
+#[path = "graph/off.rs"]
+mod graph;
 mod host_mem;
 pub mod interop;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod observe;
+#[cfg(feature = "shared")]
 pub mod shared;
 mod storage;
 #[cfg(feature = "testing")]
@@ -112,16 +116,28 @@ pub struct ReadmeDoctests;
 /// built with (its own features may be fewer: cargo unifies the runtime's); not part of the API.
 #[doc(hidden)]
 pub mod __features {
+    #[cfg(feature = "graph")]
     pub use crate::graph;
     #[cfg(feature = "nccl")]
     pub use crate::nccl;
+    #[cfg(feature = "shared")]
+    pub use crate::shared;
     #[cfg(feature = "testing")]
     pub use crate::testing;
+
+    /// The prelude's names from the features this build has.
+    pub mod prelude {
+        #[cfg(feature = "graph")]
+        pub use crate::graph::GraphKey;
+        #[cfg(feature = "shared")]
+        pub use crate::shared::SharedMat;
+    }
 }
 
 /// What the DSL's expansion calls; not part of the API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::core::graph_key::{GraphKey, GraphKeys};
     pub use crate::core::scope::{handle, scope, take, take_1d, take_packed};
-    pub use crate::graph::{GraphKey, GraphKeys, GraphSite, graphed};
+    pub use crate::graph::{GraphSite, graphed};
 }

@@ -143,7 +143,14 @@ pub(crate) enum Keeper<'a> {
     Unordered,
     /// A buffer of this pool stream, whose memory is reused in the stream's order.
     Stream(&'a Stream),
-    /// Shared memory accessed on this stream ([`SharedMat`](crate::shared::SharedMat)).
+    /// Shared memory accessed on this stream (a `SharedMat`'s, feature `shared`).
+    #[cfg_attr(
+        not(feature = "shared"),
+        expect(
+            dead_code,
+            reason = "only `shared` (feature `shared`) makes shared memory"
+        )
+    )]
     Shared(&'a Stream),
 }
 

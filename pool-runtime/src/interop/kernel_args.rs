@@ -66,6 +66,7 @@ use crate::core::pitched::{Pitched, PitchedMut};
 use crate::core::buffer::{DeviceMat, Temp};
 use crate::core::scope::Pooled;
 use crate::core::view::{GpuView, GpuViewMut};
+#[cfg(feature = "shared")]
 use crate::shared::{SharedRead, SharedWrite};
 
 macro_rules! push_address {
@@ -89,6 +90,10 @@ push_address!(
     &'b mut DeviceMat<'s, T> => |buffer| buffer.ptr_field(),
     &'b GpuView<'s, T> => |view| &view.window.ptr,
     &'b mut GpuViewMut<'s, T> => |view| &view.window.ptr,
+);
+
+#[cfg(feature = "shared")]
+push_address!(
     &'b SharedRead<'s, T> => |access| access.ptr_field(),
     &'b SharedWrite<'s, T> => |access| access.ptr_field(),
     &'b mut SharedWrite<'s, T> => |access| access.ptr_field(),

@@ -6,6 +6,7 @@ use crate::base::source::FallbackReason;
 use crate::core::config::{PoolConfig, Stacks};
 use crate::core::device::all_devices;
 use crate::core::stats::{DeviceStats, SiteFallbacks};
+#[cfg(feature = "graph")]
 use crate::graph::ShapeStats;
 
 /// Devices' stats, which display as the sizing report: per device and per live stream, stack
@@ -18,6 +19,7 @@ pub struct Report {
     pub devices: Vec<DeviceStats>,
     /// What graphed functions did in the process: captures, replays, evictions, and why calls ran
     /// eagerly.
+    #[cfg(feature = "graph")]
     pub graphs: ShapeStats,
 }
 
@@ -33,6 +35,7 @@ impl Report {
     pub fn new(devices: Vec<DeviceStats>) -> Report {
         Report {
             devices,
+            #[cfg(feature = "graph")]
             graphs: ShapeStats::process(),
         }
     }
@@ -193,9 +196,12 @@ impl fmt::Display for Report {
                 None => writeln!(f, "  no buffers requested yet")?,
             }
         }
-        let g = &self.graphs;
-        if g.captures + g.replays + g.eager_calls > 0 {
-            writeln!(f, "{g}")?;
+        #[cfg(feature = "graph")]
+        {
+            let g = &self.graphs;
+            if g.captures + g.replays + g.eager_calls > 0 {
+                writeln!(f, "{g}")?;
+            }
         }
         Ok(())
     }

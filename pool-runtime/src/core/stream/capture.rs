@@ -61,6 +61,7 @@ impl Stream {
     /// one feature notes (SharedMat, the one implementation): a second would be a bug of this
     /// crate, not of its caller. It panics in every build rather than drop the note, which would
     /// let a replay run unordered against the accesses it was to be ordered after.
+    #[cfg_attr(not(feature = "shared"), allow(dead_code))] // `SharedMat` is the one feature that notes
     pub(crate) fn note_for_replay<H: ReplayHook + Default>(&self, note: impl FnOnce(&mut H)) {
         let mut slot = self.capture.replay.borrow_mut();
         let hook: &mut dyn Any = &mut **slot.get_or_insert_with(|| Box::new(H::default()));
