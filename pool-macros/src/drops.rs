@@ -32,12 +32,12 @@
 
 use proc_macro2::{TokenStream, TokenTree};
 use quote::quote;
-use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, ExprCall, Ident, Item, Macro, Pat, Stmt, UseTree};
 
 use crate::args::ScopeArgs;
 use crate::error::{Errors, error_expr};
 use crate::rewrite::{declares_buffer, is_buffer, is_gpu_scope};
+use crate::walk::{Walk, walk_attrs, walk_block, walk_expr};
 
 /// Replaces every `drop(NAME)` in `block` whose `NAME` is a `buffer!` handle declared by this
 /// expansion with its `compile_error!`; returns those errors.
@@ -48,7 +48,7 @@ pub(crate) fn check(block: &mut Block) -> Errors {
         replaced: 0,
         errors: Errors::default(),
     };
-    check.visit_block_mut(block);
+    check.block(block);
     check.errors
 }
 
@@ -157,7 +157,7 @@ impl DropCheck {
         };
         let before = self.replaced;
         self.nested += 1;
-        self.visit_block_mut(&mut args.body);
+        self.block(&mut args.body);
         self.nested -= 1;
         if self.replaced != before {
             let (stream, body) = (&args.stream, &args.body);
@@ -166,23 +166,21 @@ impl DropCheck {
     }
 }
 
-impl VisitMut for DropCheck {
-    fn visit_block_mut(&mut self, block: &mut Block) {
+impl Walk for DropCheck {
+    fn block(&mut self, block: &mut Block) {
         self.scoped(|this| {
             this.declare_items(&block.stmts);
-            visit_mut::visit_block_mut(this, block);
+            walk_block(this, block);
         });
     }
 
-    fn visit_local_mut(&mut self, local: &mut syn::Local) {
+    fn local(&mut self, local: &mut syn::Local) {
         // The initializer (and `else`) run before the new names exist.
-        for attr in &mut local.attrs {
-            self.visit_attribute_mut(attr);
-        }
+        walk_attrs(self, &mut local.attrs);
         if let Some(init) = &mut local.init {
-            self.visit_expr_mut(&mut init.expr);
+            self.expr(&mut init.expr);
             if let Some((_, diverge)) = &mut init.diverge {
-                self.visit_expr_mut(diverge);
+                self.expr(diverge);
             }
         }
         // `let y = x;` moves a handle to a new name, which is then a handle too.
@@ -196,71 +194,66 @@ impl VisitMut for DropCheck {
         self.bind(&local.pat, own_buffer || moves_a_handle);
     }
 
-    fn visit_expr_call_mut(&mut self, call: &mut ExprCall) {
-        if let Some(error) = self.check_call(call) {
-            // The argument becomes the error, spanned on the whole call: the handle is not moved,
-            // and the user's `drop` or `mem` stays used, so no lint reports its import.
-            let arg = syn::parse2(error_expr(error.clone())).expect("an expression");
-            call.args = std::iter::once::<Expr>(arg).collect();
-            self.errors.push(error);
-            self.replaced += 1;
-            return;
-        }
-        visit_mut::visit_expr_call_mut(self, call);
-    }
-
-    fn visit_expr_closure_mut(&mut self, closure: &mut syn::ExprClosure) {
-        self.scoped(|this| {
-            for input in &closure.inputs {
-                this.bind(input, false);
+    fn expr(&mut self, expr: &mut Expr) {
+        match expr {
+            Expr::Call(call) => {
+                let Some(error) = self.check_call(call) else {
+                    return walk_expr(self, expr);
+                };
+                // The argument becomes the error, spanned on the whole call: the handle is not
+                // moved, and the user's `drop` or `mem` stays used, so no lint reports its import.
+                let arg = syn::parse2(error_expr(error.clone())).expect("an expression");
+                call.args = std::iter::once::<Expr>(arg).collect();
+                self.errors.push(error);
+                self.replaced += 1;
             }
-            this.visit_expr_mut(&mut closure.body);
-        });
+            Expr::Closure(closure) => self.scoped(|this| {
+                for input in &closure.inputs {
+                    this.bind(input, false);
+                }
+                this.expr(&mut closure.body);
+            }),
+            // An `if let`/`while let` binds in the rest of its condition and in the branch it
+            // guards.
+            Expr::If(expr) => {
+                self.scoped(|this| {
+                    this.expr(&mut expr.cond);
+                    this.block(&mut expr.then_branch);
+                });
+                if let Some((_, otherwise)) = &mut expr.else_branch {
+                    self.expr(otherwise);
+                }
+            }
+            Expr::While(expr) => self.scoped(|this| {
+                this.expr(&mut expr.cond);
+                this.block(&mut expr.body);
+            }),
+            Expr::Let(expr) => {
+                self.expr(&mut expr.expr);
+                self.bind(&expr.pat, false);
+            }
+            Expr::ForLoop(expr) => {
+                self.expr(&mut expr.expr);
+                self.scoped(|this| {
+                    this.bind(&expr.pat, false);
+                    this.block(&mut expr.body);
+                });
+            }
+            _ => walk_expr(self, expr),
+        }
     }
 
-    fn visit_arm_mut(&mut self, arm: &mut syn::Arm) {
+    fn arm(&mut self, arm: &mut syn::Arm) {
         self.scoped(|this| {
             this.bind(&arm.pat, false);
             if let Some((_, guard)) = &mut arm.guard {
-                this.visit_expr_mut(guard);
+                this.expr(guard);
             }
-            this.visit_expr_mut(&mut arm.body);
+            this.expr(&mut arm.body);
         });
     }
 
-    // An `if let`/`while let` binds in the rest of its condition and in the branch it guards.
-
-    fn visit_expr_if_mut(&mut self, expr: &mut syn::ExprIf) {
-        self.scoped(|this| {
-            this.visit_expr_mut(&mut expr.cond);
-            this.visit_block_mut(&mut expr.then_branch);
-        });
-        if let Some((_, otherwise)) = &mut expr.else_branch {
-            self.visit_expr_mut(otherwise);
-        }
-    }
-
-    fn visit_expr_while_mut(&mut self, expr: &mut syn::ExprWhile) {
-        self.scoped(|this| {
-            this.visit_expr_mut(&mut expr.cond);
-            this.visit_block_mut(&mut expr.body);
-        });
-    }
-
-    fn visit_expr_let_mut(&mut self, expr: &mut syn::ExprLet) {
-        self.visit_expr_mut(&mut expr.expr);
-        self.bind(&expr.pat, false);
-    }
-
-    fn visit_expr_for_loop_mut(&mut self, expr: &mut syn::ExprForLoop) {
-        self.visit_expr_mut(&mut expr.expr);
-        self.scoped(|this| {
-            this.bind(&expr.pat, false);
-            this.visit_block_mut(&mut expr.body);
-        });
-    }
-
-    fn visit_macro_mut(&mut self, mac: &mut Macro) {
+    fn mac(&mut self, mac: &mut Macro) {
         if is_gpu_scope(mac) {
             self.nested_scope(mac);
         } else if !is_buffer(mac) {
@@ -271,9 +264,7 @@ impl VisitMut for DropCheck {
         }
     }
 
-    fn visit_item_mut(&mut self, _: &mut syn::Item) {
-        // A nested item cannot name the body's locals.
-    }
+    // Nested items are skipped by the walk: they cannot name the body's locals.
 }
 
 /// Every name a block item declares, in any namespace: one that is a type or a module cannot be

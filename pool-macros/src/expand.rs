@@ -8,13 +8,13 @@
 use proc_macro2::{TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::visit_mut::VisitMut;
 use syn::{FnArg, Ident, ItemFn, Pat};
 
 use crate::args::{GraphArg, PooledArgs, ScopeArgs};
 use crate::drops;
 use crate::error::{Errors, error_expr, to_compile_errors};
 use crate::rewrite::{Rewriter, find_await, scope_ident};
+use crate::walk::Walk;
 
 /// `#[pooled(STREAM)]` on `item`.
 pub(crate) fn pooled(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -110,7 +110,7 @@ fn expand_fn(attr: TokenStream, function: &mut ItemFn) {
         );
     }
     drops::check(&mut function.block);
-    Rewriter::new().visit_block_mut(&mut function.block);
+    Rewriter::new().block(&mut function.block);
 
     let refusal = refused.finish();
     let graphed = match (&refusal, &stream, &graph) {
@@ -322,7 +322,7 @@ pub(crate) fn gpu_scope(input: TokenStream) -> TokenStream {
         )
     });
     drops::check(&mut args.body);
-    Rewriter::new().visit_block_mut(&mut args.body);
+    Rewriter::new().block(&mut args.body);
     let open = match refused {
         Some(e) => refused_scope(e),
         None => open_scope(&args.stream),

@@ -10,6 +10,7 @@ mod drops;
 mod error;
 mod expand;
 mod rewrite;
+mod walk;
 
 #[cfg(test)]
 mod snapshots;

@@ -15,11 +15,11 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, Ident, Local, Macro, Stmt};
 
 use crate::args::BufferArgs;
 use crate::error::error_expr;
+use crate::walk::{Walk, walk_expr, walk_generic_argument, walk_stmt, walk_type};
 
 /// The name of a scope's hidden local; mixed-site hygiene keeps user code from naming it.
 pub(crate) fn scope_ident() -> Ident {
@@ -193,8 +193,8 @@ fn into_compile_error(mac: &mut Macro, message: &str) {
     mac.tokens = quote_spanned!(mac.delimiter.span().join()=> #message);
 }
 
-impl VisitMut for Rewriter {
-    fn visit_block_mut(&mut self, block: &mut Block) {
+impl Walk for Rewriter {
+    fn block(&mut self, block: &mut Block) {
         let stmts = std::mem::take(&mut block.stmts);
         let mut owners = false;
         for mut stmt in stmts {
@@ -220,7 +220,7 @@ impl VisitMut for Rewriter {
                     *init.expr = syn::parse2(error_expr(error)).expect("an expression");
                 }
             }
-            self.visit_stmt_mut(&mut stmt);
+            self.stmt(&mut stmt);
             block.stmts.push(stmt);
         }
         if owners {
@@ -228,7 +228,20 @@ impl VisitMut for Rewriter {
         }
     }
 
-    fn visit_expr_mut(&mut self, expr: &mut Expr) {
+    fn stmt(&mut self, stmt: &mut Stmt) {
+        match stmt {
+            Stmt::Macro(m) => {
+                if is_buffer(&m.mac) {
+                    into_compile_error(&mut m.mac, NOT_A_LET);
+                }
+            }
+            // Nested items are skipped by the walk: a nested item runs in its own call, with no
+            // scope, and a `buffer!` there reports itself.
+            _ => walk_stmt(self, stmt),
+        }
+    }
+
+    fn expr(&mut self, expr: &mut Expr) {
         match expr {
             Expr::Macro(m) if is_buffer(&m.mac) => into_compile_error(&mut m.mac, NOT_A_LET),
             // Reported in place, so the rest of the function still expands: a stub body could not
@@ -237,46 +250,44 @@ impl VisitMut for Rewriter {
             Expr::Closure(c) if c.asyncness.is_some() => {
                 refuse_dsl_in_expr(&mut c.body, Refusal::Async("an `async` closure"));
             }
-            _ => visit_mut::visit_expr_mut(self, expr),
+            Expr::Repeat(r) => {
+                self.expr(&mut r.expr);
+                refuse_dsl_in_expr(&mut r.len, Refusal::Const("an array length"));
+            }
+            _ => walk_expr(self, expr),
         }
     }
 
     // Constants in the body are evaluated at compile time, where the scope, a local, does not
     // exist: rewritten, their `buffer!`s would fail with rustc's E0435 on the attribute. Each is
-    // refused on the user's tokens instead. (Constant *items* are nested items, skipped below.)
+    // refused on the user's tokens instead (an array length above, too). Constant *items* are
+    // nested items, which the walk skips.
 
-    fn visit_expr_const_mut(&mut self, c: &mut syn::ExprConst) {
+    fn expr_const(&mut self, c: &mut syn::ExprConst) {
         refuse_dsl_in(&mut c.block, Refusal::Const("a `const` block"));
     }
 
-    fn visit_expr_repeat_mut(&mut self, r: &mut syn::ExprRepeat) {
-        self.visit_expr_mut(&mut r.expr);
-        refuse_dsl_in_expr(&mut r.len, Refusal::Const("an array length"));
+    fn ty(&mut self, ty: &mut syn::Type) {
+        match ty {
+            syn::Type::Array(t) => {
+                self.ty(&mut t.elem);
+                refuse_dsl_in_expr(&mut t.len, Refusal::Const("an array length"));
+            }
+            _ => walk_type(self, ty),
+        }
     }
 
-    fn visit_type_array_mut(&mut self, t: &mut syn::TypeArray) {
-        self.visit_type_mut(&mut t.elem);
-        refuse_dsl_in_expr(&mut t.len, Refusal::Const("an array length"));
-    }
-
-    fn visit_generic_argument_mut(&mut self, arg: &mut syn::GenericArgument) {
+    fn generic_argument(&mut self, arg: &mut syn::GenericArgument) {
         let why = Refusal::Const("a const generic argument");
         match arg {
             syn::GenericArgument::Const(e) => refuse_dsl_in_expr(e, why),
             syn::GenericArgument::AssocConst(a) => refuse_dsl_in_expr(&mut a.value, why),
-            _ => visit_mut::visit_generic_argument_mut(self, arg),
+            _ => walk_generic_argument(self, arg),
         }
     }
 
-    fn visit_stmt_macro_mut(&mut self, stmt: &mut syn::StmtMacro) {
-        if is_buffer(&stmt.mac) {
-            into_compile_error(&mut stmt.mac, NOT_A_LET);
-        }
-    }
-
-    fn visit_item_mut(&mut self, _: &mut syn::Item) {
-        // A nested item runs in its own call, with no scope: `buffer!` there reports itself.
-    }
+    // Other macros are left as written: their tokens are not Rust yet, and a nested `gpu_scope!`
+    // rewrites its own body.
 }
 
 /// Gives a block edition 2024's drop order for its tail: the tail's temporaries are dropped before
@@ -329,25 +340,24 @@ impl Refusal {
 /// Turns every `buffer!` and `gpu_scope!` in `block` (outside nested items) into a
 /// `compile_error!` on the user's tokens saying why it cannot be used there.
 fn refuse_dsl_in(block: &mut Block, why: Refusal) {
-    Refuse(why).visit_block_mut(block);
+    Refuse(why).block(block);
 }
 
 /// [`refuse_dsl_in`] for an expression.
 fn refuse_dsl_in_expr(expr: &mut Expr, why: Refusal) {
-    Refuse(why).visit_expr_mut(expr);
+    Refuse(why).expr(expr);
 }
 
+/// Refuses every macro of ours it reaches: in expressions, statements, patterns and types alike.
 struct Refuse(Refusal);
 
-impl VisitMut for Refuse {
-    fn visit_macro_mut(&mut self, mac: &mut Macro) {
+impl Walk for Refuse {
+    fn mac(&mut self, mac: &mut Macro) {
         if is_buffer(mac) || is_gpu_scope(mac) {
             let message = self.0.message(mac);
             into_compile_error(mac, &message);
         }
     }
-
-    fn visit_item_mut(&mut self, _: &mut syn::Item) {}
 }
 
 /// The first `.await` in `tokens`, at any depth, macro arguments included: inside a scope it would
@@ -374,4 +384,51 @@ pub(crate) fn find_await(tokens: TokenStream) -> Option<TokenStream> {
         };
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::walk::Walk;
+
+    fn rewritten(body: TokenStream) -> String {
+        let mut block: Block = syn::parse2(body).expect("a block");
+        Rewriter::new().block(&mut block);
+        quote::ToTokens::to_token_stream(&block).to_string()
+    }
+
+    // Pins where the walk goes in types, patterns and attributes, which no UI test compiles.
+    #[test]
+    fn constants_are_refused_wherever_they_stand_and_other_macros_are_left() {
+        let text = rewritten(quote!({
+            let a: [u8; buffer!(1; u8)] = x;
+            let b = x as Foo<{ gpu_scope!(s, {}) }>;
+            let c = f::<[u8; buffer!(2; u8)]>();
+            let d = |x: [u8; buffer!(3; u8)]| x;
+            match x {
+                const { buffer!(4; u8) } => {}
+                _ => {}
+            }
+            let e: ty!(buffer!(5; u8)) = x;
+            let f: Vec<buffer!(6; u8)> = x;
+            let buffer!(7; u8) = x;
+            #[doc = buffer!(8; u8)]
+            let g = 1;
+            fn nested() {
+                let h: [u8; buffer!(9; u8)] = x;
+            }
+        }));
+        let count = |what: &str| text.matches(what).count();
+        assert_eq!(count("`buffer!` cannot be used inside an array length"), 3);
+        assert_eq!(
+            count("`gpu_scope!` cannot be used inside a const generic"),
+            1
+        );
+        assert_eq!(count("`buffer!` cannot be used inside a `const` block"), 1);
+        assert_eq!(count("must be the whole initializer"), 1, "{text}");
+        // Another macro's tokens, a type or pattern macro, a nested item: left as written.
+        for left in ["(5 ; u8)", "(6 ; u8)", "(7 ; u8)", "(9 ; u8)"] {
+            assert!(text.contains(&format!("buffer ! {left}")), "{left}: {text}");
+        }
+    }
 }

@@ -4,39 +4,55 @@
 
 use std::path::PathBuf;
 
+use crate::walk::{Walk, walk_expr, walk_stmt};
 use proc_macro2::TokenStream;
 use quote::ToTokens;
-use syn::visit_mut::{self, VisitMut};
 
-/// Expands the macros of one file, outermost first, as the compiler does.
+/// Expands the macros of one file, outermost first, as the compiler does. Items are reached in
+/// modules, `impl` blocks and function bodies: where the snapshot inputs put them.
 struct Expand;
 
-impl VisitMut for Expand {
-    fn visit_item_fn_mut(&mut self, f: &mut syn::ItemFn) {
-        if let Some(args) = take_pooled(&mut f.attrs) {
-            *f = expanded(args, &*f);
+impl Expand {
+    fn item(&mut self, item: &mut syn::Item) {
+        match item {
+            syn::Item::Fn(f) => {
+                if let Some(args) = take_pooled(&mut f.attrs) {
+                    *f = expanded(args, &*f);
+                }
+                self.block(&mut f.block);
+            }
+            syn::Item::Impl(i) => {
+                for item in &mut i.items {
+                    if let syn::ImplItem::Fn(f) = item {
+                        if let Some(args) = take_pooled(&mut f.attrs) {
+                            *f = expanded(args, &*f);
+                        }
+                        self.block(&mut f.block);
+                    }
+                }
+            }
+            syn::Item::Mod(m) => {
+                for item in m.content.iter_mut().flat_map(|(_, items)| items) {
+                    self.item(item);
+                }
+            }
+            _ => {}
         }
-        visit_mut::visit_item_fn_mut(self, f);
     }
+}
 
-    fn visit_impl_item_fn_mut(&mut self, f: &mut syn::ImplItemFn) {
-        if let Some(args) = take_pooled(&mut f.attrs) {
-            *f = expanded(args, &*f);
-        }
-        visit_mut::visit_impl_item_fn_mut(self, f);
-    }
-
-    fn visit_expr_mut(&mut self, e: &mut syn::Expr) {
+impl Walk for Expand {
+    fn expr(&mut self, e: &mut syn::Expr) {
         if let syn::Expr::Macro(m) = e
             && m.mac.path.is_ident("gpu_scope")
         {
             *e = syn::parse2(crate::expand::gpu_scope(m.mac.tokens.clone()))
                 .expect("the expansion is a block");
         }
-        visit_mut::visit_expr_mut(self, e);
+        walk_expr(self, e);
     }
 
-    fn visit_stmt_mut(&mut self, s: &mut syn::Stmt) {
+    fn stmt(&mut self, s: &mut syn::Stmt) {
         if let syn::Stmt::Macro(m) = s
             && m.mac.path.is_ident("gpu_scope")
         {
@@ -44,7 +60,10 @@ impl VisitMut for Expand {
                 .expect("the expansion is a block");
             *s = syn::Stmt::Expr(block, m.semi_token);
         }
-        visit_mut::visit_stmt_mut(self, s);
+        match s {
+            syn::Stmt::Item(item) => self.item(item),
+            _ => walk_stmt(self, s),
+        }
     }
 }
 
@@ -91,7 +110,7 @@ fn expansions_match_their_snapshots() {
         }
         let source = std::fs::read_to_string(&path).expect("readable");
         let mut file = syn::parse_file(&source).expect("the input parses");
-        Expand.visit_file_mut(&mut file);
+        file.items.iter_mut().for_each(|item| Expand.item(item));
         let expanded = prettyplease::unparse(&file);
         let expected_path = path.with_extension("expanded.rs");
         if bless {
