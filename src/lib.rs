@@ -56,7 +56,7 @@
 //! | feature | default | gives | adds to the build |
 //! |---|---|---|---|
 //! | `cuda` | yes | the CUDA backend (`Device::cuda`, kernel arguments); without it, the host backend only | cudarc and libloading; CUDA is loaded at run time, so it builds without CUDA installed |
-//! | `graph` | no | the `graph` module: `Stream::capture`, graph families, and graphed functions (`#[pooled(stream, graph)]`, one graph per shape; eager on the host backend) | nothing (its code only: a tenth of the runtime's compile) |
+//! | `graph` | no | the `graph` module: `Stream::capture`, graph families, and graphed functions (`#[pooled(stream, graph)]`, one graph per shape; eager on the host backend) | typeid (one small crate), and its code: a tenth of the runtime's compile |
 //! | `shared` | no | the `shared` module: `SharedMat`, memory every stream reads and writes, ordered by events | nothing (its code only: a seventh of the runtime's compile) |
 //! | `cublas` | no | `Stream::cublas`, cuBLAS workspaces from the stack, `gpu_pool::interop::cudarc::cublas` | cudarc's cuBLAS bindings (`libcublas` loaded at run time) |
 //! | `nccl` | no | the `nccl` module: collectives on pool buffers, stacks NCCL can register (turns on `graph`) | cudarc's NCCL bindings (`libnccl` loaded at run time) |

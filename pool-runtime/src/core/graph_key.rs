@@ -269,7 +269,11 @@ impl GraphKeys {
     #[doc(hidden)]
     #[inline]
     pub fn instance<C>(&mut self, _marker: &C) {
-        self.instance = Some(typeid::of::<C>());
+        // Only graphed functions (feature `graph`) make keys, so only they need `typeid`.
+        #[cfg(feature = "graph")]
+        {
+            self.instance = Some(typeid::of::<C>());
+        }
     }
 
     /// Adds a word for the type `T` (64 bits of its `TypeId`): what `#[derive(GraphKey)]` writes
@@ -293,6 +297,14 @@ impl GraphKeys {
     /// ```
     #[inline]
     pub fn type_of<T: ?Sized>(&mut self) {
+        // Only graphed functions (feature `graph`) make keys: a derived `GraphKey` in a build
+        // without them writes nothing, and the build has no `typeid`.
+        #[cfg(feature = "graph")]
+        self.type_word::<T>();
+    }
+
+    #[cfg(feature = "graph")]
+    fn type_word<T: ?Sized>(&mut self) {
         use std::hash::{Hash, Hasher};
         /// Takes what `TypeId` hashes (already a hash: 64 of its bits) as it is, not through
         /// SipHash: this runs for every derived value of every call.
