@@ -11,8 +11,9 @@
 #
 # 1. A one-line program (`gpu_pool::Device::host()`), built cold (debug, fresh target directory,
 #    warm registry, --offline) on gpu-pool with default features at AFTER_REF and at BEFORE_REF,
-#    and the same on cudarc alone with the CUDA features gpu-pool's `cuda` turns on. Prints wall
-#    and CPU seconds, and the crates of each (`cargo tree -e normal`, the program included).
+#    and the same on cudarc alone with the CUDA features gpu-pool's `cuda` turns on, and on cudarc
+#    with syn (`full`): the floor of any attribute DSL on cudarc. Prints wall and CPU seconds, and
+#    the crates of each (`cargo tree -e normal`, the program included).
 # 2. The README's first command, `cargo run --release --example pipeline`, in a fresh clone of
 #    each ref with a fresh target directory: build and run timed apart, and the units compiled.
 #
@@ -52,6 +53,11 @@ oneline one-after "gpu-pool = { path = \"$S/after\" }" "$S/after/Cargo.lock" 'fn
 CUDARC=$(sed -n 's/^cudarc = \(.*\)/cudarc = \1/p' "$S/after/Cargo.toml")
 oneline one-cudarc "$CUDARC" "$S/after/Cargo.lock" 'fn main() { let _ = cudarc::driver::result::init(); }'
 echo "cudarc alone: $CUDARC"
+# The floor of any attribute DSL on cudarc: cudarc and the parser one needs (syn with `full`, as
+# the macros build it), nothing of gpu-pool's own.
+oneline one-syn "$CUDARC
+syn = { version = \"2\", features = [\"full\"] }" "$S/after/Cargo.lock" 'fn main() { let _ = cudarc::driver::result::init(); let _ = syn::parse_str::<syn::Expr>("1"); }'
+
 
 crates() { # distinct packages (name + version) in the normal dependency tree, the program included
   (cd "$S/$1" && cargo tree --offline -e normal --prefix none 2>/dev/null | awk '{print $1, $2}' | sort -u | wc -l)
@@ -63,6 +69,7 @@ cold() { # cold NAME: a debug build in a fresh target directory
   if [ ! -x "$S/$1/target/debug/$1" ]; then echo "$1: build failed:"; cat "$S/$1.err"; return; fi
   read -r wall user sys < "$S/$1.time"
   printf '%-11s wall %6.1f s   cpu %6.1f s   crates %s\n' "$1" "$wall" "$(echo "$user + $sys" | bc)" "$(crates "$1")"
+  echo "$ROUND $1 $wall" >> "$S/walls"
   rm -rf "$S/$1/target"
 }
 
@@ -71,8 +78,24 @@ echo
 echo "== one-line program, cold debug build ($(nproc) cores${INCREMENTAL:+, CARGO_INCREMENTAL=$INCREMENTAL})"
 for r in $(seq "$ROUNDS"); do
   [ "$ROUNDS" -gt 1 ] && echo "-- round $r"
-  for v in one-cudarc one-after one-before; do cold "$v"; done
+  for v in one-cudarc one-syn one-after one-before; do ROUND=$r cold "$v"; done
 done
+# Each round's walls against that round's cudarc alone (the machine's speed drifts between
+# rounds, so a ratio within a round is the fair one), and the median of each over the rounds.
+echo "-- wall ratio to cudarc alone, by round, and the median"
+python3 - "$S/walls" <<'PY'
+import statistics, sys
+walls = {}
+for line in open(sys.argv[1]):
+    r, name, wall = line.split()
+    walls.setdefault(name, {})[r] = float(wall)
+base = walls.get("one-cudarc", {})
+for name in ("one-syn", "one-after", "one-before"):
+    ratios = [w / base[r] for r, w in walls.get(name, {}).items() if r in base]
+    if ratios:
+        print(f"{name:11s} " + " ".join(f"{x:.2f}" for x in ratios) + f"   median {statistics.median(ratios):.2f}x"
+              f"   (median walls {statistics.median(walls[name].values()):.1f} s against {statistics.median(base.values()):.1f} s)")
+PY
 fi
 
 if [[ $PARTS == *pipeline* ]]; then
