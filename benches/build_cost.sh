@@ -53,10 +53,12 @@ oneline one-after "gpu-pool = { path = \"$S/after\" }" "$S/after/Cargo.lock" 'fn
 CUDARC=$(sed -n 's/^cudarc = \(.*\)/cudarc = \1/p' "$S/after/Cargo.toml")
 oneline one-cudarc "$CUDARC" "$S/after/Cargo.lock" 'fn main() { let _ = cudarc::driver::result::init(); }'
 echo "cudarc alone: $CUDARC"
-# The floor of any attribute DSL on cudarc: cudarc and the parser one needs (syn with `full`, as
-# the macros build it), nothing of gpu-pool's own.
-oneline one-syn "$CUDARC
-syn = { version = \"2\", features = [\"full\"] }" "$S/after/Cargo.lock" 'fn main() { let _ = cudarc::driver::result::init(); let _ = syn::parse_str::<syn::Expr>("1"); }'
+# The floor of any attribute DSL on cudarc: cudarc, and the parser such a DSL needs (syn with
+# `full`) built as a proc-macro's dependency is (a build dependency: the same profile, no debug
+# info), nothing of gpu-pool's own.
+oneline one-syn "$CUDARC" "$S/after/Cargo.lock" 'fn main() { let _ = cudarc::driver::result::init(); }'
+sed -i 's/^\[workspace\]$/[build-dependencies]\nsyn = { version = "2", features = ["full"] }\n[workspace]/' "$S/one-syn/Cargo.toml"
+echo 'fn main() { let _ = syn::parse_str::<syn::Expr>("1"); }' > "$S/one-syn/build.rs"
 
 
 crates() { # distinct packages (name + version) in the normal dependency tree, the program included
