@@ -124,17 +124,25 @@ pub use gpu_pool_runtime::__private;
 pub mod prelude {
     #[doc(no_inline)]
     pub use gpu_pool_macros::{GraphKey, buffer, gpu_scope, pooled};
-    // `GraphKey` (feature `graph`) and `SharedMat` (feature `shared`) where the runtime has them.
+    // `GraphKey` (feature `graph`) and `SharedMat` (feature `shared`) where the runtime has them
+    // (cargo may have turned its features on for another package): through the runtime's glob,
+    // and by name in the docs, where each shows its feature.
+    #[cfg(not(docsrs))]
     #[allow(
         unused_imports,
         unreachable_pub,
         reason = "a build without `graph` and `shared` has neither"
     )]
-    #[doc(no_inline)]
     pub use gpu_pool_runtime::__features::prelude::*;
+    #[cfg(all(docsrs, feature = "graph"))]
+    #[doc(cfg(feature = "graph"), no_inline)]
+    pub use gpu_pool_runtime::graph::GraphKey;
     #[cfg(feature = "cuda")]
     #[doc(no_inline)]
     pub use gpu_pool_runtime::interop::{LaunchArgsExt, Pitched, grid_2d};
+    #[cfg(all(docsrs, feature = "shared"))]
+    #[doc(cfg(feature = "shared"), no_inline)]
+    pub use gpu_pool_runtime::shared::SharedMat;
     #[doc(no_inline)]
     pub use gpu_pool_runtime::{
         Device, DeviceMat, GpuRead, GpuView, GpuViewMut, GpuWrite, HostMem, PoolError, Pooled,

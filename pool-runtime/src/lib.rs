@@ -37,7 +37,7 @@
 //! memory goes back once.
 //!
 //! # Memory no stream owns
-//! A [`SharedMat`](shared::SharedMat) holds a `SharedMemory` (`shared/memory.rs`): a driver allocation and the
+//! A `SharedMat` (feature `shared`) holds a `SharedMemory` (`shared/memory.rs`): a driver allocation and the
 //! events of its last write and of each stream's reads since. An access names its stream; it
 //! begins by making that stream wait for the accesses it conflicts with and ends by recording an
 //! event there. Inside a capture the host waits instead, and each replay of the graph is an access
@@ -52,9 +52,11 @@ mod base;
 pub mod compat;
 mod core;
 #[cfg(all(feature = "graph", feature = "cuda"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "graph")))]
 pub mod graph;
 /// CUDA graphs; without CUDA only what graphed functions need, which then run eagerly.
 #[cfg(all(feature = "graph", not(feature = "cuda")))]
+#[cfg_attr(docsrs, doc(cfg(feature = "graph")))]
 #[path = "graph/eager.rs"]
 pub mod graph;
 #[cfg(not(feature = "graph"))]

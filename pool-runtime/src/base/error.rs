@@ -351,7 +351,7 @@ pub enum CaptureError {
     },
 
     /// Pool work was asked for on a stream whose CUDA stream is being captured by something other
-    /// than its own [`Stream::capture`](crate::Stream::capture) (cudarc's `begin_capture`, or
+    /// than its own `Stream::capture` (cudarc's `begin_capture`, or
     /// another stream's capture it was joined to): the pool could not keep that work's memory for
     /// the graph's life.
     Elsewhere {
@@ -361,7 +361,7 @@ pub enum CaptureError {
         stream: u64,
     },
 
-    /// A graph replay would access [`SharedMat`](crate::shared::SharedMat) memory while a conflicting
+    /// A graph replay would access `SharedMat` memory while a conflicting
     /// access of it through a guard is still open on another stream (a write, for a replay that
     /// reads; any access, for a replay that writes). The guard's work is not all queued yet, so
     /// nothing can order the replay after it; nothing was queued.

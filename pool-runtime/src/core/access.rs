@@ -63,7 +63,7 @@ pub(crate) mod sealed {
 }
 
 /// Device memory a function reads: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a view or region, or a read
-/// of a [`SharedMat`](crate::shared::SharedMat). Take it as `src: &impl GpuRead<T>`.
+/// of a `SharedMat` (feature `shared`). Take it as `src: &impl GpuRead<T>`.
 ///
 /// Only [`view`](Self::view) is implemented by each type; every other method works on the view,
 /// so all of them behave alike.
@@ -183,7 +183,7 @@ pub trait GpuRead<T: Pod>: crate::core::graph_key::GraphKey {
 }
 
 /// Device memory a function fills: a [`Temp`], a [`DeviceMat`](crate::DeviceMat), a `buffer!` handle, a writable view or region,
-/// or a write of a [`SharedMat`](crate::shared::SharedMat). Take it as `out: &mut impl GpuWrite<T>`.
+/// or a write of a `SharedMat` (feature `shared`). Take it as `out: &mut impl GpuWrite<T>`.
 pub trait GpuWrite<T: Pod>: GpuRead<T> {
     /// The memory as a writable view, queued on its stream.
     fn view_mut(&mut self) -> GpuViewMut<'_, T>;

@@ -28,7 +28,7 @@ impl GraphSite {
     }
 }
 
-/// The stand-in for `graphed`: no call of it compiles, `S` never being a [`GraphFeature`].
+/// The stand-in for `graphed`: no call of it compiles, `S` never being a `GraphFeature`.
 pub fn graphed<S, R, E>(
     site: &'static S,
     _stream: &Stream,
