@@ -12,7 +12,8 @@
 # 1. A one-line program (`gpu_pool::Device::host()`), built cold (debug, fresh target directory,
 #    warm registry, --offline) on gpu-pool with default features at AFTER_REF and at BEFORE_REF,
 #    and the same on cudarc alone with the CUDA features gpu-pool's `cuda` turns on, and on cudarc
-#    with syn (`full`): the floor of any attribute DSL on cudarc. Prints wall and CPU seconds, and
+#    with syn (`full`): the floor of any attribute DSL on cudarc, and on cudarc with gpu-pool's
+#    macros (the DSL as if the runtime cost nothing). Prints wall and CPU seconds, and
 #    the crates of each (`cargo tree -e normal`, the program included).
 # 2. The README's first command, `cargo run --release --example pipeline`, in a fresh clone of
 #    each ref with a fresh target directory: build and run timed apart, and the units compiled.
@@ -59,6 +60,10 @@ echo "cudarc alone: $CUDARC"
 oneline one-syn "$CUDARC" "$S/after/Cargo.lock" 'fn main() { let _ = cudarc::driver::result::init(); }'
 sed -i 's/^\[workspace\]$/[build-dependencies]\nsyn = { version = "2", features = ["full"] }\n[workspace]/' "$S/one-syn/Cargo.toml"
 echo 'fn main() { let _ = syn::parse_str::<syn::Expr>("1"); }' > "$S/one-syn/build.rs"
+# The floor of gpu-pool's DSL: cudarc and gpu-pool's macros (syn included), as if the runtime cost
+# nothing.
+oneline one-macros "$CUDARC
+gpu-pool-macros = { path = \"$S/after/pool-macros\" }" "$S/after/Cargo.lock" 'fn main() { let _ = cudarc::driver::result::init(); }'
 
 
 crates() { # distinct packages (name + version) in the normal dependency tree, the program included
@@ -80,7 +85,7 @@ echo
 echo "== one-line program, cold debug build ($(nproc) cores${INCREMENTAL:+, CARGO_INCREMENTAL=$INCREMENTAL})"
 for r in $(seq "$ROUNDS"); do
   [ "$ROUNDS" -gt 1 ] && echo "-- round $r"
-  for v in one-cudarc one-syn one-after one-before; do ROUND=$r cold "$v"; done
+  for v in one-cudarc one-syn one-macros one-after one-before; do ROUND=$r cold "$v"; done
 done
 # Each round's walls against that round's cudarc alone (the machine's speed drifts between
 # rounds, so a ratio within a round is the fair one), and the median of each over the rounds.
@@ -92,7 +97,7 @@ for line in open(sys.argv[1]):
     r, name, wall = line.split()
     walls.setdefault(name, {})[r] = float(wall)
 base = walls.get("one-cudarc", {})
-for name in ("one-syn", "one-after", "one-before"):
+for name in ("one-syn", "one-macros", "one-after", "one-before"):
     ratios = [w / base[r] for r, w in walls.get(name, {}).items() if r in base]
     if ratios:
         print(f"{name:11s} " + " ".join(f"{x:.2f}" for x in ratios) + f"   median {statistics.median(ratios):.2f}x"
