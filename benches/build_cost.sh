@@ -13,8 +13,9 @@
 #    warm registry, --offline) on gpu-pool with default features at AFTER_REF and at BEFORE_REF,
 #    and the same on cudarc alone with the CUDA features gpu-pool's `cuda` turns on, and on cudarc
 #    with syn (`full`): the floor of any attribute DSL on cudarc, and on cudarc with gpu-pool's
-#    macros (the DSL as if the runtime cost nothing). Prints wall and CPU seconds, and
-#    the crates of each (`cargo tree -e normal`, the program included).
+#    macros (the DSL as if the runtime cost nothing), and on cudarc with an attribute on
+#    proc-macro2 and quote alone (the floor of any proc-macro DSL, without a parser). Prints wall
+#    and CPU seconds, and the crates of each (`cargo tree -e normal`, the program included).
 # 2. The README's first command, `cargo run --release --example pipeline`, in a fresh clone of
 #    each ref with a fresh target directory: build and run timed apart, and the units compiled.
 #
@@ -60,6 +61,18 @@ echo "cudarc alone: $CUDARC"
 oneline one-syn "$CUDARC" "$S/after/Cargo.lock" 'fn main() { let _ = cudarc::driver::result::init(); }'
 sed -i 's/^\[workspace\]$/[build-dependencies]\nsyn = { version = "2", features = ["full"] }\n[workspace]/' "$S/one-syn/Cargo.toml"
 echo 'fn main() { let _ = syn::parse_str::<syn::Expr>("1"); }' > "$S/one-syn/build.rs"
+# The floor of any proc-macro DSL on cudarc, parser or not: cudarc and an attribute that hands its
+# input back through proc-macro2 and quote, with no syn.
+mkdir -p "$S/pm-tokens/src"
+printf '[package]\nname = "pm-tokens"\nversion = "0.0.0"\nedition = "2024"\npublish = false\n[lib]\nproc-macro = true\n[dependencies]\nproc-macro2 = "1"\nquote = "1"\n[workspace]\n' > "$S/pm-tokens/Cargo.toml"
+echo 'use proc_macro::TokenStream;
+#[proc_macro_attribute]
+pub fn same(_: TokenStream, item: TokenStream) -> TokenStream {
+    let item = proc_macro2::TokenStream::from(item);
+    quote::quote!(#item).into()
+}' > "$S/pm-tokens/src/lib.rs"
+oneline one-tokens "$CUDARC
+pm-tokens = { path = \"$S/pm-tokens\" }" "$S/after/Cargo.lock" '#[pm_tokens::same] fn main() { let _ = cudarc::driver::result::init(); }'
 # The floor of gpu-pool's DSL: cudarc and gpu-pool's macros (syn included), as if the runtime cost
 # nothing.
 oneline one-macros "$CUDARC
@@ -85,7 +98,7 @@ echo
 echo "== one-line program, cold debug build ($(nproc) cores${INCREMENTAL:+, CARGO_INCREMENTAL=$INCREMENTAL})"
 for r in $(seq "$ROUNDS"); do
   [ "$ROUNDS" -gt 1 ] && echo "-- round $r"
-  for v in one-cudarc one-syn one-macros one-after one-before; do ROUND=$r cold "$v"; done
+  for v in one-cudarc one-tokens one-syn one-macros one-after one-before; do ROUND=$r cold "$v"; done
 done
 # Each round's walls against that round's cudarc alone (the machine's speed drifts between
 # rounds, so a ratio within a round is the fair one), and the median of each over the rounds.
@@ -97,7 +110,7 @@ for line in open(sys.argv[1]):
     r, name, wall = line.split()
     walls.setdefault(name, {})[r] = float(wall)
 base = walls.get("one-cudarc", {})
-for name in ("one-syn", "one-macros", "one-after", "one-before"):
+for name in ("one-tokens", "one-syn", "one-macros", "one-after", "one-before"):
     ratios = [w / base[r] for r, w in walls.get(name, {}).items() if r in base]
     if ratios:
         print(f"{name:11s} " + " ".join(f"{x:.2f}" for x in ratios) + f"   median {statistics.median(ratios):.2f}x"
